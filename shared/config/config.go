@@ -1,0 +1,61 @@
+// Package config loads MLSCHED_* environment variables with envconfig and
+// builds the zerolog logger every mlsched process uses.
+package config
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/rs/zerolog"
+)
+
+// Prefix of every mlsched environment variable.
+const Prefix = "MLSCHED"
+
+// Load fills spec (a pointer to a struct with envconfig tags) from the
+// environment. An invalid value yields an error naming the variable.
+func Load(spec any) error {
+	if err := envconfig.Process(Prefix, spec); err != nil {
+		var pe *envconfig.ParseError
+		if asParseError(err, &pe) {
+			return fmt.Errorf("invalid %s_%s=%q: %v", Prefix, pe.KeyName, pe.Value, pe.Err)
+		}
+		return fmt.Errorf("configuration: %w", err)
+	}
+	return nil
+}
+
+// Usage writes the variables of spec with their defaults, for -help output.
+func Usage(w io.Writer, spec any) error {
+	return envconfig.Usagef(Prefix, spec, w, "{{range .}}{{usage_key .}}\t(default {{usage_default .}})\t{{usage_description .}}\n{{end}}")
+}
+
+// Log is the logging configuration shared by every process.
+type Log struct {
+	// Format is json (default) or console.
+	Format string `envconfig:"LOG_FORMAT" default:"json" desc:"json or console"`
+	// Level is a zerolog level name.
+	Level string `envconfig:"LOG_LEVEL" default:"info" desc:"trace, debug, info, warn, error"`
+}
+
+// Logger builds the process logger; component names the process.
+func (l Log) Logger(component string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(strings.ToLower(l.Level))
+	if err != nil || l.Level == "" {
+		return zerolog.Nop(), fmt.Errorf("invalid %s_LOG_LEVEL=%q", Prefix, l.Level)
+	}
+	var w io.Writer
+	switch l.Format {
+	case "json", "":
+		w = os.Stderr
+	case "console":
+		w = zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly}
+	default:
+		return zerolog.Nop(), fmt.Errorf("invalid %s_LOG_FORMAT=%q: want json or console", Prefix, l.Format)
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger(), nil
+}

@@ -1,0 +1,84 @@
+// Package policy decides, for each task, which model and which node run it.
+//
+// The dispatcher builds a Table from the latest statistics snapshot and the
+// live nodes every refresh (no Redis read per task), then asks an Engine to
+// Decide for each task. The simulator drives the very same Engine and Table.
+package policy
+
+import (
+	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/stats"
+)
+
+// Policy names.
+const (
+	Reliability = "reliability"
+	Thompson    = "thompson"
+	Latency     = "latency"
+	LeastLoaded = "least-loaded"
+	RoundRobin  = "round-robin"
+	Random      = "random"
+)
+
+// Config configures an Engine. Zero fields take the defaults shown.
+type Config struct {
+	// Default policy for types not in PerType (default "reliability").
+	Default string
+	// PerType maps a task type to a policy name.
+	PerType map[string]string
+	// MinSamples: a model with fewer judged outcomes in the window is
+	// explored rather than excluded (default 20).
+	MinSamples int
+	// ExploreShare is the share of decisions that go to under-sampled
+	// models (default 0.05).
+	ExploreShare float64
+	// LatencyWeight makes thompson prefer faster models among similar ones
+	// (default 0: success only).
+	LatencyWeight float64
+	Breaker       BreakerConfig
+}
+
+// BreakerConfig configures circuit breaking per model and per (model, node).
+type BreakerConfig struct {
+	// ConsecutiveFailures opens a breaker (default 5).
+	ConsecutiveFailures int
+	// FailureRate opens a breaker once MinRequests outcomes are seen
+	// (default 0.5).
+	FailureRate float64
+	// MinRequests for the failure-rate rule (default 20).
+	MinRequests int
+	// Cooldown before an open breaker goes half-open (default 10s).
+	Cooldown time.Duration
+	// HalfOpenProbes is how many tasks a half-open breaker lets through per
+	// cooldown (default 3).
+	HalfOpenProbes int
+}
+
+// Request is what the engine needs to know about one task.
+type Request struct {
+	Type           string
+	Models         []string // allow-list, empty = any
+	MaxLatencyMs   int64
+	MinSuccessRate float64
+	// Tried are the task's earlier attempts: failover prefers a model not
+	// tried yet, then a node not tried yet.
+	Tried []protocol.Attempt
+}
+
+// Decision is the chosen model and node.
+type Decision struct {
+	Model string
+	Node  string
+	// Panic is set when every candidate's breaker was open and the engine
+	// routed among all of them anyway.
+	Panic bool
+}
+
+// Transition is a breaker change the dispatcher should write to the store
+// with stats.Store.SetBreaker.
+type Transition struct {
+	Key      stats.BreakerKey
+	From, To stats.Breaker
+}

@@ -1,0 +1,144 @@
+package protocol
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Status is a task's final status in its Result.
+type Status string
+
+const (
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusRejected  Status = "rejected"
+)
+
+// Result is the one final message for a task, published to
+// mlsched.results.<id> and kept in the MLSCHED_RESULTS stream.
+type Result struct {
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	Status    Status          `json:"status"`
+	Model     string          `json:"model,omitempty"`
+	Node      string          `json:"node,omitempty"`
+	Attempts  int             `json:"attempts"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	ErrorCode Code            `json:"error_code,omitempty"`
+	LatencyMs float64         `json:"latency_ms"`
+	History   []Attempt       `json:"history,omitempty"`
+	// FinishedAt is when the dispatcher published the result (RFC 3339).
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// Attempt is one entry of a result's history.
+type Attempt struct {
+	Attempt   int           `json:"attempt"`
+	Model     string        `json:"model"`
+	Node      string        `json:"node"`
+	Status    OutcomeStatus `json:"status"`
+	Error     string        `json:"error,omitempty"`
+	LatencyMs float64       `json:"latency_ms"`
+}
+
+// OutcomeStatus is how one attempt ended, as a worker reports it.
+type OutcomeStatus string
+
+const (
+	// OutcomeSuccess: the model produced an output.
+	OutcomeSuccess OutcomeStatus = "success"
+	// OutcomeModelError: the model failed; counts against the model.
+	OutcomeModelError OutcomeStatus = "model_error"
+	// OutcomeTimeout: the model did not answer within the task timeout.
+	OutcomeTimeout OutcomeStatus = "timeout"
+	// OutcomeTaskError: the input was bad; never counts against the model
+	// and is never retried.
+	OutcomeTaskError OutcomeStatus = "task_error"
+	// OutcomeExpired: the worker did not run the dispatch because its
+	// deadline had passed or it was superseded.
+	OutcomeExpired OutcomeStatus = "expired"
+	// OutcomeLost: the dispatcher found the attempt unanswered at its
+	// deadline (node died or hung); counts as a timeout for the model.
+	OutcomeLost OutcomeStatus = "lost"
+)
+
+// Failed reports whether the outcome counts against the model.
+func (s OutcomeStatus) Failed() bool {
+	return s == OutcomeModelError || s == OutcomeTimeout || s == OutcomeLost
+}
+
+// Retryable reports whether another attempt may fix it.
+func (s OutcomeStatus) Retryable() bool {
+	return s == OutcomeModelError || s == OutcomeTimeout || s == OutcomeLost || s == OutcomeExpired
+}
+
+// Outcome is what a worker publishes to mlsched.outcomes.<node> after an
+// attempt. The dispatch headers are echoed back on the outcome message, so
+// the dispatcher needs no per-task state of its own. Task carries the
+// original task bytes when the attempt did not succeed, for a retry.
+type Outcome struct {
+	TaskID    string          `json:"task_id"`
+	Type      string          `json:"type"`
+	Attempt   int             `json:"attempt"`
+	Model     string          `json:"model"`
+	Node      string          `json:"node"`
+	Status    OutcomeStatus   `json:"status"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	LatencyMs float64         `json:"latency_ms"`
+	Task      json.RawMessage `json:"task,omitempty"`
+}
+
+// Headers the dispatcher adds to a dispatch (and a worker echoes on its
+// outcome). The task body itself is forwarded unchanged.
+const (
+	HdrMsgID       = "Nats-Msg-Id"
+	HdrTaskID      = "Mlsched-Task-Id"
+	HdrType        = "Mlsched-Type"
+	HdrModel       = "Mlsched-Model"
+	HdrNode        = "Mlsched-Node"
+	HdrAttempt     = "Mlsched-Attempt"
+	HdrMaxAttempts = "Mlsched-Max-Attempts"
+	// HdrDeadline is the dispatch deadline in Unix milliseconds: task timeout
+	// plus slack. Past it the worker does not run the task.
+	HdrDeadline = "Mlsched-Deadline"
+	// HdrTimeout is the per-attempt model timeout in milliseconds.
+	HdrTimeout = "Mlsched-Timeout-Ms"
+	// HdrHistory is the JSON array of earlier attempts ([]Attempt).
+	HdrHistory = "Mlsched-History"
+	// HdrSubmitted is when the task entered the task stream (Unix ms), so
+	// the result can report submit-to-result latency.
+	HdrSubmitted = "Mlsched-Submitted"
+)
+
+// ModelInfo is one model a node announces.
+type ModelInfo struct {
+	Name  string   `json:"name"`
+	Types []string `json:"types"`
+}
+
+// Heartbeat is what a worker node announces, every heartbeat interval, in
+// the MLSCHED_NODES key-value bucket under its node id.
+type Heartbeat struct {
+	Node     string      `json:"node"`
+	Models   []ModelInfo `json:"models"`
+	Capacity int         `json:"capacity"`
+	InFlight int         `json:"in_flight"`
+	// Draining is set while the node shuts down: route nothing new to it.
+	Draining  bool      `json:"draining,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	SentAt    time.Time `json:"sent_at"`
+}
+
+// DeadLetter is kept in MLSCHED_DLQ: an invalid message or a task that
+// exhausted its attempts, with the reason and the original bytes.
+type DeadLetter struct {
+	Reason   string    `json:"reason"`
+	Code     Code      `json:"code"`
+	Subject  string    `json:"subject"`
+	TaskID   string    `json:"task_id,omitempty"`
+	History  []Attempt `json:"history,omitempty"`
+	Original []byte    `json:"original"` // base64 in JSON: the bytes may not be JSON
+	At       time.Time `json:"at"`
+}

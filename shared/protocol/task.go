@@ -1,0 +1,187 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Task is what a producer publishes to mlsched.tasks.<type>. Unknown fields
+// are ignored. Zero values mean "use the configured default".
+type Task struct {
+	ID      string          `json:"id"`
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Models is an optional allow-list of model names.
+	Models      []string `json:"models,omitempty"`
+	TimeoutMs   int64    `json:"timeout_ms,omitempty"`
+	MaxAttempts int      `json:"max_attempts,omitempty"`
+	// MaxLatencyMs asks for the most reliable model whose p95 fits the budget.
+	MaxLatencyMs int64 `json:"max_latency_ms,omitempty"`
+	// MinSuccessRate excludes models whose smoothed success rate is lower.
+	MinSuccessRate float64 `json:"min_success_rate,omitempty"`
+}
+
+// Limits bound what a task may carry. The zero value applies DefaultLimits.
+type Limits struct {
+	// MaxPayloadBytes bounds the raw task message (default 1 MiB).
+	MaxPayloadBytes int
+	// MaxModels bounds the allow-list length (default 64).
+	MaxModels int
+	// MaxIDLen bounds the id length in bytes (default 128).
+	MaxIDLen int
+	// MaxTimeoutMs bounds timeout_ms (default 1 hour).
+	MaxTimeoutMs int64
+	// MaxAttempts bounds max_attempts (default 10).
+	MaxAttempts int
+}
+
+// DefaultLimits are applied for every zero field of Limits.
+var DefaultLimits = Limits{
+	MaxPayloadBytes: 1 << 20,
+	MaxModels:       64,
+	MaxIDLen:        128,
+	MaxTimeoutMs:    3_600_000,
+	MaxAttempts:     10,
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxPayloadBytes <= 0 {
+		l.MaxPayloadBytes = DefaultLimits.MaxPayloadBytes
+	}
+	if l.MaxModels <= 0 {
+		l.MaxModels = DefaultLimits.MaxModels
+	}
+	if l.MaxIDLen <= 0 {
+		l.MaxIDLen = DefaultLimits.MaxIDLen
+	}
+	if l.MaxTimeoutMs <= 0 {
+		l.MaxTimeoutMs = DefaultLimits.MaxTimeoutMs
+	}
+	if l.MaxAttempts <= 0 {
+		l.MaxAttempts = DefaultLimits.MaxAttempts
+	}
+	return l
+}
+
+// DecodeTask decodes and validates a task message. On failure it returns an
+// *Error; the returned Task still carries whatever id could be read, so that
+// the caller can key a rejected result by it (an empty or invalid ID means the
+// message is unkeyable and belongs in the dead-letter stream).
+func DecodeTask(data []byte, lim Limits) (Task, error) {
+	lim = lim.withDefaults()
+	var t Task
+	if len(data) > lim.MaxPayloadBytes {
+		t.ID = peekID(data)
+		return t, Errorf(CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
+	}
+	if !utf8.Valid(data) {
+		return t, Errorf(CodeInvalidUTF8, "task is not valid UTF-8")
+	}
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 {
+		return t, Errorf(CodeMalformedJSON, "task is empty")
+	}
+	if trimmed[0] != '{' {
+		if json.Valid(trimmed) {
+			return t, Errorf(CodeNotObject, "task must be a JSON object")
+		}
+		return t, Errorf(CodeMalformedJSON, "task is not valid JSON")
+	}
+	if err := json.Unmarshal(trimmed, &t); err != nil {
+		t = Task{ID: peekID(trimmed)}
+		var ute *json.UnmarshalTypeError
+		if asType(err, &ute) {
+			return t, Errorf(CodeInvalidField, "field %q has the wrong type: %v", ute.Field, err)
+		}
+		return t, Errorf(CodeMalformedJSON, "task is not valid JSON: %v", err)
+	}
+	return t, t.Validate(lim)
+}
+
+// Validate checks a decoded task against the limits.
+func (t *Task) Validate(lim Limits) error {
+	lim = lim.withDefaults()
+	if t.ID == "" {
+		return Errorf(CodeMissingID, "task has no id")
+	}
+	if err := ValidToken(t.ID, lim.MaxIDLen); err != nil {
+		id := t.ID
+		t.ID = "" // unkeyable: it cannot name a result subject
+		return Errorf(CodeInvalidID, "id %q: %v", truncate(id, 64), err)
+	}
+	if t.Type == "" {
+		return Errorf(CodeMissingType, "task has no type")
+	}
+	if err := ValidToken(t.Type, 64); err != nil {
+		return Errorf(CodeInvalidType, "type %q: %v", truncate(t.Type, 64), err)
+	}
+	if t.TimeoutMs < 0 || t.TimeoutMs > lim.MaxTimeoutMs {
+		return Errorf(CodeInvalidTimeout, "timeout_ms %d is outside 0..%d", t.TimeoutMs, lim.MaxTimeoutMs)
+	}
+	if t.MaxAttempts < 0 || t.MaxAttempts > lim.MaxAttempts {
+		return Errorf(CodeInvalidMaxAttempts, "max_attempts %d is outside 0..%d", t.MaxAttempts, lim.MaxAttempts)
+	}
+	if t.MaxLatencyMs < 0 {
+		return Errorf(CodeInvalidField, "max_latency_ms %d is negative", t.MaxLatencyMs)
+	}
+	if t.MinSuccessRate < 0 || t.MinSuccessRate > 1 {
+		return Errorf(CodeInvalidField, "min_success_rate %g is outside 0..1", t.MinSuccessRate)
+	}
+	if len(t.Models) > lim.MaxModels {
+		return Errorf(CodeTooManyModels, "allow-list has %d models, the limit is %d", len(t.Models), lim.MaxModels)
+	}
+	for _, m := range t.Models {
+		if err := ValidToken(m, 128); err != nil {
+			return Errorf(CodeUnknownModel, "allow-list entry %q: %v", truncate(m, 64), err)
+		}
+	}
+	return nil
+}
+
+// ValidToken reports whether s can be used as one NATS subject token and a
+// Redis key part: 1..max bytes of printable ASCII without '.', '*', '>' or
+// white space.
+func ValidToken(s string, max int) error {
+	if s == "" {
+		return fmt.Errorf("is empty")
+	}
+	if len(s) > max {
+		return fmt.Errorf("is %d bytes long, the limit is %d", len(s), max)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c <= ' ' || c >= 0x7f:
+			return fmt.Errorf("contains white space, a control or a non-ASCII character at byte %d", i)
+		case c == '.' || c == '*' || c == '>':
+			return fmt.Errorf("contains %q, which is reserved in subjects", c)
+		}
+	}
+	return nil
+}
+
+// peekID best-effort extracts a top-level string "id" from a message that
+// failed full decoding, so the rejection can still be keyed.
+func peekID(data []byte) string {
+	var probe struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.Unmarshal(data, &probe) != nil || len(probe.ID) == 0 {
+		return ""
+	}
+	var id string
+	if json.Unmarshal(probe.ID, &id) != nil || ValidToken(id, DefaultLimits.MaxIDLen) != nil {
+		return ""
+	}
+	return id
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

@@ -1,0 +1,262 @@
+// Package stats keeps rolling per-model and per-(model, node) statistics:
+// successes, model errors, timeouts, task errors, latency histograms,
+// dispatched and in-flight counts, and circuit-breaker state.
+//
+// Store is the interface every backend implements: the Redis store shared by
+// all dispatcher replicas, and the in-memory store of the single-process mode
+// and the simulator. statstest holds the conformance suite both must pass.
+package stats
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Kind is what an Event records.
+type Kind uint8
+
+const (
+	// KindDispatched: an attempt was sent to a node (in-flight +1).
+	KindDispatched Kind = iota
+	// KindSuccess: the model produced an output (in-flight -1).
+	KindSuccess
+	// KindModelError: the model failed (in-flight -1). Counts as a failure.
+	KindModelError
+	// KindTimeout: no answer in time, or the attempt was lost (in-flight -1).
+	// Counts as a failure.
+	KindTimeout
+	// KindTaskError: bad input (in-flight -1). Never counts against a model.
+	KindTaskError
+	// KindExpired: the worker skipped a stale dispatch (in-flight -1).
+	// Neither a success nor a failure of the model.
+	KindExpired
+)
+
+// Event is one thing that happened to a (model, node).
+type Event struct {
+	Model string
+	Node  string
+	Kind  Kind
+	// Latency of the attempt, for outcome kinds.
+	Latency time.Duration
+	// Late marks an outcome of an attempt that had already been superseded:
+	// it is counted as usual and also in Counts.Late.
+	Late bool
+	// At is when it happened; the zero time means the store's clock.
+	At time.Time
+}
+
+// Counts are windowed event counts.
+type Counts struct {
+	Dispatched  int64 `json:"dispatched"`
+	Successes   int64 `json:"successes"`
+	ModelErrors int64 `json:"model_errors"`
+	Timeouts    int64 `json:"timeouts"`
+	TaskErrors  int64 `json:"task_errors"`
+	Expired     int64 `json:"expired"`
+	Late        int64 `json:"late"`
+}
+
+// Failures counts the outcomes that count against a model.
+func (c Counts) Failures() int64 { return c.ModelErrors + c.Timeouts }
+
+// Judged counts the outcomes that say something about a model's reliability.
+func (c Counts) Judged() int64 { return c.Successes + c.Failures() }
+
+// Add adds o to c.
+func (c *Counts) Add(o Counts) {
+	c.Dispatched += o.Dispatched
+	c.Successes += o.Successes
+	c.ModelErrors += o.ModelErrors
+	c.Timeouts += o.Timeouts
+	c.TaskErrors += o.TaskErrors
+	c.Expired += o.Expired
+	c.Late += o.Late
+}
+
+// NumLatencyBuckets is the number of histogram buckets.
+const NumLatencyBuckets = 40
+
+// latencyBounds[i] is the upper bound of bucket i, in microseconds: a
+// geometric series from 100µs growing by 1.5x (the last bucket is +Inf).
+// Quantiles are therefore accurate to within one 1.5x step, good enough for
+// p50/p95 decisions.
+var latencyBounds = func() [NumLatencyBuckets]float64 {
+	var b [NumLatencyBuckets]float64
+	v := 100.0
+	for i := range b {
+		b[i] = v
+		v *= 1.5
+	}
+	b[NumLatencyBuckets-1] = math.Inf(1)
+	return b
+}()
+
+// BucketOf returns the histogram bucket of a latency.
+func BucketOf(d time.Duration) int {
+	us := float64(d) / float64(time.Microsecond)
+	// binary search over the bounds
+	lo, hi := 0, NumLatencyBuckets-1
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if us <= latencyBounds[mid] {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
+// BucketBound returns the upper bound of bucket i (the last is very large).
+func BucketBound(i int) time.Duration {
+	if i >= NumLatencyBuckets-1 {
+		return time.Duration(latencyBounds[NumLatencyBuckets-2]*1.5) * time.Microsecond
+	}
+	return time.Duration(latencyBounds[i] * float64(time.Microsecond))
+}
+
+// Histogram counts latencies of successful attempts in fixed buckets.
+type Histogram [NumLatencyBuckets]int64
+
+// Observe adds one latency.
+func (h *Histogram) Observe(d time.Duration) { h[BucketOf(d)]++ }
+
+// Add adds o to h.
+func (h *Histogram) Add(o *Histogram) {
+	for i := range h {
+		h[i] += o[i]
+	}
+}
+
+// Count is the number of observations.
+func (h *Histogram) Count() int64 {
+	var n int64
+	for _, v := range h {
+		n += v
+	}
+	return n
+}
+
+// Quantile returns the upper bound of the bucket holding quantile q (0..1),
+// or 0 when the histogram is empty.
+func (h *Histogram) Quantile(q float64) time.Duration {
+	n := h.Count()
+	if n == 0 {
+		return 0
+	}
+	rank := int64(math.Ceil(q * float64(n)))
+	if rank < 1 {
+		rank = 1
+	}
+	var seen int64
+	for i, v := range h {
+		seen += v
+		if seen >= rank {
+			return BucketBound(i)
+		}
+	}
+	return BucketBound(NumLatencyBuckets - 1)
+}
+
+// BreakerState is a circuit breaker's state.
+type BreakerState uint8
+
+const (
+	BreakerClosed BreakerState = iota
+	BreakerOpen
+	BreakerHalfOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	default:
+		return "closed"
+	}
+}
+
+// Breaker is the stored state of one circuit breaker.
+type Breaker struct {
+	State BreakerState `json:"state"`
+	// Since is when the breaker entered State.
+	Since time.Time `json:"since"`
+}
+
+// BreakerKey names a breaker: a model (Node "") or a (model, node).
+type BreakerKey struct {
+	Model string
+	Node  string
+}
+
+// Series is the statistics of one model or one (model, node).
+type Series struct {
+	Counts
+	// Latency of successful attempts in the window.
+	Latency Histogram `json:"-"`
+	// FailLatencySum is the summed latency of failed attempts in the window,
+	// in microseconds, so that a fast failure can be charged for.
+	FailLatencySumUs int64 `json:"fail_latency_sum_us"`
+	// InFlight is dispatched minus finished, over all time (not windowed).
+	InFlight int64 `json:"in_flight"`
+	// ConsecutiveFailures since the last success (not windowed).
+	ConsecutiveFailures int64 `json:"consecutive_failures"`
+	// LastOutcome is when the last outcome was recorded.
+	LastOutcome time.Time `json:"last_outcome"`
+	Breaker     Breaker   `json:"breaker"`
+}
+
+// ModelStats is a model's series and its per-node series.
+type ModelStats struct {
+	Series
+	Nodes map[string]*Series `json:"nodes"`
+}
+
+// Snapshot is a consistent-enough copy of every model's statistics.
+type Snapshot struct {
+	Taken  time.Time              `json:"taken"`
+	Window time.Duration          `json:"window"`
+	Models map[string]*ModelStats `json:"models"`
+}
+
+// Window configures the rolling window.
+type Window struct {
+	// Size of the window (default 5m).
+	Size time.Duration
+	// Bucket granularity (default 10s). Size is rounded up to whole buckets.
+	Bucket time.Duration
+}
+
+// WithDefaults fills zero fields.
+func (w Window) WithDefaults() Window {
+	if w.Size <= 0 {
+		w.Size = 5 * time.Minute
+	}
+	if w.Bucket <= 0 {
+		w.Bucket = 10 * time.Second
+	}
+	if w.Bucket > w.Size {
+		w.Bucket = w.Size
+	}
+	return w
+}
+
+// Store records events and returns snapshots. Implementations are safe for
+// concurrent use.
+type Store interface {
+	// Record applies events atomically as one batch.
+	Record(ctx context.Context, events []Event) error
+	// Snapshot returns the statistics of every model seen in the window or
+	// with a non-zero gauge.
+	Snapshot(ctx context.Context) (*Snapshot, error)
+	// SetBreaker moves a breaker from state `from` to `to` only if it is in
+	// `from` now (compare-and-set on State and Since), so that replicas do not
+	// fight over a transition. It reports whether it did.
+	SetBreaker(ctx context.Context, key BreakerKey, from, to Breaker) (bool, error)
+	// Close releases resources.
+	Close() error
+}

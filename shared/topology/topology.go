@@ -1,0 +1,206 @@
+// Package topology names mlsched's subjects, streams, consumers and buckets,
+// and creates them idempotently. A stream or consumer that already exists
+// with an incompatible configuration is an error (ErrIncompatible): we never
+// overwrite what an operator or another version created.
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream, bucket and subject names of protocol v1.
+const (
+	StreamTasks    = "MLSCHED_TASKS"
+	StreamDispatch = "MLSCHED_DISPATCH"
+	StreamOutcomes = "MLSCHED_OUTCOMES"
+	StreamResults  = "MLSCHED_RESULTS"
+	StreamDLQ      = "MLSCHED_DLQ"
+	BucketNodes    = "MLSCHED_NODES"
+
+	SubjectTasksAll    = "mlsched.tasks.>"
+	SubjectDispatchAll = "mlsched.node.*.tasks"
+	SubjectOutcomesAll = "mlsched.outcomes.>"
+	SubjectResultsAll  = "mlsched.results.>"
+	SubjectDLQAll      = "mlsched.dlq.>"
+
+	// ConsumerDispatcher is the durable name the dispatcher replicas share,
+	// on both the task and the outcome stream.
+	ConsumerDispatcher = "dispatcher"
+)
+
+// TaskSubject is where producers publish a task of the given type.
+func TaskSubject(taskType string) string { return "mlsched.tasks." + taskType }
+
+// DispatchSubject is the subject a node consumes its dispatches from.
+func DispatchSubject(node string) string { return "mlsched.node." + node + ".tasks" }
+
+// OutcomeSubject is where a node reports outcomes.
+func OutcomeSubject(node string) string { return "mlsched.outcomes." + node }
+
+// ResultSubject is where a task's final result is kept.
+func ResultSubject(id string) string { return "mlsched.results." + id }
+
+// DLQSubject is where dead letters of a kind ("invalid", "exhausted") go.
+func DLQSubject(kind string) string { return "mlsched.dlq." + kind }
+
+// NodeConsumer is the durable consumer name of a node.
+func NodeConsumer(node string) string { return "node-" + node }
+
+// Config tunes the streams. The zero value gives the defaults.
+type Config struct {
+	// Storage for every stream (default file).
+	Storage jetstream.StorageType
+	// Replicas per stream (default 1).
+	Replicas int
+	// ResultsMaxAge is how long results are kept (default 24h).
+	ResultsMaxAge time.Duration
+	// DLQMaxAge is how long dead letters are kept (default 7 days).
+	DLQMaxAge time.Duration
+	// DuplicateWindow is the Nats-Msg-Id deduplication window (default 2m).
+	DuplicateWindow time.Duration
+	// NodeTTL is how long a node's heartbeat is kept (default 10s).
+	NodeTTL time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.ResultsMaxAge <= 0 {
+		c.ResultsMaxAge = 24 * time.Hour
+	}
+	if c.DLQMaxAge <= 0 {
+		c.DLQMaxAge = 7 * 24 * time.Hour
+	}
+	if c.DuplicateWindow <= 0 {
+		c.DuplicateWindow = 2 * time.Minute
+	}
+	if c.NodeTTL <= 0 {
+		c.NodeTTL = 10 * time.Second
+	}
+	return c
+}
+
+// ErrIncompatible is returned when a stream, consumer or bucket exists with a
+// configuration that mlsched cannot use.
+var ErrIncompatible = errors.New("exists with an incompatible configuration")
+
+// Streams returns the stream configurations of protocol v1.
+func Streams(c Config) []jetstream.StreamConfig {
+	c = c.withDefaults()
+	base := func(name, subj string, ret jetstream.RetentionPolicy) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name: name, Subjects: []string{subj}, Retention: ret,
+			Storage: c.Storage, Replicas: c.Replicas, Duplicates: c.DuplicateWindow,
+		}
+	}
+	results := base(StreamResults, SubjectResultsAll, jetstream.LimitsPolicy)
+	results.MaxMsgsPerSubject = 1
+	results.MaxAge = c.ResultsMaxAge
+	results.AllowDirect = true
+	dlq := base(StreamDLQ, SubjectDLQAll, jetstream.LimitsPolicy)
+	dlq.MaxAge = c.DLQMaxAge
+	dispatch := base(StreamDispatch, SubjectDispatchAll, jetstream.WorkQueuePolicy)
+	dispatch.AllowDirect = true // the dispatcher reads in-flight dispatches by sequence
+	return []jetstream.StreamConfig{
+		base(StreamTasks, SubjectTasksAll, jetstream.WorkQueuePolicy),
+		dispatch,
+		base(StreamOutcomes, SubjectOutcomesAll, jetstream.WorkQueuePolicy),
+		results,
+		dlq,
+	}
+}
+
+// Ensure creates every stream and the node bucket, or checks that existing
+// ones are compatible.
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
+	for _, sc := range Streams(c) {
+		if _, err := EnsureStream(ctx, js, sc); err != nil {
+			return err
+		}
+	}
+	_, err := EnsureNodesBucket(ctx, js, c)
+	return err
+}
+
+// EnsureStream creates the stream, or returns the existing one when its
+// subjects, retention and storage match.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // lost a creation race
+			s, err = js.Stream(ctx, want.Name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", want.Name, err)
+	}
+	got := s.CachedInfo().Config
+	if !slices.Equal(got.Subjects, want.Subjects) || got.Retention != want.Retention ||
+		got.Storage != want.Storage || got.MaxMsgsPerSubject != want.MaxMsgsPerSubject {
+		return nil, fmt.Errorf("stream %s %w: have subjects=%v retention=%v storage=%v max_msgs_per_subject=%d, want subjects=%v retention=%v storage=%v max_msgs_per_subject=%d",
+			want.Name, ErrIncompatible, got.Subjects, got.Retention, got.Storage, got.MaxMsgsPerSubject,
+			want.Subjects, want.Retention, want.Storage, want.MaxMsgsPerSubject)
+	}
+	return s, nil
+}
+
+// EnsureConsumer creates a durable consumer, or returns the existing one when
+// its filter and ack policy match. Tunables (AckWait, MaxAckPending) of an
+// existing consumer are updated, since they are safe to change.
+func EnsureConsumer(ctx context.Context, s jetstream.Stream, want jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := s.Consumer(ctx, want.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		c, err = s.CreateConsumer(ctx, want)
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			c, err = s.Consumer(ctx, want.Durable)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("consumer %s: %w", want.Durable, err)
+		}
+		return c, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", want.Durable, err)
+	}
+	got := c.CachedInfo().Config
+	if got.FilterSubject != want.FilterSubject || !slices.Equal(got.FilterSubjects, want.FilterSubjects) ||
+		got.AckPolicy != want.AckPolicy || got.DeliverPolicy != want.DeliverPolicy {
+		return nil, fmt.Errorf("consumer %s %w: have filter=%q ack=%v, want filter=%q ack=%v",
+			want.Durable, ErrIncompatible, got.FilterSubject, got.AckPolicy, want.FilterSubject, want.AckPolicy)
+	}
+	if got.AckWait != want.AckWait || got.MaxAckPending != want.MaxAckPending || got.MaxDeliver != want.MaxDeliver ||
+		got.InactiveThreshold != want.InactiveThreshold {
+		c, err = s.UpdateConsumer(ctx, want)
+		if err != nil {
+			return nil, fmt.Errorf("consumer %s: update: %w", want.Durable, err)
+		}
+	}
+	return c, nil
+}
+
+// EnsureNodesBucket creates the node registry bucket, whose entries expire
+// NodeTTL after a node's last heartbeat.
+func EnsureNodesBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	c = c.withDefaults()
+	kv, err := js.KeyValue(ctx, BucketNodes)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: BucketNodes, TTL: c.NodeTTL, Storage: jetstream.MemoryStorage, Replicas: c.Replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, BucketNodes)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketNodes, err)
+	}
+	return kv, nil
+}

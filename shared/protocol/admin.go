@@ -1,0 +1,47 @@
+package protocol
+
+import "time"
+
+// SubjectAdminStats is a core-NATS request subject: every dispatcher replica
+// answers it with its StatsReport (a JSON body). `mlsched stats` uses it.
+const SubjectAdminStats = "mlsched.admin.stats"
+
+// StatsReport is a dispatcher's view of the cluster: the statistics snapshot
+// it decides on, its breakers, the live nodes, and whether it is degraded.
+type StatsReport struct {
+	Dispatcher string `json:"dispatcher"`
+	// Policies maps task types to policy names; "*" is the default.
+	Policies map[string]string `json:"policies"`
+	// Store is "redis" or "memory".
+	Store string `json:"store"`
+	// Degraded is set while the statistics store cannot be reached: the
+	// dispatcher decides on its last snapshot.
+	Degraded       bool          `json:"degraded"`
+	DegradedReason string        `json:"degraded_reason,omitempty"`
+	SnapshotAt     time.Time     `json:"snapshot_at"`
+	Window         time.Duration `json:"window_ns"`
+	// Buffered and Dropped count statistics updates waiting for, or lost
+	// because of, an unreachable store.
+	Buffered int64         `json:"buffered"`
+	Dropped  int64         `json:"dropped"`
+	Models   []ModelReport `json:"models"`
+	Nodes    []Heartbeat   `json:"nodes"`
+}
+
+// ModelReport is one model's line in a StatsReport.
+type ModelReport struct {
+	Name         string  `json:"name"`
+	Dispatched   int64   `json:"dispatched"`
+	Successes    int64   `json:"successes"`
+	ModelErrors  int64   `json:"model_errors"`
+	Timeouts     int64   `json:"timeouts"`
+	TaskErrors   int64   `json:"task_errors"`
+	Expired      int64   `json:"expired"`
+	Late         int64   `json:"late"`
+	SuccessRate  float64 `json:"success_rate"`
+	P50Ms        float64 `json:"p50_ms"`
+	P95Ms        float64 `json:"p95_ms"`
+	InFlight     int64   `json:"in_flight"`
+	Breaker      string  `json:"breaker"`
+	TrafficShare float64 `json:"traffic_share"`
+}

@@ -116,6 +116,9 @@ const (
 type ModelInfo struct {
 	Name  string   `json:"name"`
 	Types []string `json:"types"`
+	// TimeoutMs is the model's per-task timeout when the task sets none; the
+	// dispatcher derives the dispatch deadline from it.
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
 }
 
 // Heartbeat is what a worker node announces, every heartbeat interval, in

@@ -1,0 +1,169 @@
+// Package registry keeps the dispatcher's view of live worker nodes.
+//
+// Workers put a protocol.Heartbeat under their node id in the JetStream
+// key-value bucket MLSCHED_NODES every heartbeat interval. The registry
+// watches the bucket, so a restarted dispatcher knows every node at once, and
+// expires a node whose heartbeat is older than the TTL by its own clock
+// (receive time), so skewed worker clocks do not matter.
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// Registry is a live view of the nodes. Safe for concurrent use.
+type Registry struct {
+	kv  jetstream.KeyValue
+	ttl time.Duration
+	log zerolog.Logger
+	now func() time.Time
+
+	mu    sync.Mutex
+	nodes map[string]entry
+	live  atomic.Pointer[[]protocol.Heartbeat]
+	ready chan struct{}
+	once  sync.Once
+}
+
+type entry struct {
+	hb   protocol.Heartbeat
+	seen time.Time
+}
+
+// New returns a registry over the nodes bucket; ttl is how long a node stays
+// live after its last heartbeat (default 10s).
+func New(kv jetstream.KeyValue, ttl time.Duration, log zerolog.Logger) *Registry {
+	if ttl <= 0 {
+		ttl = 10 * time.Second
+	}
+	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, ready: make(chan struct{})}
+	r.live.Store(&[]protocol.Heartbeat{})
+	return r
+}
+
+// Live returns the live nodes sorted by id. The slice must not be modified.
+func (r *Registry) Live() []protocol.Heartbeat { return *r.live.Load() }
+
+// Ready is closed once the bucket's initial contents are loaded.
+func (r *Registry) Ready() <-chan struct{} { return r.ready }
+
+// Run watches the bucket until ctx is done, re-creating the watch when it
+// fails (NATS restarts, bucket recreated).
+func (r *Registry) Run(ctx context.Context) error {
+	tick := time.NewTicker(r.ttl / 4)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		w, err := r.kv.WatchAll(ctx)
+		if err != nil {
+			r.log.Warn().Err(err).Msg("node registry: watch failed, retrying")
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		r.consume(ctx, w, tick.C)
+		_ = w.Stop()
+	}
+	return nil
+}
+
+func (r *Registry) consume(ctx context.Context, w jetstream.KeyWatcher, tick <-chan time.Time) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+			r.expire()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil { // initial values delivered
+				r.once.Do(func() { close(r.ready) })
+				continue
+			}
+			r.apply(e)
+		}
+	}
+}
+
+func (r *Registry) apply(e jetstream.KeyValueEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch e.Operation() {
+	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+		delete(r.nodes, e.Key())
+	default:
+		var hb protocol.Heartbeat
+		if err := json.Unmarshal(e.Value(), &hb); err != nil || hb.Node != e.Key() {
+			r.log.Warn().Err(err).Str("node", e.Key()).Msg("node registry: ignoring a malformed heartbeat")
+			return
+		}
+		// A heartbeat replayed from the bucket may be old: trust its age
+		// as the bucket reports it, not the worker's clock.
+		seen := e.Created()
+		if now := r.now(); seen.After(now) || seen.IsZero() {
+			seen = now
+		}
+		r.nodes[e.Key()] = entry{hb: hb, seen: seen}
+	}
+	r.publishLocked()
+}
+
+func (r *Registry) expire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cut := r.now().Add(-r.ttl)
+	changed := false
+	for id, e := range r.nodes {
+		if e.seen.Before(cut) {
+			delete(r.nodes, id)
+			changed = true
+			r.log.Warn().Str("node", id).Msg("node expired: no heartbeat within the TTL")
+		}
+	}
+	if changed {
+		r.publishLocked()
+	}
+}
+
+func (r *Registry) publishLocked() {
+	cut := r.now().Add(-r.ttl)
+	live := make([]protocol.Heartbeat, 0, len(r.nodes))
+	for _, e := range r.nodes {
+		if !e.seen.Before(cut) {
+			live = append(live, e.hb)
+		}
+	}
+	sort.Slice(live, func(i, j int) bool { return live[i].Node < live[j].Node })
+	r.live.Store(&live)
+}
+
+// ErrNoNodes is returned by WaitFor when no node became live in time.
+var ErrNoNodes = errors.New("no live node")
+
+// WaitFor blocks until at least n nodes are live or ctx is done.
+func (r *Registry) WaitFor(ctx context.Context, n int) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for len(r.Live()) < n {
+		select {
+		case <-ctx.Done():
+			return errors.Join(ErrNoNodes, ctx.Err())
+		case <-t.C:
+		}
+	}
+	return nil
+}

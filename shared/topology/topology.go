@@ -22,6 +22,9 @@ const (
 	StreamResults  = "MLSCHED_RESULTS"
 	StreamDLQ      = "MLSCHED_DLQ"
 	BucketNodes    = "MLSCHED_NODES"
+	// BucketSuperseded records attempts the dispatcher declared lost and
+	// re-dispatched, so that their late outcomes are not taken as final.
+	BucketSuperseded = "MLSCHED_SUPERSEDED"
 
 	SubjectTasksAll    = "mlsched.tasks.>"
 	SubjectDispatchAll = "mlsched.node.*.tasks"
@@ -144,12 +147,21 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	}
 	got := s.CachedInfo().Config
 	if !slices.Equal(got.Subjects, want.Subjects) || got.Retention != want.Retention ||
-		got.Storage != want.Storage || got.MaxMsgsPerSubject != want.MaxMsgsPerSubject {
+		got.Storage != want.Storage || unlimited(got.MaxMsgsPerSubject) != unlimited(want.MaxMsgsPerSubject) {
 		return nil, fmt.Errorf("stream %s %w: have subjects=%v retention=%v storage=%v max_msgs_per_subject=%d, want subjects=%v retention=%v storage=%v max_msgs_per_subject=%d",
 			want.Name, ErrIncompatible, got.Subjects, got.Retention, got.Storage, got.MaxMsgsPerSubject,
 			want.Subjects, want.Retention, want.Storage, want.MaxMsgsPerSubject)
 	}
 	return s, nil
+}
+
+// unlimited maps every "no limit" value to -1: the server reports -1 for a
+// limit that was asked for as 0.
+func unlimited(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }
 
 // EnsureConsumer creates a durable consumer, or returns the existing one when
@@ -201,6 +213,25 @@ func EnsureNodesBucket(ctx context.Context, js jetstream.JetStream, c Config) (j
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketNodes, err)
+	}
+	return kv, nil
+}
+
+// EnsureSupersededBucket creates the bucket of superseded attempts; entries
+// live for a day, far longer than any attempt.
+func EnsureSupersededBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	c = c.withDefaults()
+	kv, err := js.KeyValue(ctx, BucketSuperseded)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: BucketSuperseded, TTL: 24 * time.Hour, Storage: c.Storage, Replicas: c.Replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, BucketSuperseded)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketSuperseded, err)
 	}
 	return kv, nil
 }

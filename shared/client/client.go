@@ -1,0 +1,296 @@
+// Package client is the Go SDK for mlsched producers: it submits tasks to the
+// task stream and reads their final results from the results stream.
+//
+// A producer in another language needs nothing from this package: the wire
+// protocol is plain JSON over NATS JetStream (docs/protocol.md). The SDK adds
+// local validation (the same verdict the dispatcher would give), publishing
+// with deduplication, and race-free waiting for one or many results.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// ErrNoResult is returned by Result when the task has no final result yet
+// (or its result has aged out of the results stream).
+var ErrNoResult = errors.New("no result yet")
+
+// ErrBadResult wraps a message on a result subject that is not a Result.
+var ErrBadResult = errors.New("malformed result")
+
+// SubmitAck is the task stream's acknowledgement of a submission.
+type SubmitAck struct {
+	// Seq is the task's sequence in MLSCHED_TASKS (of the first copy when
+	// Duplicate is set).
+	Seq uint64
+	// Duplicate is set when a task with the same Nats-Msg-Id was already
+	// accepted within the stream's duplicate window: nothing new was queued.
+	Duplicate bool
+}
+
+// Client submits tasks and reads results. It is safe for concurrent use.
+type Client struct {
+	js     jetstream.JetStream
+	limits protocol.Limits
+	topo   topology.Config
+
+	mu      sync.Mutex
+	results jetstream.Stream // cached MLSCHED_RESULTS handle
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithLimits sets the limits Submit validates against (default
+// protocol.DefaultLimits). Use the dispatcher's limits so that a task the
+// SDK accepts is not rejected later.
+func WithLimits(l protocol.Limits) Option { return func(c *Client) { c.limits = l } }
+
+// WithTopology sets the stream configuration used when the client has to
+// create missing streams (default topology.Config{}: file storage, one
+// replica). It must match what the dispatcher uses, or the dispatcher will
+// find the streams incompatible.
+func WithTopology(tc topology.Config) Option { return func(c *Client) { c.topo = tc } }
+
+// New returns a client publishing and reading through js.
+func New(js jetstream.JetStream, opts ...Option) *Client {
+	c := &Client{js: js}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Submit validates t locally, so a bad task fails here with the same
+// *protocol.Error the dispatcher would put in a rejected result, then
+// publishes it to topology.TaskSubject(t.Type) with Nats-Msg-Id t.ID: a
+// re-submission within the duplicate window is acknowledged as Duplicate
+// and not queued twice.
+func (c *Client) Submit(ctx context.Context, t protocol.Task) (SubmitAck, error) {
+	v := t // Validate clears an invalid ID; keep the caller's copy intact
+	if err := v.Validate(c.limits); err != nil {
+		return SubmitAck{}, err
+	}
+	data, err := json.Marshal(t)
+	if err != nil {
+		// The only way Marshal fails here is a Payload that is not JSON.
+		return SubmitAck{}, protocol.Errorf(protocol.CodeMalformedJSON, "payload is not valid JSON: %v", err)
+	}
+	lim := c.limits
+	if lim.MaxPayloadBytes <= 0 {
+		lim.MaxPayloadBytes = protocol.DefaultLimits.MaxPayloadBytes
+	}
+	if len(data) > lim.MaxPayloadBytes {
+		return SubmitAck{}, protocol.Errorf(protocol.CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
+	}
+	return c.publish(ctx, topology.TaskSubject(t.Type), data, t.ID)
+}
+
+// SubmitRaw publishes data as a task of taskType without validating it, with
+// Nats-Msg-Id msgID when msgID is not empty. It exists for tests and for
+// bytes produced elsewhere; the dispatcher judges them.
+func (c *Client) SubmitRaw(ctx context.Context, taskType string, data []byte, msgID string) (SubmitAck, error) {
+	if err := protocol.ValidToken(taskType, 64); err != nil {
+		return SubmitAck{}, protocol.Errorf(protocol.CodeInvalidType, "type %q: %v", taskType, err)
+	}
+	return c.publish(ctx, topology.TaskSubject(taskType), data, msgID)
+}
+
+func (c *Client) publish(ctx context.Context, subject string, data []byte, msgID string) (SubmitAck, error) {
+	opts := []jetstream.PublishOpt{jetstream.WithExpectStream(topology.StreamTasks)}
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	ack, err := c.js.Publish(ctx, subject, data, opts...)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		// Nobody created the streams yet: do it (idempotent) and retry once.
+		if eerr := topology.Ensure(ctx, c.js, c.topo); eerr != nil {
+			return SubmitAck{}, fmt.Errorf("submit to %s: %w (creating streams: %w)", subject, err, eerr)
+		}
+		ack, err = c.js.Publish(ctx, subject, data, opts...)
+	}
+	if err != nil {
+		return SubmitAck{}, fmt.Errorf("submit to %s: %w", subject, err)
+	}
+	return SubmitAck{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// Result returns the task's final result, or ErrNoResult when there is none
+// yet. It never blocks on the task.
+func (c *Client) Result(ctx context.Context, id string) (*protocol.Result, error) {
+	if err := c.checkID(id); err != nil {
+		return nil, err
+	}
+	s, err := c.resultsStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("task %s: %w", id, ErrNoResult)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("task %s: read result: %w", id, err)
+	}
+	return decodeResult(id, m.Data)
+}
+
+// Wait blocks until the task's final result exists and returns it, or
+// returns ctx's error. A result published at any moment, before or during
+// the call, is seen: the consumer starts from the last message already on
+// the subject.
+func (c *Client) Wait(ctx context.Context, id string) (*protocol.Result, error) {
+	if r, err := c.Result(ctx, id); !errors.Is(err, ErrNoResult) {
+		return r, err // fast path: already there (or a real error)
+	}
+	var out *protocol.Result
+	err := c.consume(ctx, []string{topology.ResultSubject(id)}, func(m jetstream.Msg) (bool, error) {
+		r, err := decodeResult(id, m.Data())
+		out = r
+		return true, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wait for %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// WaitAll waits for the final result of every id and calls each once per id,
+// in arrival order, from the calling goroutine. It uses a single consumer
+// (on the ids' subjects when they are few, on mlsched.results.> otherwise),
+// so waiting for thousands of tasks costs one consumer, not thousands. It
+// returns nil once every id has been seen, or ctx's error (wrapped) with
+// each already called for the results that arrived.
+func (c *Client) WaitAll(ctx context.Context, ids []string, each func(*protocol.Result)) error {
+	pending := make(map[string]struct{}, len(ids))
+	for _, id := range ids {
+		if err := c.checkID(id); err != nil {
+			return err
+		}
+		pending[id] = struct{}{}
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	filter := []string{topology.SubjectResultsAll}
+	if len(pending) <= maxFilterSubjects {
+		filter = filter[:0]
+		for id := range pending {
+			filter = append(filter, topology.ResultSubject(id))
+		}
+	}
+	prefix := len(topology.ResultSubject(""))
+	err := c.consume(ctx, filter, func(m jetstream.Msg) (bool, error) {
+		subj := m.Subject()
+		if len(subj) <= prefix {
+			return false, nil
+		}
+		id := subj[prefix:]
+		if _, ok := pending[id]; !ok {
+			return false, nil // another task's result
+		}
+		r, err := decodeResult(id, m.Data())
+		if err != nil {
+			return true, err
+		}
+		delete(pending, id)
+		each(r)
+		return len(pending) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d of %d results: %w", len(pending), len(ids), err)
+	}
+	return nil
+}
+
+// maxFilterSubjects bounds how many per-id subjects WaitAll filters on before
+// it reads the whole results stream instead.
+const maxFilterSubjects = 32
+
+// consume runs an ordered consumer (last message per subject, then new ones)
+// over the results stream and hands messages to fn until fn reports done,
+// fn fails, or ctx ends.
+func (c *Client) consume(ctx context.Context, filter []string, fn func(jetstream.Msg) (done bool, err error)) error {
+	s, err := c.resultsStream(ctx)
+	if err != nil {
+		return err
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    filter,
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		InactiveThreshold: 30 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("results consumer: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("results consumer: %w", err)
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("results consumer: %w", err)
+		}
+		done, err := fn(m)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// resultsStream returns the cached MLSCHED_RESULTS handle, creating the
+// streams when they do not exist yet.
+func (c *Client) resultsStream(ctx context.Context) (jetstream.Stream, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.results != nil {
+		return c.results, nil
+	}
+	s, err := c.js.Stream(ctx, topology.StreamResults)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err = topology.Ensure(ctx, c.js, c.topo); err == nil {
+			s, err = c.js.Stream(ctx, topology.StreamResults)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("results stream: %w", err)
+	}
+	c.results = s
+	return s, nil
+}
+
+// checkID refuses ids that can never name a result subject.
+func (c *Client) checkID(id string) error {
+	maxLen := c.limits.MaxIDLen
+	if maxLen <= 0 {
+		maxLen = protocol.DefaultLimits.MaxIDLen
+	}
+	if err := protocol.ValidToken(id, maxLen); err != nil {
+		return protocol.Errorf(protocol.CodeInvalidID, "id %q cannot have a result: %v", id, err)
+	}
+	return nil
+}
+
+func decodeResult(id string, data []byte) (*protocol.Result, error) {
+	var r protocol.Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("result of %s: %w: %w", id, ErrBadResult, err)
+	}
+	return &r, nil
+}

@@ -32,12 +32,16 @@ type Config struct {
 	// explored rather than excluded (default 20).
 	MinSamples int
 	// ExploreShare is the share of decisions that go to under-sampled
-	// models (default 0.05).
+	// models (default 0.05; negative disables exploration).
 	ExploreShare float64
 	// LatencyWeight makes thompson prefer faster models among similar ones
 	// (default 0: success only).
 	LatencyWeight float64
 	Breaker       BreakerConfig
+	// Seed, when non-zero, makes every random choice reproducible for a
+	// given sequence of decisions (tests, the simulator). Default 0: seeded
+	// from math/rand/v2, so that replicas do not make the same choices.
+	Seed uint64
 }
 
 // BreakerConfig configures circuit breaking per model and per (model, node).

@@ -1,0 +1,175 @@
+package policy
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// Policy chooses a model among eligible candidates. The engine has already
+// applied the allow-list, the task's constraints, circuit breakers and
+// failover, so a policy only ranks. Choose returns an index into cands
+// (never empty); it must be safe for concurrent use and should not allocate.
+// r is the decision's own generator.
+type Policy interface {
+	Name() string
+	Choose(r *Rand, cands []*Candidate) int
+}
+
+// reliability picks the highest Wilson lower bound; ties go to the lower
+// median latency, then at random.
+type reliability struct{}
+
+func (reliability) Name() string { return Reliability }
+
+func (reliability) Choose(r *Rand, cands []*Candidate) int {
+	best, ties := 0, 1
+	for i := 1; i < len(cands); i++ {
+		c, b := cands[i], cands[best]
+		switch {
+		case c.Lower > b.Lower+1e-12:
+			best, ties = i, 1
+		case c.Lower < b.Lower-1e-12:
+		default:
+			switch cmpLatency(c, b) {
+			case -1:
+				best, ties = i, 1
+			case 0:
+				ties++
+				if r.IntN(ties) == 0 {
+					best = i
+				}
+			}
+		}
+	}
+	return best
+}
+
+// cmpLatency orders by median latency, unknown last.
+func cmpLatency(a, b *Candidate) int {
+	switch {
+	case a.P50 == b.P50:
+		return 0
+	case b.P50 == 0:
+		return -1
+	case a.P50 == 0:
+		return 1
+	case a.P50 < b.P50:
+		return -1
+	}
+	return 1
+}
+
+// thompson samples each candidate's Beta posterior of success and picks the
+// highest draw, optionally weighted toward faster models.
+type thompson struct{ latencyWeight float64 }
+
+func (thompson) Name() string { return Thompson }
+
+func (p thompson) Choose(r *Rand, cands []*Candidate) int {
+	minMean := 0.0
+	if p.latencyWeight > 0 {
+		for _, c := range cands {
+			if c.MeanUs > 0 && (minMean == 0 || c.MeanUs < minMean) {
+				minMean = c.MeanUs
+			}
+		}
+	}
+	best, bestScore := 0, -1.0
+	for i, c := range cands {
+		s := r.Beta(float64(c.Successes)+1, float64(c.Failures)+1)
+		if minMean > 0 && c.MeanUs > 0 {
+			s *= math.Pow(minMean/c.MeanUs, p.latencyWeight)
+		}
+		if s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	return best
+}
+
+// latency picks the lowest expected time to a success.
+type latency struct{}
+
+func (latency) Name() string { return Latency }
+
+func (latency) Choose(r *Rand, cands []*Candidate) int {
+	return argmin(r, cands, func(c *Candidate) float64 { return c.ExpectedUs })
+}
+
+// leastLoaded picks the lowest in-flight / capacity.
+type leastLoaded struct{}
+
+func (leastLoaded) Name() string { return LeastLoaded }
+
+func (leastLoaded) Choose(r *Rand, cands []*Candidate) int {
+	return argmin(r, cands, (*Candidate).Load)
+}
+
+// roundRobin cycles through the candidates.
+type roundRobin struct{ next atomic.Uint64 }
+
+func (*roundRobin) Name() string { return RoundRobin }
+
+func (p *roundRobin) Choose(_ *Rand, cands []*Candidate) int {
+	return int((p.next.Add(1) - 1) % uint64(len(cands)))
+}
+
+// random picks uniformly.
+type random struct{}
+
+func (random) Name() string { return Random }
+
+func (random) Choose(r *Rand, cands []*Candidate) int { return r.IntN(len(cands)) }
+
+// argmin returns the index of the lowest score, ties at random.
+func argmin(r *Rand, cands []*Candidate, score func(*Candidate) float64) int {
+	best, ties := 0, 1
+	bs := score(cands[0])
+	for i := 1; i < len(cands); i++ {
+		s := score(cands[i])
+		switch {
+		case s < bs:
+			best, bs, ties = i, s, 1
+		case s == bs:
+			ties++
+			if r.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// explore wraps a greedy policy: a share of decisions goes to the least
+// measured under-sampled candidate, so that new and recovering models keep
+// being measured instead of starving behind an incumbent.
+type explore struct {
+	Policy
+	minSamples int64
+	share      float64
+}
+
+func (p explore) Choose(r *Rand, cands []*Candidate) int {
+	if p.share > 0 && len(cands) > 1 && r.Float64() < p.share {
+		best, ties := -1, 0
+		for i, c := range cands {
+			n := c.Samples()
+			if n >= p.minSamples {
+				continue
+			}
+			switch {
+			case best < 0 || n < cands[best].Samples():
+				best, ties = i, 1
+			case n == cands[best].Samples():
+				ties++
+				if r.IntN(ties) == 0 {
+					best = i
+				}
+			}
+		}
+		if best >= 0 {
+			return best
+		}
+	}
+	return p.Policy.Choose(r, cands)
+}

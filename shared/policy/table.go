@@ -1,0 +1,351 @@
+package policy
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/stats"
+)
+
+// Candidate is what a policy sees of one model eligible for a task: its
+// statistics over the window, precomputed once per Table, and its live load.
+type Candidate struct {
+	Model string
+	// Successes and Failures are the windowed judged outcomes (task errors
+	// and expired dispatches say nothing about a model and are left out).
+	Successes, Failures int64
+	// Rate is the smoothed success rate, the posterior mean of a Beta(1, 1)
+	// prior: (successes+1) / (judged+2). An unmeasured model has 0.5.
+	Rate float64
+	// Lower is the Wilson 95% lower bound of the success rate (0 with no
+	// data): it ranks 970/1000 (0.958) above 3/3 (0.44).
+	Lower float64
+	// P50 and P95 are latency quantiles of successful attempts (0 = no data).
+	P50, P95 time.Duration
+	// MeanUs is the mean latency of successful attempts in µs (0 = no data).
+	MeanUs float64
+	// FailMeanUs is the mean latency of failed attempts in µs (0 = no data).
+	FailMeanUs float64
+	// ExpectedUs is the expected time to a success in µs, charging each
+	// failed attempt at least a successful attempt's latency; +Inf when the
+	// model has no judged outcome yet.
+	ExpectedUs float64
+	// Capacity is the summed capacity of the live nodes hosting the model.
+	Capacity int
+
+	inFlight int64        // from the snapshot
+	local    atomic.Int64 // dispatched by this process since the table was built
+}
+
+// Samples is the number of judged outcomes in the window.
+func (c *Candidate) Samples() int64 { return c.Successes + c.Failures }
+
+// InFlight is the snapshot's in-flight count plus this process's dispatches
+// since the table was built.
+func (c *Candidate) InFlight() int64 { return c.inFlight + c.local.Load() }
+
+// Load is in-flight relative to capacity.
+func (c *Candidate) Load() float64 {
+	cp := c.Capacity
+	if cp < 1 {
+		cp = 1
+	}
+	return float64(c.InFlight()) / float64(cp)
+}
+
+// modelState is one model of the table, shared by every type it serves.
+type modelState struct {
+	Candidate
+	breaker stats.Breaker
+	probes  atomic.Int64 // half-open probes sent from this table
+	pairs   []*pairState // every live (model, node)
+}
+
+// nodeState is one live node; its load is shared by all its models.
+type nodeState struct {
+	name     string
+	capacity int
+	inFlight int64 // max of heartbeat and summed snapshot in-flight
+	local    atomic.Int64
+}
+
+func (n *nodeState) load() float64 {
+	return float64(n.inFlight+n.local.Load()+1) / float64(n.capacity)
+}
+
+// pairState is one (model, node).
+type pairState struct {
+	node    *nodeState
+	rate    float64 // success rate, smoothed toward the model's
+	breaker stats.Breaker
+	// inFlight is the snapshot's in-flight count of this (model, node).
+	inFlight int64
+	probes   atomic.Int64
+}
+
+// typeCand is a model as a candidate for one task type: only the nodes that
+// announce the model for that type.
+type typeCand struct {
+	m      *modelState
+	pairs  []*pairState
+	closed int // pairs whose breaker is closed
+}
+
+type typeEntry struct {
+	cands []*typeCand // sorted by model name
+}
+
+// Table is everything decisions need, precomputed from one statistics
+// snapshot and the live nodes, so that a decision reads no store and takes
+// no lock. It is immutable apart from atomic local counters.
+type Table struct {
+	// Taken is when the table was built.
+	Taken  time.Time
+	types  map[string]*typeEntry
+	models map[string]*modelState
+	nodes  map[string]*nodeState
+}
+
+// nodePriorWeight is how many judged outcomes a node's own record must
+// have to weigh as much as its model's average: a new node is presumed as
+// good as its model's other nodes.
+const nodePriorWeight = 10
+
+// NewTable precomputes everything decisions need from a snapshot and the
+// live nodes (heartbeats). It is called every snapshot refresh; snap may be
+// nil (no statistics yet). Draining nodes are left out.
+func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *Table {
+	t := &Table{
+		Taken:  now,
+		types:  make(map[string]*typeEntry),
+		models: make(map[string]*modelState),
+		nodes:  make(map[string]*nodeState, len(nodes)),
+	}
+	hbs := make([]*protocol.Heartbeat, 0, len(nodes))
+	for i := range nodes {
+		hb := &nodes[i]
+		if hb.Draining || hb.Node == "" || t.nodes[hb.Node] != nil {
+			continue
+		}
+		cp := hb.Capacity
+		if cp < 1 {
+			cp = 1
+		}
+		t.nodes[hb.Node] = &nodeState{name: hb.Node, capacity: cp, inFlight: int64(max(hb.InFlight, 0))}
+		hbs = append(hbs, hb)
+	}
+	sort.Slice(hbs, func(i, j int) bool { return hbs[i].Node < hbs[j].Node })
+
+	var ms func(string) *stats.ModelStats
+	ms = func(name string) *stats.ModelStats {
+		if snap == nil || snap.Models == nil {
+			return nil
+		}
+		return snap.Models[name]
+	}
+	// models and pairs
+	type tkey struct{ typ, model string }
+	tcs := make(map[tkey]*typeCand)
+	for _, hb := range hbs {
+		ns := t.nodes[hb.Node]
+		for _, mi := range hb.Models {
+			if mi.Name == "" {
+				continue
+			}
+			m := t.models[mi.Name]
+			if m == nil {
+				m = newModelState(mi.Name, ms(mi.Name))
+				t.models[mi.Name] = m
+			}
+			p := m.pair(ns)
+			if p == nil {
+				p = newPairState(m, ns, ms(mi.Name))
+				m.pairs = append(m.pairs, p)
+				m.Capacity += ns.capacity
+			}
+			for _, typ := range mi.Types {
+				k := tkey{typ, mi.Name}
+				tc := tcs[k]
+				if tc == nil {
+					tc = &typeCand{m: m}
+					tcs[k] = tc
+					te := t.types[typ]
+					if te == nil {
+						te = &typeEntry{}
+						t.types[typ] = te
+					}
+					te.cands = append(te.cands, tc)
+				}
+				if !slices.Contains(tc.pairs, p) {
+					tc.pairs = append(tc.pairs, p)
+					if p.breaker.State == stats.BreakerClosed {
+						tc.closed++
+					}
+				}
+			}
+		}
+	}
+	// a node's in-flight is the larger of what it says and what the stats
+	// say was dispatched to it and not finished
+	sums := make(map[*nodeState]int64)
+	for _, m := range t.models {
+		for _, p := range m.pairs {
+			sums[p.node] += max(p.inFlight, 0)
+		}
+	}
+	for n, s := range sums {
+		n.inFlight = max(n.inFlight, s)
+	}
+	for _, te := range t.types {
+		slices.SortFunc(te.cands, func(a, b *typeCand) int {
+			if a.m.Model < b.m.Model {
+				return -1
+			}
+			if a.m.Model > b.m.Model {
+				return 1
+			}
+			return 0
+		})
+	}
+	return t
+}
+
+func (m *modelState) pair(n *nodeState) *pairState {
+	for _, p := range m.pairs {
+		if p.node == n {
+			return p
+		}
+	}
+	return nil
+}
+
+func newModelState(name string, st *stats.ModelStats) *modelState {
+	m := &modelState{}
+	m.Model = name
+	m.ExpectedUs = math.Inf(1)
+	m.Rate = 0.5
+	if st == nil {
+		return m
+	}
+	s := &st.Series
+	m.Successes, m.Failures = s.Successes, s.Failures()
+	m.Rate = smoothed(m.Successes, m.Failures)
+	m.Lower = wilsonLower(m.Successes, m.Failures)
+	m.P50 = s.Latency.Quantile(0.5)
+	m.P95 = s.Latency.Quantile(0.95)
+	m.MeanUs = meanUs(&s.Latency)
+	if m.Failures > 0 {
+		m.FailMeanUs = float64(max(s.FailLatencySumUs, 0)) / float64(m.Failures)
+	}
+	m.ExpectedUs = expectedUs(m.Successes+m.Failures, m.Rate, m.MeanUs, m.FailMeanUs)
+	m.inFlight = max(s.InFlight, 0)
+	m.breaker = s.Breaker
+	return m
+}
+
+func newPairState(m *modelState, n *nodeState, st *stats.ModelStats) *pairState {
+	p := &pairState{node: n, rate: m.Rate}
+	if st == nil || st.Nodes == nil {
+		return p
+	}
+	s := st.Nodes[n.name]
+	if s == nil {
+		return p
+	}
+	judged := float64(s.Judged())
+	p.rate = (float64(s.Successes) + nodePriorWeight*m.Rate) / (judged + nodePriorWeight)
+	p.breaker = s.Breaker
+	p.inFlight = max(s.InFlight, 0)
+	return p
+}
+
+// smoothed is the Beta(1, 1) posterior mean of the success rate.
+func smoothed(s, f int64) float64 { return (float64(s) + 1) / (float64(s+f) + 2) }
+
+// wilsonLower is the Wilson score interval's lower bound at 95%.
+func wilsonLower(s, f int64) float64 {
+	n := float64(s + f)
+	if n == 0 {
+		return 0
+	}
+	const z = 1.959964
+	p := float64(s) / n
+	z2 := z * z
+	return (p + z2/(2*n) - z*math.Sqrt(p*(1-p)/n+z2/(4*n*n))) / (1 + z2/n)
+}
+
+// meanUs estimates the mean of a latency histogram from bucket midpoints.
+func meanUs(h *stats.Histogram) float64 {
+	var n int64
+	var sum, lo float64
+	for i, c := range h {
+		hi := float64(stats.BucketBound(i)) / float64(time.Microsecond)
+		if c > 0 {
+			n += c
+			sum += float64(c) * (lo + hi) / 2
+		}
+		lo = hi
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
+// expectedUs is the expected time to a success when failures are retried:
+// one success plus (1-p)/p failed attempts, each charged at least a
+// successful attempt's latency, so that failing fast never looks fast.
+func expectedUs(judged int64, p, succUs, failUs float64) float64 {
+	if judged == 0 {
+		return math.Inf(1)
+	}
+	if succUs == 0 {
+		succUs = failUs
+	}
+	if succUs < 1 {
+		succUs = 1
+	}
+	return succUs + (1-p)/p*max(failUs, succUs)
+}
+
+// Dispatched counts a dispatch made from this table, so that load readings
+// include it until the next table (whose snapshot then includes it).
+func (t *Table) Dispatched(model, node string) {
+	if t == nil {
+		return
+	}
+	if m := t.models[model]; m != nil {
+		m.local.Add(1)
+	}
+	if n := t.nodes[node]; n != nil {
+		n.local.Add(1)
+	}
+}
+
+// Types returns the task types some live node serves, sorted.
+func (t *Table) Types() []string {
+	out := make([]string, 0, len(t.types))
+	for k := range t.types {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Candidates returns the models live nodes announce for a task type, sorted
+// by name, for inspection (the admin report, the simulator).
+func (t *Table) Candidates(taskType string) []*Candidate {
+	te := t.types[taskType]
+	if te == nil {
+		return nil
+	}
+	out := make([]*Candidate, len(te.cands))
+	for i, tc := range te.cands {
+		out[i] = &tc.m.Candidate
+	}
+	return out
+}

@@ -59,3 +59,10 @@ func (l Log) Logger(component string) (zerolog.Logger, error) {
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger(), nil
 }
+
+// Defaults fills spec with the defaults of its `default` tags alone, ignoring
+// the environment: for programs and tests that build a configuration in code.
+func Defaults(spec any) error {
+	// No variable has this prefix, so envconfig applies only the defaults.
+	return envconfig.Process("MLSCHED_DEFAULTS_ONLY_3F1B", spec)
+}

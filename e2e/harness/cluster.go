@@ -350,7 +350,10 @@ type DispatcherOptions struct {
 // Dispatcher is a dispatcher process.
 type Dispatcher struct {
 	*Process
-	c *Cluster
+	// Name is its MLSCHED_DISPATCHER_NAME, the Dispatcher field of its
+	// StatsReport (default "dispatcher-<n>").
+	Name string
+	c    *Cluster
 }
 
 // StartDispatcher starts a dispatcher and waits until it answers
@@ -374,8 +377,10 @@ func (c *Cluster) StartDispatcher(o DispatcherOptions) *Dispatcher {
 	c.mu.Lock()
 	name := fmt.Sprintf("dispatcher-%d", len(c.Dispatchers)+1)
 	c.mu.Unlock()
-	p := c.newProcess(name, Binary(c.t, "dispatcher"), nil, mergeEnv(env, o.Env))
-	d := &Dispatcher{Process: p, c: c}
+	env["MLSCHED_DISPATCHER_NAME"] = name
+	env = mergeEnvMap(env, o.Env)
+	p := c.newProcess(name, Binary(c.t, "dispatcher"), nil, mergeEnv(env, nil))
+	d := &Dispatcher{Process: p, Name: env["MLSCHED_DISPATCHER_NAME"], c: c}
 	c.mu.Lock()
 	c.Dispatchers = append(c.Dispatchers, d)
 	c.mu.Unlock()
@@ -396,10 +401,15 @@ func (d *Dispatcher) Restart() error {
 	return d.Start()
 }
 
-// ready: as many distinct dispatchers answer as are running, so the one just
-// started is among them.
+// ready: the dispatcher answers mlsched.admin.stats under its name.
 func (d *Dispatcher) ready(ctx context.Context) error {
-	want := 0
+	_, err := d.Stats(ctx)
+	return err
+}
+
+// Stats returns this dispatcher's StatsReport.
+func (d *Dispatcher) Stats(ctx context.Context) (protocol.StatsReport, error) {
+	want := 0 // stop collecting once every running dispatcher answered
 	d.c.mu.Lock()
 	for _, o := range d.c.Dispatchers {
 		if o.Running() {
@@ -411,12 +421,14 @@ func (d *Dispatcher) ready(ctx context.Context) error {
 	defer cancel()
 	reps, err := d.c.AdminStats(rctx, want)
 	if err != nil {
-		return err
+		return protocol.StatsReport{}, err
 	}
-	if len(reps) < want {
-		return fmt.Errorf("%d of %d dispatchers answer %s", len(reps), want, protocol.SubjectAdminStats)
+	for _, r := range reps {
+		if r.Dispatcher == d.Name {
+			return r, nil
+		}
 	}
-	return nil
+	return protocol.StatsReport{}, fmt.Errorf("%s does not answer %s", d.Name, protocol.SubjectAdminStats)
 }
 
 // AdminStats asks every dispatcher for its StatsReport and collects replies
@@ -588,7 +600,7 @@ func (c *Cluster) Heartbeat(ctx context.Context, node string) (protocol.Heartbea
 	return hb, nil
 }
 
-func mergeEnv(base, over map[string]string) []string {
+func mergeEnvMap(base, over map[string]string) map[string]string {
 	m := map[string]string{}
 	for k, v := range base {
 		m[k] = v
@@ -596,6 +608,11 @@ func mergeEnv(base, over map[string]string) []string {
 	for k, v := range over {
 		m[k] = v
 	}
+	return m
+}
+
+func mergeEnv(base, over map[string]string) []string {
+	m := mergeEnvMap(base, over)
 	keys := make([]string, 0, len(m))
 	for k, v := range m {
 		if v != "" {

@@ -1,0 +1,369 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// The pipeline test's shape: four simulated models, named by how often they
+// fail, spread over three nodes (testdata/node-*.yaml).
+const (
+	pipelineTasks = 2000
+	// warmup tasks are submitted and finished before the rest, so that the
+	// second half is decided on statistics of the first.
+	pipelineWarmup = 1000
+	model00        = "m-fail00"
+	model02        = "m-fail02"
+	model10        = "m-fail10"
+	model30        = "m-fail30"
+)
+
+var pipelineModels = []string{model00, model02, model10, model30}
+
+// TestPipeline runs the whole system as processes: nats-server on file
+// storage, redis-server, one dispatcher and three workers, and submits 2000
+// tasks of two types through the producer SDK. It checks that every task gets
+// exactly one result, that the dispatcher's statistics account for exactly
+// the attempts the results report, and that the policy learns to avoid the
+// unreliable model.
+func TestPipeline(t *testing.T) {
+	requireBinaries(t, "dispatcher", "worker")
+	for _, policy := range []string{"", "thompson"} {
+		name := policy
+		if name == "" {
+			name = "default"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			runPipeline(t, policy)
+		})
+	}
+}
+
+func runPipeline(t *testing.T, policy string) {
+	c := harness.New(t)
+	c.StartNATS()
+	c.StartRedis()
+	d := c.StartDispatcher(harness.DispatcherOptions{Policy: policy, Env: map[string]string{
+		"MLSCHED_SNAPSHOT_INTERVAL": "100ms",
+		"MLSCHED_NODE_TTL":          "10s",
+	}})
+	for i, node := range []string{"node-1", "node-2", "node-3"} {
+		c.StartWorker(harness.WorkerOptions{NodeID: node, ModelsFile: "testdata/" + node + ".yaml",
+			Concurrency: 8, SimSeed: int64(100*i + 7)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	// Route nothing before the dispatcher knows every node.
+	harness.Eventually(t, harness.ReadyTimeout, "dispatcher sees 3 nodes", func() error {
+		r, err := d.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		if len(r.Nodes) != 3 {
+			return fmt.Errorf("dispatcher knows %d nodes", len(r.Nodes))
+		}
+		return nil
+	})
+
+	nc, js := c.Connect(nats.Name("e2e-producer"))
+	seen := newResultCounter()
+	sub, err := nc.Subscribe(topology.SubjectResultsAll, seen.observe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil { // a dropped message would fake a missing result
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	cl := client.New(js)
+	tasks := make([]protocol.Task, pipelineTasks)
+	for i := range tasks {
+		typ := "classify"
+		if i%2 == 1 {
+			typ = "embed"
+		}
+		tasks[i] = protocol.Task{ID: fmt.Sprintf("e2e-%04d", i), Type: typ, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+	}
+	results := map[string]*protocol.Result{}
+	for _, phase := range [][]protocol.Task{tasks[:pipelineWarmup], tasks[pipelineWarmup:]} {
+		ids := make([]string, len(phase))
+		for i, task := range phase {
+			ids[i] = task.ID
+			ack, err := cl.Submit(ctx, task)
+			if err != nil {
+				t.Fatalf("submit %s: %v", task.ID, err)
+			}
+			if ack.Duplicate {
+				t.Fatalf("submit %s: acknowledged as a duplicate", task.ID)
+			}
+		}
+		err := cl.WaitAll(ctx, ids, func(r *protocol.Result) {
+			if _, dup := results[r.ID]; dup {
+				t.Errorf("WaitAll delivered %s twice", r.ID)
+			}
+			results[r.ID] = r
+		})
+		if err != nil {
+			t.Fatalf("waiting for results: %v (have %d of %d)", err, len(results), len(tasks))
+		}
+	}
+
+	// Outcomes and statistics.
+	want := map[string]*protocol.ModelReport{}
+	for _, m := range pipelineModels {
+		want[m] = &protocol.ModelReport{Name: m}
+	}
+	late := map[string]int{} // attempts per model after warm-up
+	var failed int
+	for i, task := range tasks {
+		r := results[task.ID]
+		if r == nil {
+			t.Fatalf("no result for %s", task.ID)
+		}
+		if r.ID != task.ID || r.Type != task.Type {
+			t.Errorf("result for %s/%s names %s/%s", task.ID, task.Type, r.ID, r.Type)
+		}
+		switch r.Status {
+		case protocol.StatusSucceeded:
+		case protocol.StatusFailed:
+			failed++
+			if r.ErrorCode != protocol.CodeAttemptsExhausted {
+				t.Errorf("%s failed with %s (%s), want %s", r.ID, r.ErrorCode, r.Error, protocol.CodeAttemptsExhausted)
+			}
+		default:
+			t.Errorf("%s: status %q (%s: %s)", r.ID, r.Status, r.ErrorCode, r.Error)
+		}
+		for _, a := range attempts(r) {
+			mr := want[a.Model]
+			if mr == nil {
+				t.Errorf("%s: attempt %d on unknown model %q", r.ID, a.Attempt, a.Model)
+				continue
+			}
+			mr.Dispatched++
+			switch a.Status {
+			case protocol.OutcomeSuccess:
+				mr.Successes++
+			case protocol.OutcomeModelError:
+				mr.ModelErrors++
+			case protocol.OutcomeTimeout, protocol.OutcomeLost:
+				mr.Timeouts++
+			case protocol.OutcomeTaskError:
+				mr.TaskErrors++
+			case protocol.OutcomeExpired:
+				mr.Expired++
+			}
+			if i >= pipelineWarmup {
+				late[a.Model]++
+			}
+		}
+	}
+	// With max_attempts 3 and a model that never fails, a failed task means
+	// the scheduler kept choosing bad models.
+	if failed > pipelineTasks/100 {
+		t.Errorf("%d of %d tasks failed", failed, pipelineTasks)
+	}
+
+	// Exactly one result per task: every result message seen live, and the
+	// results stream.
+	harness.Eventually(t, 30*time.Second, "live results for every task", func() error {
+		if n := seen.distinct(); n < pipelineTasks {
+			return fmt.Errorf("saw results of %d tasks", n)
+		}
+		return nil
+	})
+	stream, err := js.Stream(ctx, topology.StreamResults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectResultsAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != pipelineTasks {
+		t.Errorf("results stream holds %d subjects, want %d", len(info.State.Subjects), pipelineTasks)
+	}
+	for _, task := range tasks {
+		if n := info.State.Subjects[topology.ResultSubject(task.ID)]; n != 1 {
+			t.Errorf("results stream holds %d messages for %s, want 1", n, task.ID)
+		}
+	}
+
+	// The dispatcher's statistics account for exactly the attempts in the
+	// results (they are recorded asynchronously: wait for them to settle).
+	var got map[string]protocol.ModelReport
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	statsErr := harness.WaitFor(sctx, func() error {
+		r, err := d.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		got = map[string]protocol.ModelReport{}
+		for _, m := range r.Models {
+			got[m.Name] = m
+		}
+		return diffStats(want, got)
+	})
+	if statsErr != nil {
+		t.Errorf("statistics do not match the results: %v", statsErr)
+	}
+
+	// Only now, after everything settled: no task got a second result.
+	if dups := seen.duplicates(); len(dups) > 0 {
+		t.Errorf("%d tasks got more than one result message, e.g. %v", len(dups), dups[:min(5, len(dups))])
+	}
+	if d, _ := sub.Dropped(); d > 0 {
+		t.Errorf("result subscription dropped %d messages", d)
+	}
+	if unknown := seen.unknown(tasks); len(unknown) > 0 {
+		t.Errorf("results for tasks never submitted: %v", unknown)
+	}
+
+	total := 0
+	for _, n := range late {
+		total += n
+	}
+	t.Logf("policy %q: attempts after warm-up by model: %v (of %d); failed tasks: %d; stats: %s",
+		policy, late, total, failed, statsLine(got))
+	// The policy has learnt: the 30% model gets clearly less traffic than the
+	// 2% one, and little in absolute terms.
+	if late[model30] >= late[model02] && late[model30] > 0 {
+		t.Errorf("after warm-up the 30%% model got %d attempts, the 2%% model %d: want clearly less", late[model30], late[model02])
+	}
+	if share := float64(late[model30]) / float64(total); share > 0.10 {
+		t.Errorf("after warm-up the 30%% model got %.1f%% of the attempts, want at most 10%%", 100*share)
+	}
+	if share := float64(late[model00]+late[model02]) / float64(total); share < 0.75 {
+		t.Errorf("after warm-up the two reliable models got %.1f%% of the attempts, want at least 75%%", 100*share)
+	}
+}
+
+// attempts returns a result's attempts: its history, which ends with the
+// final attempt (added from the result's own fields if it is missing).
+func attempts(r *protocol.Result) []protocol.Attempt {
+	out := append([]protocol.Attempt(nil), r.History...)
+	for _, a := range out {
+		if a.Attempt == r.Attempts && a.Model == r.Model {
+			return out
+		}
+	}
+	if r.Model != "" {
+		st := protocol.OutcomeSuccess
+		if r.Status != protocol.StatusSucceeded {
+			st = protocol.OutcomeModelError
+		}
+		out = append(out, protocol.Attempt{Attempt: r.Attempts, Model: r.Model, Node: r.Node, Status: st})
+	}
+	return out
+}
+
+func diffStats(want map[string]*protocol.ModelReport, got map[string]protocol.ModelReport) error {
+	var diffs []string
+	for _, m := range pipelineModels {
+		w, g := want[m], got[m]
+		for _, f := range []struct {
+			name      string
+			want, got int64
+		}{
+			{"dispatched", w.Dispatched, g.Dispatched},
+			{"successes", w.Successes, g.Successes},
+			{"model_errors", w.ModelErrors, g.ModelErrors},
+			{"timeouts", w.Timeouts, g.Timeouts},
+			{"task_errors", w.TaskErrors, g.TaskErrors},
+			{"expired", w.Expired, g.Expired},
+			{"in_flight", 0, g.InFlight},
+		} {
+			if f.want != f.got {
+				diffs = append(diffs, fmt.Sprintf("%s %s: results say %d, statistics %d", m, f.name, f.want, f.got))
+			}
+		}
+	}
+	for name := range got {
+		if want[name] == nil {
+			diffs = append(diffs, fmt.Sprintf("statistics report unknown model %q", name))
+		}
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("%s", strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+func statsLine(got map[string]protocol.ModelReport) string {
+	var b strings.Builder
+	for _, m := range pipelineModels {
+		g := got[m]
+		fmt.Fprintf(&b, "%s[disp=%d ok=%d err=%d rate=%.3f] ", m, g.Dispatched, g.Successes, g.ModelErrors, g.SuccessRate)
+	}
+	return b.String()
+}
+
+// resultCounter counts every result message per task id, as published.
+type resultCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func newResultCounter() *resultCounter { return &resultCounter{counts: map[string]int{}} }
+
+func (c *resultCounter) observe(m *nats.Msg) {
+	id := strings.TrimPrefix(m.Subject, topology.ResultSubject(""))
+	c.mu.Lock()
+	c.counts[id]++
+	c.mu.Unlock()
+}
+
+func (c *resultCounter) distinct() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.counts)
+}
+
+func (c *resultCounter) duplicates() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for id, n := range c.counts {
+		if n > 1 {
+			out = append(out, fmt.Sprintf("%s×%d", id, n))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (c *resultCounter) unknown(tasks []protocol.Task) []string {
+	known := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		known[t.ID] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for id := range c.counts {
+		if !known[id] {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,288 @@
+package simulate
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is the outcome of running a scenario under several policies.
+type Report struct {
+	Scenario    string   `json:"scenario"`
+	Description string   `json:"description,omitempty"`
+	Seed        uint64   `json:"seed"`
+	Tasks       int      `json:"tasks"`
+	MaxAttempts int      `json:"max_attempts"`
+	ChangeAtS   *float64 `json:"change_at_s,omitempty"`
+	// RecoveryWindow and RecoveryPoints define Result.RecoveryTasks.
+	RecoveryWindow int      `json:"recovery_window"`
+	RecoveryPoints float64  `json:"recovery_points"`
+	Results        []Result `json:"results"`
+}
+
+// Result is one policy's figures.
+type Result struct {
+	Policy string `json:"policy"`
+	// FirstSuccess is the share of tasks whose first attempt succeeded.
+	FirstSuccess float64 `json:"first_attempt_success"`
+	// FinalSuccess is the share of tasks that succeeded within the
+	// scenario's max attempts.
+	FinalSuccess float64 `json:"final_success"`
+	FailedFirst  int     `json:"failed_first_attempts"`
+	// ExtraFailedFirst is FailedFirst minus the oracle run's (realised).
+	ExtraFailedFirst int `json:"extra_failed_first_vs_oracle"`
+	// Regret is the expected number of failed first attempts beyond what
+	// the oracle's choice at the same moment would have failed: the sum
+	// over tasks of the true failure probability of the chosen (model,
+	// node) minus the oracle's. It is free of the draws' noise.
+	Regret float64 `json:"regret_failed_first"`
+	// RegretPoints is Regret per task in percentage points.
+	RegretPoints float64 `json:"regret_pp"`
+	// Latency from submission to the final outcome.
+	MeanLatencyMs float64 `json:"mean_latency_ms"`
+	P95LatencyMs  float64 `json:"p95_latency_ms"`
+	MeanAttempts  float64 `json:"mean_attempts"`
+	// RecoveryTasks (scenarios with change_at): how many tasks after the
+	// change until the rolling mean, over RecoveryWindow tasks submitted
+	// after it, of the expected first-attempt success is within
+	// RecoveryPoints of the oracle's; -1 if never.
+	RecoveryTasks *int `json:"recovery_tasks,omitempty"`
+	// Curve is the rolling first-attempt success rate over time, for plots.
+	Curve []Point `json:"-"`
+}
+
+// Point is one sample of a rolling success rate.
+type Point struct {
+	AtS     float64 // simulated seconds since the start
+	Success float64 // 0..1
+}
+
+// Run simulates sc under each policy of opt.Policies, and the oracle.
+func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
+	opt = opt.withDefaults(sc)
+	names := slices.Clone(opt.Policies)
+	for _, p := range names {
+		if !slices.Contains(Policies(), p) {
+			return nil, fmt.Errorf("%w %q (want one of %v or all)", ErrUnknownPolicy, p, Policies())
+		}
+	}
+	if !slices.Contains(names, Oracle) {
+		names = append(names, Oracle)
+	}
+	rep := &Report{Scenario: sc.Name, Description: sc.Description, Seed: opt.Seed, Tasks: opt.Tasks, MaxAttempts: sc.MaxAttempts,
+		RecoveryWindow: opt.RecoveryWindow, RecoveryPoints: opt.RecoveryPoints}
+	if sc.ChangeAt != nil {
+		v := sc.ChangeAt.D().Seconds()
+		rep.ChangeAtS = &v
+	}
+	runs := map[string][]taskResult{}
+	order := append([]string{Oracle}, slices.DeleteFunc(slices.Clone(names), func(s string) bool { return s == Oracle })...)
+	for _, name := range order {
+		s, err := newSim(sc, opt, name)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.run(ctx, opt.Tasks); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", name, err)
+		}
+		runs[name] = s.tasks
+	}
+	oracleFailed := countFailedFirst(runs[Oracle])
+	for _, name := range names {
+		r := summarize(name, runs[name], sc, opt)
+		r.ExtraFailedFirst = r.FailedFirst - oracleFailed
+		rep.Results = append(rep.Results, r)
+	}
+	return rep, nil
+}
+
+func countFailedFirst(ts []taskResult) int {
+	n := 0
+	for _, t := range ts {
+		if !t.firstOK {
+			n++
+		}
+	}
+	return n
+}
+
+func summarize(name string, ts []taskResult, sc *Scenario, opt Options) Result {
+	r := Result{Policy: name}
+	n := float64(len(ts))
+	lats := make([]time.Duration, 0, len(ts))
+	var latSum time.Duration
+	var attempts, ok, first int
+	for _, t := range ts {
+		if t.firstOK {
+			first++
+		}
+		if t.succeeded {
+			ok++
+		}
+		attempts += t.attempts
+		r.Regret += t.pFirst - t.pBest
+		lats = append(lats, t.latency)
+		latSum += t.latency
+	}
+	r.FirstSuccess = float64(first) / n
+	r.FinalSuccess = float64(ok) / n
+	r.FailedFirst = len(ts) - first
+	r.RegretPoints = r.Regret / n * 100
+	r.MeanAttempts = float64(attempts) / n
+	r.MeanLatencyMs = float64(latSum) / n / float64(time.Millisecond)
+	slices.Sort(lats)
+	r.P95LatencyMs = float64(lats[int(math.Ceil(0.95*n))-1]) / float64(time.Millisecond)
+	if sc.ChangeAt != nil {
+		v := recovery(ts, sc.ChangeAt.D(), opt.RecoveryWindow, opt.RecoveryPoints/100)
+		r.RecoveryTasks = &v
+	}
+	r.Curve = curve(ts)
+	return r
+}
+
+// recovery counts the tasks submitted after the change until the mean gap
+// in expected first-attempt success to the oracle, over the last w of them,
+// is at most tol; -1 if it never is.
+func recovery(ts []taskResult, change time.Duration, w int, tol float64) int {
+	var gaps []float64
+	for _, t := range ts {
+		if t.submit >= change {
+			gaps = append(gaps, t.pFirst-t.pBest)
+		}
+	}
+	var sum float64
+	for i, g := range gaps {
+		sum += g
+		if i >= w {
+			sum -= gaps[i-w]
+		}
+		if i+1 >= w && sum/float64(w) <= tol+1e-12 {
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// curve samples the rolling first-attempt success rate over about 300
+// points; the window is 2% of the tasks (at least 50).
+func curve(ts []taskResult) []Point {
+	w := max(50, len(ts)/50)
+	if w > len(ts) {
+		w = len(ts)
+	}
+	step := max(1, len(ts)/300)
+	var pts []Point
+	ok := 0
+	for i, t := range ts {
+		if t.firstOK {
+			ok++
+		}
+		if i >= w && ts[i-w].firstOK {
+			ok--
+		}
+		if i+1 >= w && ((i+1-w)%step == 0 || i == len(ts)-1) {
+			pts = append(pts, Point{AtS: t.submit.Seconds(), Success: float64(ok) / float64(w)})
+		}
+	}
+	return pts
+}
+
+// Formats of Write.
+const (
+	FormatTable = "table"
+	FormatCSV   = "csv"
+	FormatJSON  = "json"
+)
+
+// Write writes the report as a table, CSV or JSON.
+func (r *Report) Write(w io.Writer, format string) error {
+	switch format {
+	case FormatTable, "":
+		return r.WriteTable(w)
+	case FormatCSV:
+		return r.WriteCSV(w)
+	case FormatJSON:
+		return r.WriteJSON(w)
+	}
+	return fmt.Errorf("unknown format %q (want table, csv or json)", format)
+}
+
+var header = []string{"policy", "first_success_pct", "final_success_pct", "failed_first", "extra_failed_first_vs_oracle", "regret_failed_first", "regret_pp", "mean_latency_ms", "p95_latency_ms", "mean_attempts", "recovery_tasks"}
+
+func (r *Result) row(prec int) []string {
+	f := func(v float64, p int) string { return strconv.FormatFloat(v, 'f', p, 64) }
+	rec := ""
+	if r.RecoveryTasks != nil {
+		rec = strconv.Itoa(*r.RecoveryTasks)
+	}
+	return []string{r.Policy, f(r.FirstSuccess*100, prec), f(r.FinalSuccess*100, prec), strconv.Itoa(r.FailedFirst),
+		strconv.Itoa(r.ExtraFailedFirst), f(r.Regret, 1), f(r.RegretPoints, prec), f(r.MeanLatencyMs, 1), f(r.P95LatencyMs, 1),
+		f(r.MeanAttempts, 3), rec}
+}
+
+// WriteTable writes an aligned text table with a one-line heading.
+func (r *Report) WriteTable(w io.Writer) error {
+	head := fmt.Sprintf("scenario %s, %d tasks, seed %d, max attempts %d", r.Scenario, r.Tasks, r.Seed, r.MaxAttempts)
+	if r.ChangeAtS != nil {
+		head += fmt.Sprintf(", change at %gs (recovery: tasks until within %g pts of the oracle over %d tasks)", *r.ChangeAtS, r.RecoveryPoints, r.RecoveryWindow)
+	}
+	if _, err := fmt.Fprintln(w, head); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	cols := []string{"policy", "first %", "final %", "failed 1st", "vs oracle", "regret", "regret pp", "mean ms", "p95 ms", "attempts", "recovery"}
+	line := func(cells []string) {
+		for _, c := range cells {
+			fmt.Fprint(tw, c, "\t")
+		}
+		fmt.Fprintln(tw)
+	}
+	line(cols)
+	for i := range r.Results {
+		row := r.Results[i].row(2)
+		if r.ChangeAtS == nil {
+			row[len(row)-1] = "-"
+		}
+		line(row)
+	}
+	return tw.Flush()
+}
+
+// WriteCSV writes one row per policy with a header row.
+func (r *Report) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write(append([]string{"scenario", "seed", "tasks"}, header...)); err != nil {
+		return err
+	}
+	for i := range r.Results {
+		if err := cw.Write(append([]string{r.Scenario, strconv.FormatUint(r.Seed, 10), strconv.Itoa(r.Tasks)}, r.Results[i].row(4)...)); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Get returns the result of a policy, or nil.
+func (r *Report) Get(policy string) *Result {
+	for i := range r.Results {
+		if r.Results[i].Policy == policy {
+			return &r.Results[i]
+		}
+	}
+	return nil
+}

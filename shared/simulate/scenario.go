@@ -1,0 +1,473 @@
+package simulate
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"time"
+)
+
+//go:embed scenarios/*.json
+var builtinFS embed.FS
+
+// ErrInvalidScenario is wrapped by every scenario parsing or validation
+// error, so a caller can tell a bad file from an I/O failure.
+var ErrInvalidScenario = errors.New("invalid scenario")
+
+// ErrUnknownScenario is returned by Load for a name that is neither a
+// built-in scenario nor a readable file.
+var ErrUnknownScenario = errors.New("unknown scenario")
+
+// ScenarioError says which field of a scenario is wrong and why.
+type ScenarioError struct {
+	// Field is a JSON path such as "models[2].profile[0].latency.dist"
+	// (empty for a syntax error).
+	Field string
+	// Reason is what is wrong with it.
+	Reason string
+}
+
+func (e *ScenarioError) Error() string {
+	if e.Field == "" {
+		return "invalid scenario: " + e.Reason
+	}
+	return "invalid scenario: " + e.Field + ": " + e.Reason
+}
+
+// Unwrap lets errors.Is(err, ErrInvalidScenario) match.
+func (e *ScenarioError) Unwrap() error { return ErrInvalidScenario }
+
+func invalid(field, format string, args ...any) error {
+	return &ScenarioError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("250ms", "2m30s").
+type Duration time.Duration
+
+// UnmarshalJSON accepts a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"250ms\", got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration string such as \"250ms\": %w", err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Scenario is a simulated cluster and workload. Zero fields take the
+// defaults shown; ParseScenario fills them in.
+type Scenario struct {
+	// Name of the scenario (default: the file name).
+	Name string `json:"name"`
+	// Description is shown in reports.
+	Description string `json:"description,omitempty"`
+	// Tasks is the number of tasks when the caller does not say
+	// (default 20000).
+	Tasks int `json:"tasks,omitempty"`
+	// Arrival is the task arrival process.
+	Arrival Arrival `json:"arrival"`
+	// MaxAttempts per task, failovers included (default 3).
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// Timeout of one attempt, as the worker enforces it (default 5s). An
+	// attempt whose drawn latency exceeds it is a timeout.
+	Timeout Duration `json:"timeout,omitempty"`
+	// Refresh is how often the dispatcher rebuilds its table (default
+	// 250ms).
+	Refresh Duration `json:"refresh,omitempty"`
+	// NodeTTL is how long a crashed node still appears in the heartbeat
+	// bucket (default 5s).
+	NodeTTL Duration `json:"node_ttl,omitempty"`
+	// Window of the statistics store (default 1m in 5s buckets).
+	Window WindowSpec `json:"window,omitempty"`
+	// ChangeAt marks the moment of the change whose recovery is measured
+	// (optional; set for drift).
+	ChangeAt *Duration `json:"change_at,omitempty"`
+	Models   []Model   `json:"models"`
+	Nodes    []Node    `json:"nodes"`
+	Events   []Event   `json:"events,omitempty"`
+}
+
+// WindowSpec configures the statistics window.
+type WindowSpec struct {
+	// Size (default 1m).
+	Size Duration `json:"size,omitempty"`
+	// Bucket (default 5s).
+	Bucket Duration `json:"bucket,omitempty"`
+}
+
+// Arrival is a Poisson arrival process.
+type Arrival struct {
+	// Rate in tasks per simulated second (required).
+	Rate float64 `json:"rate"`
+	// Types maps task types to relative weights (required).
+	Types map[string]float64 `json:"types"`
+}
+
+// Model is a simulated model.
+type Model struct {
+	Name string `json:"name"`
+	// Types the model serves.
+	Types []string `json:"types"`
+	// Profile is the model's behaviour over time: each step applies from
+	// its At until the next step. The first step must be at 0 and give
+	// both fields; later steps inherit what they omit.
+	Profile []Step `json:"profile"`
+}
+
+// Step is a model's behaviour from At on.
+type Step struct {
+	At          Duration `json:"at"`
+	FailureProb *float64 `json:"failure_prob,omitempty"`
+	Latency     *Dist    `json:"latency,omitempty"`
+}
+
+// Node is a simulated worker node.
+type Node struct {
+	Name string `json:"name"`
+	// Capacity is the number of attempts the node runs at once (default
+	// 16). Further attempts queue in FIFO order.
+	Capacity int `json:"capacity,omitempty"`
+	// Models hosted by the node.
+	Models []string `json:"models"`
+}
+
+// Event kinds.
+const (
+	EventNodeCrash    = "node_crash"
+	EventNodeRecover  = "node_recover"
+	EventModelJoin    = "model_join"
+	EventFailureBurst = "failure_burst"
+)
+
+// Event is something that happens to the cluster at a moment.
+type Event struct {
+	At   Duration `json:"at"`
+	Kind string   `json:"kind"`
+	// Node for node_crash and node_recover.
+	Node string `json:"node,omitempty"`
+	// Model for model_join.
+	Model string `json:"model,omitempty"`
+	// Until ends a failure_burst.
+	Until Duration `json:"until,omitempty"`
+	// Models hit by a failure_burst (empty = every model).
+	Models []string `json:"models,omitempty"`
+	// FailureProb during a failure_burst: a hit model fails with at least
+	// this probability.
+	FailureProb float64 `json:"failure_prob,omitempty"`
+}
+
+// Builtin returns the names of the embedded scenarios, sorted.
+func Builtin() []string {
+	ents, _ := builtinFS.ReadDir("scenarios")
+	var names []string
+	for _, e := range ents {
+		names = append(names, strings.TrimSuffix(e.Name(), ".json"))
+	}
+	sort.Strings(names)
+	return names
+}
+
+// BuiltinJSON returns the JSON text of a built-in scenario.
+func BuiltinJSON(name string) ([]byte, error) {
+	b, err := builtinFS.ReadFile(path.Join("scenarios", name+".json"))
+	if err != nil {
+		return nil, fmt.Errorf("%w %q (built-in: %s)", ErrUnknownScenario, name, strings.Join(Builtin(), ", "))
+	}
+	return b, nil
+}
+
+// Load returns a built-in scenario by name, or else parses the file at
+// nameOrPath.
+func Load(nameOrPath string) (*Scenario, error) {
+	if b, err := BuiltinJSON(nameOrPath); err == nil {
+		return ParseScenario(b)
+	}
+	f, err := os.Open(nameOrPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w %q: not built in (%s) and no such file", ErrUnknownScenario, nameOrPath, strings.Join(Builtin(), ", "))
+		}
+		return nil, fmt.Errorf("open scenario: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read scenario %s: %w", nameOrPath, err)
+	}
+	sc, err := ParseScenario(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", nameOrPath, err)
+	}
+	if sc.Name == "" {
+		sc.Name = strings.TrimSuffix(path.Base(nameOrPath), ".json")
+	}
+	return sc, nil
+}
+
+// ParseScenario decodes and validates a scenario and fills its defaults.
+// Unknown fields are errors, so that a typo does not silently change a run.
+// Every error wraps ErrInvalidScenario and is a *ScenarioError naming the
+// field.
+func ParseScenario(data []byte) (*Scenario, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var sc Scenario
+	if err := dec.Decode(&sc); err != nil {
+		var se *json.SyntaxError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &se):
+			return nil, invalid("", "JSON syntax error at byte %d: %v", se.Offset, err)
+		case errors.As(err, &te):
+			return nil, invalid(te.Field, "wrong type: want %v, got JSON %s", te.Type, te.Value)
+		case strings.HasPrefix(err.Error(), "json: unknown field"):
+			return nil, invalid("", "%s", strings.TrimPrefix(err.Error(), "json: "))
+		default:
+			return nil, invalid("", "%v", err)
+		}
+	}
+	if dec.More() {
+		return nil, invalid("", "trailing data after the scenario object")
+	}
+	if err := sc.validate(); err != nil {
+		return nil, err
+	}
+	return &sc, nil
+}
+
+func validName(field, s string) error {
+	if s == "" {
+		return invalid(field, "is empty")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || c == '.' || c == '*' || c == '>' {
+			return invalid(field, "%q contains %q: names must be subject tokens", s, c)
+		}
+	}
+	return nil
+}
+
+func validProb(field string, p float64) error {
+	if math.IsNaN(p) || p < 0 || p > 1 {
+		return invalid(field, "%g is outside 0..1", p)
+	}
+	return nil
+}
+
+func (sc *Scenario) validate() error {
+	if sc.Tasks < 0 {
+		return invalid("tasks", "%d is negative", sc.Tasks)
+	}
+	if sc.Tasks == 0 {
+		sc.Tasks = 20000
+	}
+	if sc.MaxAttempts < 0 || sc.MaxAttempts > 10 {
+		return invalid("max_attempts", "%d is outside 1..10", sc.MaxAttempts)
+	}
+	if sc.MaxAttempts == 0 {
+		sc.MaxAttempts = 3
+	}
+	for _, d := range []struct {
+		field string
+		v     *Duration
+		def   time.Duration
+	}{
+		{"timeout", &sc.Timeout, 5 * time.Second},
+		{"refresh", &sc.Refresh, 250 * time.Millisecond},
+		{"node_ttl", &sc.NodeTTL, 5 * time.Second},
+		{"window.size", &sc.Window.Size, time.Minute},
+		{"window.bucket", &sc.Window.Bucket, 5 * time.Second},
+	} {
+		if *d.v < 0 {
+			return invalid(d.field, "%v is negative", d.v.D())
+		}
+		if *d.v == 0 {
+			*d.v = Duration(d.def)
+		}
+	}
+	if sc.Refresh.D() < time.Millisecond {
+		return invalid("refresh", "%v is below 1ms", sc.Refresh.D())
+	}
+	if sc.ChangeAt != nil && *sc.ChangeAt < 0 {
+		return invalid("change_at", "%v is negative", sc.ChangeAt.D())
+	}
+	if math.IsNaN(sc.Arrival.Rate) || math.IsInf(sc.Arrival.Rate, 0) || sc.Arrival.Rate <= 0 {
+		return invalid("arrival.rate", "%g: want tasks per second > 0", sc.Arrival.Rate)
+	}
+	if len(sc.Arrival.Types) == 0 {
+		return invalid("arrival.types", "no task types")
+	}
+	var wsum float64
+	for typ, w := range sc.Arrival.Types {
+		if err := validName("arrival.types", typ); err != nil {
+			return err
+		}
+		if math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
+			return invalid("arrival.types."+typ, "weight %g is not a finite number >= 0", w)
+		}
+		wsum += w
+	}
+	if wsum <= 0 {
+		return invalid("arrival.types", "weights sum to 0")
+	}
+	if len(sc.Models) == 0 {
+		return invalid("models", "no models")
+	}
+	models := map[string]*Model{}
+	served := map[string]bool{}
+	for i := range sc.Models {
+		m := &sc.Models[i]
+		f := fmt.Sprintf("models[%d]", i)
+		if err := validName(f+".name", m.Name); err != nil {
+			return err
+		}
+		if models[m.Name] != nil {
+			return invalid(f+".name", "duplicate model %q", m.Name)
+		}
+		models[m.Name] = m
+		if len(m.Types) == 0 {
+			return invalid(f+".types", "model %q serves no task type", m.Name)
+		}
+		for j, t := range m.Types {
+			if err := validName(fmt.Sprintf("%s.types[%d]", f, j), t); err != nil {
+				return err
+			}
+			served[t] = true
+		}
+		if len(m.Profile) == 0 {
+			return invalid(f+".profile", "model %q has no profile steps", m.Name)
+		}
+		for j := range m.Profile {
+			s := &m.Profile[j]
+			sf := fmt.Sprintf("%s.profile[%d]", f, j)
+			if j == 0 {
+				if s.At != 0 {
+					return invalid(sf+".at", "the first step must be at 0s, not %v", s.At.D())
+				}
+				if s.FailureProb == nil {
+					return invalid(sf+".failure_prob", "required in the first step")
+				}
+				if s.Latency == nil {
+					return invalid(sf+".latency", "required in the first step")
+				}
+			} else {
+				if s.At <= m.Profile[j-1].At {
+					return invalid(sf+".at", "%v is not after the previous step (%v)", s.At.D(), m.Profile[j-1].At.D())
+				}
+				if s.FailureProb == nil {
+					s.FailureProb = m.Profile[j-1].FailureProb
+				}
+				if s.Latency == nil {
+					s.Latency = m.Profile[j-1].Latency
+				}
+			}
+			if err := validProb(sf+".failure_prob", *s.FailureProb); err != nil {
+				return err
+			}
+			if err := s.Latency.validate(sf + ".latency"); err != nil {
+				return err
+			}
+		}
+	}
+	for typ := range sc.Arrival.Types {
+		if !served[typ] && sc.Arrival.Types[typ] > 0 {
+			return invalid("arrival.types."+typ, "no model serves task type %q", typ)
+		}
+	}
+	if len(sc.Nodes) == 0 {
+		return invalid("nodes", "no nodes")
+	}
+	nodes := map[string]bool{}
+	hosted := map[string]bool{}
+	for i := range sc.Nodes {
+		n := &sc.Nodes[i]
+		f := fmt.Sprintf("nodes[%d]", i)
+		if err := validName(f+".name", n.Name); err != nil {
+			return err
+		}
+		if nodes[n.Name] {
+			return invalid(f+".name", "duplicate node %q", n.Name)
+		}
+		nodes[n.Name] = true
+		if n.Capacity < 0 {
+			return invalid(f+".capacity", "%d is negative", n.Capacity)
+		}
+		if n.Capacity == 0 {
+			n.Capacity = 16
+		}
+		if len(n.Models) == 0 {
+			return invalid(f+".models", "node %q hosts no model", n.Name)
+		}
+		for j, m := range n.Models {
+			if models[m] == nil {
+				return invalid(fmt.Sprintf("%s.models[%d]", f, j), "unknown model %q", m)
+			}
+			hosted[m] = true
+		}
+	}
+	for i, m := range sc.Models {
+		if !hosted[m.Name] {
+			return invalid(fmt.Sprintf("models[%d]", i), "model %q is hosted by no node", m.Name)
+		}
+	}
+	for i := range sc.Events {
+		e := &sc.Events[i]
+		f := fmt.Sprintf("events[%d]", i)
+		if e.At < 0 {
+			return invalid(f+".at", "%v is negative", e.At.D())
+		}
+		switch e.Kind {
+		case EventNodeCrash, EventNodeRecover:
+			if !nodes[e.Node] {
+				return invalid(f+".node", "unknown node %q", e.Node)
+			}
+		case EventModelJoin:
+			if models[e.Model] == nil {
+				return invalid(f+".model", "unknown model %q", e.Model)
+			}
+		case EventFailureBurst:
+			if e.Until <= e.At {
+				return invalid(f+".until", "%v is not after at (%v)", e.Until.D(), e.At.D())
+			}
+			if err := validProb(f+".failure_prob", e.FailureProb); err != nil {
+				return err
+			}
+			for j, m := range e.Models {
+				if models[m] == nil {
+					return invalid(fmt.Sprintf("%s.models[%d]", f, j), "unknown model %q", m)
+				}
+			}
+		case "":
+			return invalid(f+".kind", "missing (want %s, %s, %s or %s)", EventNodeCrash, EventNodeRecover, EventModelJoin, EventFailureBurst)
+		default:
+			return invalid(f+".kind", "unknown kind %q (want %s, %s, %s or %s)", e.Kind, EventNodeCrash, EventNodeRecover, EventModelJoin, EventFailureBurst)
+		}
+	}
+	return nil
+}
+
+// step returns the model's profile step in force at offset t.
+func (m *Model) step(t time.Duration) *Step {
+	i := sort.Search(len(m.Profile), func(i int) bool { return m.Profile[i].At.D() > t })
+	return &m.Profile[i-1]
+}

@@ -1,0 +1,573 @@
+package simulate
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/policy"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/stats"
+)
+
+// Oracle is the name of the simulator's own policy that knows the true
+// failure probabilities at every moment.
+const Oracle = "oracle"
+
+// Policies returns every policy name a run accepts, the oracle last.
+func Policies() []string {
+	return []string{policy.Reliability, policy.Thompson, policy.Latency, policy.LeastLoaded, policy.RoundRobin, policy.Random, Oracle}
+}
+
+// ErrUnknownPolicy is returned for a policy name Policies does not list.
+var ErrUnknownPolicy = errors.New("unknown policy")
+
+// Options configures a run. Zero fields take the defaults shown.
+type Options struct {
+	// Tasks to simulate (default: the scenario's tasks).
+	Tasks int
+	// Seed of every random stream (default 1).
+	Seed uint64
+	// Policies to run, in order (default: all of Policies()). The oracle is
+	// always run as well, since regret is measured against it.
+	Policies []string
+	// Engine is the policy configuration; its Default is set to the policy
+	// under test (default: the zero Config, i.e. the policy defaults).
+	Engine policy.Config
+	// RecoveryWindow is the rolling window, in tasks, of the recovery
+	// measure (default 50).
+	RecoveryWindow int
+	// RecoveryPoints is how close to the oracle, in percentage points of
+	// expected first-attempt success, counts as recovered (default 2).
+	RecoveryPoints float64
+}
+
+func (o Options) withDefaults(sc *Scenario) Options {
+	if o.Tasks <= 0 {
+		o.Tasks = sc.Tasks
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if len(o.Policies) == 0 {
+		o.Policies = Policies()
+	}
+	if o.RecoveryWindow <= 0 {
+		o.RecoveryWindow = 50
+	}
+	if o.RecoveryPoints <= 0 {
+		o.RecoveryPoints = 2
+	}
+	return o
+}
+
+// epoch is the simulated clock's origin.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type evKind uint8
+
+const (
+	evScenario evKind = iota // a scenario event
+	evRefresh                // rebuild the table
+	evArrival                // the next task arrives
+	evDone                   // a running attempt completes
+	evDeadline               // a lost attempt's deadline
+	evRedecide               // a task found no candidate: try again
+)
+
+type event struct {
+	at   time.Duration
+	seq  uint64
+	kind evKind
+	a    *attempt
+	t    *task
+	sc   *Event
+}
+
+type eventQueue []*event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(*event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return e
+}
+
+type task struct {
+	idx      int
+	typ      string
+	submit   time.Duration
+	history  []protocol.Attempt
+	waitFrom time.Duration // when it started waiting for a candidate, -1 if not
+	done     bool
+}
+
+type attemptState uint8
+
+const (
+	stQueued attemptState = iota
+	stRunning
+	stLost
+	stFinished
+)
+
+type attempt struct {
+	t          *task
+	n          int
+	model      string
+	node       *node
+	dispatched time.Duration
+	state      attemptState
+	// drawn when it starts
+	fail    bool
+	timeout bool
+	latency time.Duration
+}
+
+type node struct {
+	spec      *Node
+	alive     bool
+	crashedAt time.Duration
+	startedAt time.Duration
+	running   int
+	queue     []*attempt
+}
+
+func (n *node) load() int { return n.running + len(n.queue) }
+
+// decider is what a policy run needs from a policy.
+type decider interface {
+	refresh(ctx context.Context, now time.Time, nodes []protocol.Heartbeat) error
+	decide(req *policy.Request) (policy.Decision, error)
+}
+
+// sim is one policy's run.
+type sim struct {
+	sc      *Scenario
+	opt     Options
+	name    string
+	now     time.Duration
+	q       eventQueue
+	seq     uint64
+	store   stats.Store
+	dec     decider
+	nodes   []*node
+	byNode  map[string]*node
+	models  map[string]*Model
+	joined  map[string]bool
+	bursts  []*Event
+	types   []string
+	weights []float64
+	wsum    float64
+	arrive  *rand.Rand
+	pcg     *rand.PCG
+	draw    *rand.Rand
+
+	arrived, finished int
+	tasks             []taskResult
+}
+
+// taskResult is what the metrics need of one task.
+type taskResult struct {
+	submit    time.Duration
+	latency   time.Duration
+	firstOK   bool
+	succeeded bool
+	attempts  int
+	// pFirst is the true failure probability of the first attempt's
+	// choice when it was made; pBest the oracle's at that moment.
+	pFirst, pBest float64
+	firstSet      bool
+}
+
+func (s *sim) clock() time.Time { return epoch.Add(s.now) }
+
+func (s *sim) push(at time.Duration, k evKind, e *event) {
+	if e == nil {
+		e = &event{}
+	}
+	e.at, e.kind, e.seq = at, k, s.seq
+	s.seq++
+	heap.Push(&s.q, e)
+}
+
+func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
+	s := &sim{sc: sc, opt: opt, name: name, byNode: map[string]*node{}, models: map[string]*Model{}, joined: map[string]bool{}}
+	for i := range sc.Models {
+		s.models[sc.Models[i].Name] = &sc.Models[i]
+		s.joined[sc.Models[i].Name] = true
+	}
+	for i := range sc.Nodes {
+		n := &node{spec: &sc.Nodes[i], alive: true}
+		s.nodes = append(s.nodes, n)
+		s.byNode[n.spec.Name] = n
+	}
+	for i := range sc.Events {
+		e := &sc.Events[i]
+		switch e.Kind {
+		case EventModelJoin:
+			s.joined[e.Model] = false
+			s.push(e.At.D(), evScenario, &event{sc: e})
+		case EventFailureBurst:
+			s.bursts = append(s.bursts, e)
+		default:
+			s.push(e.At.D(), evScenario, &event{sc: e})
+		}
+	}
+	for t := range sc.Arrival.Types {
+		s.types = append(s.types, t)
+	}
+	sort.Strings(s.types)
+	for _, t := range s.types {
+		s.wsum += sc.Arrival.Types[t]
+		s.weights = append(s.weights, s.wsum)
+	}
+	// Streams: 1 = arrivals, shared by every policy; per-attempt draws are
+	// keyed by (task, attempt); policies get their own below.
+	s.arrive = rand.New(rand.NewPCG(opt.Seed, 1))
+	s.pcg = rand.NewPCG(0, 0)
+	s.draw = rand.New(s.pcg)
+	s.store = stats.NewMemory(stats.Window{Size: sc.Window.Size.D(), Bucket: sc.Window.Bucket.D()}, stats.WithClock(s.clock))
+	if name == Oracle {
+		s.dec = &oracle{s: s}
+		return s, nil
+	}
+	cfg := opt.Engine
+	cfg.Default = name
+	cfg.PerType = nil
+	d, err := newPolicyDecider(cfg, s.store, opt.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", name, err)
+	}
+	s.dec = d
+	return s, nil
+}
+
+// run simulates n tasks to their final outcome.
+func (s *sim) run(ctx context.Context, n int) error {
+	defer s.store.Close()
+	s.tasks = make([]taskResult, n)
+	s.push(0, evRefresh, nil)
+	s.push(s.interarrival(), evArrival, nil)
+	for steps := 0; s.q.Len() > 0; steps++ {
+		if steps&4095 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		e := heap.Pop(&s.q).(*event)
+		s.now = e.at
+		var err error
+		switch e.kind {
+		case evScenario:
+			s.scenarioEvent(e.sc)
+		case evRefresh:
+			if s.finished < n {
+				err = s.dec.refresh(ctx, s.clock(), s.heartbeats())
+				s.push(s.now+s.sc.Refresh.D(), evRefresh, nil)
+			}
+		case evArrival:
+			t := &task{idx: s.arrived, typ: s.pickType(), submit: s.now, waitFrom: -1}
+			s.arrived++
+			if s.arrived < n {
+				s.push(s.now+s.interarrival(), evArrival, nil)
+			}
+			err = s.dispatch(ctx, t)
+		case evRedecide:
+			err = s.dispatch(ctx, e.t)
+		case evDone:
+			if e.a.state == stRunning {
+				err = s.complete(ctx, e.a)
+			}
+		case evDeadline:
+			if e.a.state == stLost {
+				err = s.outcome(ctx, e.a, protocol.OutcomeLost, s.now-e.a.dispatched)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if s.finished == n {
+			return nil
+		}
+	}
+	return fmt.Errorf("simulation stalled with %d of %d tasks finished", s.finished, n)
+}
+
+func (s *sim) interarrival() time.Duration {
+	return time.Duration(s.arrive.ExpFloat64() / s.sc.Arrival.Rate * float64(time.Second))
+}
+
+func (s *sim) pickType() string {
+	u := s.arrive.Float64() * s.wsum
+	i := sort.SearchFloat64s(s.weights, u)
+	if i >= len(s.types) {
+		i = len(s.types) - 1
+	}
+	for s.sc.Arrival.Types[s.types[i]] == 0 && i < len(s.types)-1 {
+		i++
+	}
+	return s.types[i]
+}
+
+func (s *sim) scenarioEvent(e *Event) {
+	switch e.Kind {
+	case EventModelJoin:
+		s.joined[e.Model] = true
+	case EventNodeCrash:
+		n := s.byNode[e.Node]
+		if !n.alive {
+			return
+		}
+		n.alive, n.crashedAt = false, s.now
+		// Everything on the node is lost: the dispatcher finds out at each
+		// attempt's deadline.
+		lose := append([]*attempt(nil), n.queue...)
+		n.queue = nil
+		for _, a := range s.runningOn(n) {
+			lose = append(lose, a)
+		}
+		n.running = 0
+		for _, a := range lose {
+			s.lose(a)
+		}
+	case EventNodeRecover:
+		n := s.byNode[e.Node]
+		if n.alive {
+			return
+		}
+		n.alive, n.startedAt = true, s.now
+	}
+}
+
+// runningOn lists the running attempts of a node by scanning the queue of
+// pending completions (crashes are rare).
+func (s *sim) runningOn(n *node) []*attempt {
+	var out []*attempt
+	for _, e := range s.q {
+		if e.kind == evDone && e.a.node == n && e.a.state == stRunning {
+			out = append(out, e.a)
+		}
+	}
+	slices.SortFunc(out, func(a, b *attempt) int { return a.t.idx*16 + a.n - (b.t.idx*16 + b.n) })
+	return out
+}
+
+func (s *sim) lose(a *attempt) {
+	a.state = stLost
+	at := a.dispatched + s.sc.Timeout.D()
+	if at < s.now {
+		at = s.now
+	}
+	s.push(at, evDeadline, &event{a: a})
+}
+
+// heartbeats is what the node bucket holds now: live nodes, and crashed
+// ones whose entry has not expired yet.
+func (s *sim) heartbeats() []protocol.Heartbeat {
+	hbs := make([]protocol.Heartbeat, 0, len(s.nodes))
+	for _, n := range s.nodes {
+		if !n.alive && s.now-n.crashedAt >= s.sc.NodeTTL.D() {
+			continue
+		}
+		hb := protocol.Heartbeat{
+			Node:      n.spec.Name,
+			Capacity:  n.spec.Capacity,
+			InFlight:  n.running,
+			StartedAt: epoch.Add(n.startedAt),
+			SentAt:    s.clock(),
+		}
+		if !n.alive {
+			hb.InFlight = 0
+			hb.SentAt = epoch.Add(n.crashedAt)
+		}
+		for _, m := range n.spec.Models {
+			if s.joined[m] {
+				hb.Models = append(hb.Models, protocol.ModelInfo{Name: m, Types: s.models[m].Types, TimeoutMs: s.sc.Timeout.D().Milliseconds()})
+			}
+		}
+		if len(hb.Models) > 0 {
+			hbs = append(hbs, hb)
+		}
+	}
+	return hbs
+}
+
+// failProb is the true probability that an attempt of model m started now
+// fails: its profile, raised by any burst, and the chance that it is too
+// slow for the timeout.
+func (s *sim) failProb(m string) float64 {
+	st := s.models[m].step(s.now)
+	p := *st.FailureProb
+	for _, b := range s.bursts {
+		if s.now >= b.At.D() && s.now < b.Until.D() && (len(b.Models) == 0 || slices.Contains(b.Models, m)) {
+			p = math.Max(p, b.FailureProb)
+		}
+	}
+	slow := st.Latency.exceed(s.sc.Timeout.D())
+	return 1 - (1-p)*(1-slow)
+}
+
+// attemptFailProb is failProb, or 1 when the node is dead.
+func (s *sim) attemptFailProb(m string, n *node) float64 {
+	if !n.alive {
+		return 1
+	}
+	return s.failProb(m)
+}
+
+func (s *sim) dispatch(ctx context.Context, t *task) error {
+	n := len(t.history) + 1
+	req := &policy.Request{Type: t.typ, Tried: t.history}
+	d, err := s.dec.decide(req)
+	nd := s.byNode[d.Node]
+	if err == nil && (nd == nil || !slices.Contains(nd.spec.Models, d.Model)) {
+		return fmt.Errorf("policy %s chose model %q on node %q, which does not host it", s.name, d.Model, d.Node)
+	}
+	res := &s.tasks[t.idx]
+	if n == 1 && !res.firstSet {
+		res.firstSet = true
+		res.pBest = s.bestFailProb(t.typ)
+		res.pFirst = 1
+		if err == nil {
+			res.pFirst = s.attemptFailProb(d.Model, nd)
+		}
+	}
+	if err != nil {
+		// No candidate: wait for the next refresh, up to one timeout.
+		if t.waitFrom < 0 {
+			t.waitFrom = s.now
+		}
+		if s.now-t.waitFrom >= s.sc.Timeout.D() {
+			s.finish(t, false)
+			return nil
+		}
+		s.push(s.now+s.sc.Refresh.D(), evRedecide, &event{t: t})
+		return nil
+	}
+	t.waitFrom = -1
+	a := &attempt{t: t, n: n, model: d.Model, node: nd, dispatched: s.now}
+	if err := s.store.Record(ctx, []stats.Event{{Model: a.model, Node: nd.spec.Name, Kind: stats.KindDispatched, At: s.clock()}}); err != nil {
+		return fmt.Errorf("record dispatch: %w", err)
+	}
+	switch {
+	case !nd.alive:
+		s.lose(a)
+	case nd.running < nd.spec.Capacity:
+		s.start(a)
+	default:
+		nd.queue = append(nd.queue, a)
+	}
+	return nil
+}
+
+// start runs an attempt on its node: its outcome and latency are drawn from
+// a stream keyed by (seed, task, attempt).
+func (s *sim) start(a *attempt) {
+	a.state = stRunning
+	a.node.running++
+	s.pcg.Seed(s.opt.Seed^0x9e3779b97f4a7c15, uint64(a.t.idx)<<8|uint64(a.n))
+	uFail, uLat := s.draw.Float64(), s.draw.Float64()
+	st := s.models[a.model].step(s.now)
+	p := *st.FailureProb
+	for _, b := range s.bursts {
+		if s.now >= b.At.D() && s.now < b.Until.D() && (len(b.Models) == 0 || slices.Contains(b.Models, a.model)) {
+			p = math.Max(p, b.FailureProb)
+		}
+	}
+	a.fail = uFail < p
+	a.latency = st.Latency.quantile(uLat)
+	if a.latency > s.sc.Timeout.D() {
+		a.timeout, a.latency = true, s.sc.Timeout.D()
+	}
+	s.push(s.now+a.latency, evDone, &event{a: a})
+}
+
+func (s *sim) complete(ctx context.Context, a *attempt) error {
+	nd := a.node
+	nd.running--
+	// Free slot: start queued attempts, skipping those past their deadline
+	// as the worker would (expired).
+	var expired []*attempt
+	for len(nd.queue) > 0 && nd.running < nd.spec.Capacity {
+		next := nd.queue[0]
+		nd.queue = nd.queue[1:]
+		if s.now-next.dispatched > s.sc.Timeout.D() {
+			expired = append(expired, next)
+			continue
+		}
+		s.start(next)
+	}
+	var err error
+	switch {
+	case a.timeout:
+		err = s.outcome(ctx, a, protocol.OutcomeTimeout, a.latency)
+	case a.fail:
+		err = s.outcome(ctx, a, protocol.OutcomeModelError, a.latency)
+	default:
+		err = s.outcome(ctx, a, protocol.OutcomeSuccess, a.latency)
+	}
+	for _, x := range expired {
+		if err != nil {
+			break
+		}
+		err = s.outcome(ctx, x, protocol.OutcomeExpired, 0)
+	}
+	return err
+}
+
+var kindOf = map[protocol.OutcomeStatus]stats.Kind{
+	protocol.OutcomeSuccess:    stats.KindSuccess,
+	protocol.OutcomeModelError: stats.KindModelError,
+	protocol.OutcomeTimeout:    stats.KindTimeout,
+	protocol.OutcomeLost:       stats.KindTimeout,
+	protocol.OutcomeExpired:    stats.KindExpired,
+}
+
+// outcome records how an attempt ended and fails over or finishes the task.
+func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus, lat time.Duration) error {
+	a.state = stFinished
+	if err := s.store.Record(ctx, []stats.Event{{Model: a.model, Node: a.node.spec.Name, Kind: kindOf[st], Latency: lat, At: s.clock()}}); err != nil {
+		return fmt.Errorf("record outcome: %w", err)
+	}
+	t := a.t
+	t.history = append(t.history, protocol.Attempt{Attempt: a.n, Model: a.model, Node: a.node.spec.Name, Status: st, LatencyMs: float64(lat) / float64(time.Millisecond)})
+	if a.n == 1 {
+		s.tasks[t.idx].firstOK = st == protocol.OutcomeSuccess
+	}
+	if st == protocol.OutcomeSuccess {
+		s.finish(t, true)
+		return nil
+	}
+	if a.n >= s.sc.MaxAttempts {
+		s.finish(t, false)
+		return nil
+	}
+	return s.dispatch(ctx, t)
+}
+
+func (s *sim) finish(t *task, ok bool) {
+	if t.done {
+		return
+	}
+	t.done = true
+	r := &s.tasks[t.idx]
+	r.submit, r.latency, r.succeeded, r.attempts = t.submit, s.now-t.submit, ok, len(t.history)
+	s.finished++
+}

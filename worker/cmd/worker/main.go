@@ -1,0 +1,47 @@
+// Command worker runs one mlsched worker node, configured by MLSCHED_*
+// environment variables (run with -h to list them) and a models file.
+//
+// SIGTERM or SIGINT drains the node and exits 0; an invalid configuration
+// exits 2 with a message naming the variable or the models file entry.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/worker"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	var cfg worker.Config
+	if len(os.Args) > 1 && (os.Args[1] == "-h" || os.Args[1] == "-help" || os.Args[1] == "--help") {
+		fmt.Fprintln(os.Stderr, "usage: worker   (configured by environment variables)")
+		tw := tabwriter.NewWriter(os.Stderr, 0, 4, 2, ' ', 0)
+		_ = config.Usage(tw, &cfg)
+		_ = tw.Flush()
+		return 0
+	}
+	if err := config.Load(&cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	w, err := worker.New(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2 // New fails only on configuration: variables or models file
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := w.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	return 0
+}

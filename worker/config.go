@@ -1,0 +1,106 @@
+package worker
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// Config configures a worker node. Load it with config.Load (MLSCHED_*
+// variables); zero fields of a Config built in code get the same defaults.
+type Config struct {
+	// NATSURL is the NATS server (default nats://127.0.0.1:4222). Unused
+	// with WithConn.
+	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL"`
+	// NodeID names the node (default: the host name, with characters that
+	// are not allowed in a subject token replaced by '-').
+	NodeID string `envconfig:"NODE_ID" desc:"node id (default: host name)"`
+	// ModelsFile is the models YAML (default models.yaml). Unused with
+	// WithModels.
+	ModelsFile string `envconfig:"MODELS_FILE" default:"models.yaml" desc:"models YAML file"`
+	// Concurrency is how many tasks run at once (default 8); it is also the
+	// consumer's MaxAckPending and the announced capacity.
+	Concurrency int `envconfig:"CONCURRENCY" default:"8" desc:"tasks run at once"`
+	// AckWait is the dispatch consumer's ack wait (default 30s); running
+	// tasks signal progress every AckWait/3.
+	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"dispatch ack wait"`
+	// HeartbeatInterval is how often the node announces itself (default 1s).
+	HeartbeatInterval time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"1s" desc:"heartbeat interval"`
+	// ShutdownGrace bounds how long in-flight tasks may finish on shutdown
+	// (default 20s); the rest are nak'ed for redelivery.
+	ShutdownGrace time.Duration `envconfig:"SHUTDOWN_GRACE" default:"20s" desc:"time in-flight tasks get on shutdown"`
+	// NodeTTL is the node bucket's entry TTL (default 10s); it must match
+	// the dispatcher's.
+	NodeTTL time.Duration `envconfig:"NODE_TTL" default:"10s" desc:"node heartbeat TTL (as the dispatcher's)"`
+	// DefaultTimeout is a task's run timeout when neither the dispatch nor
+	// the model sets one (default 30s).
+	DefaultTimeout time.Duration `envconfig:"DEFAULT_TIMEOUT" default:"30s" desc:"task timeout when none is given"`
+	// PublishTimeout bounds one outcome publish (default 5s).
+	PublishTimeout time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s" desc:"outcome publish timeout"`
+	// SimSeed seeds sim models (default 0: random).
+	SimSeed int64 `envconfig:"SIM_SEED" desc:"seed of sim models (0: random)"`
+	// Replicas of streams this node creates when they do not exist (default 1).
+	Replicas int `envconfig:"STREAM_REPLICAS" default:"1" desc:"stream replicas when creating streams"`
+	// Log is the logging configuration (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
+	config.Log
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if c.NATSURL == "" {
+		c.NATSURL = "nats://127.0.0.1:4222"
+	}
+	if c.ModelsFile == "" {
+		c.ModelsFile = "models.yaml"
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 8
+	}
+	def(&c.AckWait, 30*time.Second)
+	def(&c.HeartbeatInterval, time.Second)
+	def(&c.ShutdownGrace, 20*time.Second)
+	def(&c.NodeTTL, 10*time.Second)
+	def(&c.DefaultTimeout, 30*time.Second)
+	def(&c.PublishTimeout, 5*time.Second)
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := protocol.ValidToken(c.NodeID, 64); err != nil {
+		return fmt.Errorf("invalid %s_NODE_ID=%q: %v", config.Prefix, c.NodeID, err)
+	}
+	if c.HeartbeatInterval >= c.NodeTTL {
+		return fmt.Errorf("invalid %s_HEARTBEAT_INTERVAL=%v: must be shorter than %s_NODE_TTL=%v",
+			config.Prefix, c.HeartbeatInterval, config.Prefix, c.NodeTTL)
+	}
+	return nil
+}
+
+// hostNodeID derives a node id from the host name.
+func hostNodeID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "node"
+	}
+	b := []byte(h)
+	for i, c := range b {
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(".*>", c) >= 0 {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return string(b)
+}

@@ -1,0 +1,22 @@
+// Package worker is an mlsched worker node: it hosts models, consumes the
+// dispatches the dispatcher routes to the node, runs each on the chosen
+// model and reports an Outcome, and announces the node by heartbeat.
+//
+// One process is one node. The cmd/worker binary configures a node from
+// MLSCHED_* variables and a models file; Go programs (demos, end-to-end
+// tests, benchmarks) embed nodes with New and Run, and register in-process
+// models with WithHandler:
+//
+//	w, err := worker.New(cfg,
+//		worker.WithHandler("upper", func(ctx context.Context, t worker.Task) (any, error) { ... }),
+//		worker.WithModels([]worker.ModelSpec{{Name: "upper-v1", Types: []string{"text"},
+//			Executor: "go", Go: &model.GoSpec{Handler: "upper"}}}))
+//	err = w.Run(ctx) // until ctx ends, then drains
+//
+// Delivery contract: an outcome is always published (JetStream-acked) before
+// the dispatch is acked, so a crash between the two re-runs the attempt but
+// never loses it; the outcome's Nats-Msg-Id ("o:<task>:<attempt>") lets
+// JetStream drop the duplicate. A dispatch past its deadline is reported
+// expired without running, so a restarted node does not work off a stale
+// backlog.
+package worker

@@ -1,0 +1,166 @@
+// Package executor runs one task on one model. A worker node builds one
+// Executor per hosted model from its model.Spec: an in-process Go handler,
+// a long-lived subprocess, an HTTP model server, or a simulated model.
+//
+// Executors report bad input by returning an error that wraps ErrTaskError
+// (or a *TaskError); any other error counts against the model. Timeouts are
+// the caller's context: an executor returns ctx.Err() when it gives up.
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/worker/model"
+)
+
+// Task is what an executor receives.
+type Task struct {
+	ID      string
+	Type    string
+	Model   string
+	Attempt int
+	Payload json.RawMessage
+}
+
+// Handler is an in-process model. It returns any JSON-marshalable value, a
+// json.RawMessage, or []byte (used as is when it is JSON, else as a string).
+// Return an error wrapping ErrTaskError for bad input; honour ctx.
+type Handler func(ctx context.Context, t Task) (output any, err error)
+
+// Executor runs tasks on one model. Safe for concurrent use.
+type Executor interface {
+	// Run returns the model's output as JSON.
+	Run(ctx context.Context, t Task) (json.RawMessage, error)
+	// Close releases the executor's resources (e.g. stops a subprocess).
+	Close() error
+}
+
+// ErrTaskError marks an error caused by the task's input: it never counts
+// against the model and is never retried.
+var ErrTaskError = errors.New("task error")
+
+// TaskError is a task (bad input) error with a message for the result.
+type TaskError struct {
+	Msg string
+	Err error // optional cause
+}
+
+func (e *TaskError) Error() string {
+	if e.Err != nil {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+// Unwrap returns the cause.
+func (e *TaskError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrTaskError) hold.
+func (e *TaskError) Is(target error) bool { return target == ErrTaskError }
+
+// IsTaskError reports whether err is a task (bad input) error.
+func IsTaskError(err error) bool {
+	var te *TaskError
+	return errors.Is(err, ErrTaskError) || errors.As(err, &te)
+}
+
+// Options are what executors may need from the node.
+type Options struct {
+	// Handlers are the registered Go handlers by name.
+	Handlers map[string]Handler
+	// Seed seeds sim executors; 0 means a time-based seed.
+	Seed int64
+	// Log receives executor diagnostics (e.g. a subprocess's stderr).
+	Log zerolog.Logger
+	// Now is the clock of sim schedules (default time.Now).
+	Now func() time.Time
+}
+
+// New builds the executor of a validated spec.
+func New(s model.Spec, o Options) (Executor, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	switch s.Executor {
+	case model.ExecutorGo:
+		h, ok := o.Handlers[s.Go.Handler]
+		if !ok {
+			return nil, fmt.Errorf("model %q: go.handler: %q is not registered", s.Name, s.Go.Handler)
+		}
+		return goExecutor{h: h}, nil
+	case model.ExecutorExec:
+		return newExec(s, o.Log), nil
+	case model.ExecutorHTTP:
+		return newHTTP(s), nil
+	case model.ExecutorSim:
+		var sim model.SimSpec
+		if s.Sim != nil {
+			sim = *s.Sim
+		}
+		return NewSim(s.Name, sim, o.Seed, o.Now), nil
+	default:
+		return nil, fmt.Errorf("model %q: executor: unknown %q", s.Name, s.Executor)
+	}
+}
+
+// Builtins are the Go handlers every worker has: echo returns the payload,
+// noop returns null at once.
+func Builtins() map[string]Handler {
+	return map[string]Handler{
+		"echo": func(_ context.Context, t Task) (any, error) {
+			if len(t.Payload) == 0 {
+				return nil, nil
+			}
+			return t.Payload, nil
+		},
+		"noop": func(context.Context, Task) (any, error) { return nil, nil },
+	}
+}
+
+// EncodeOutput turns a handler's return value into JSON: RawMessage and
+// []byte are used as is when valid JSON and encoded as a JSON string
+// otherwise; other values are marshalled.
+func EncodeOutput(v any) (json.RawMessage, error) {
+	switch o := v.(type) {
+	case nil:
+		return json.RawMessage("null"), nil
+	case json.RawMessage:
+		return rawOrString(o), nil
+	case []byte:
+		return rawOrString(o), nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("output is not JSON-encodable: %w", err)
+	}
+	return b, nil
+}
+
+func rawOrString(b []byte) json.RawMessage {
+	if len(b) == 0 {
+		return json.RawMessage(`""`)
+	}
+	if json.Valid(b) {
+		return append(json.RawMessage(nil), b...)
+	}
+	s, _ := json.Marshal(string(b)) // invalid UTF-8 becomes U+FFFD
+	return s
+}
+
+type goExecutor struct{ h Handler }
+
+func (g goExecutor) Run(ctx context.Context, t Task) (json.RawMessage, error) {
+	out, err := g.h(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	return EncodeOutput(out)
+}
+
+func (goExecutor) Close() error { return nil }

@@ -1,0 +1,22 @@
+package worker
+
+import (
+	"github.com/mlsched/mlsched/worker/executor"
+	"github.com/mlsched/mlsched/worker/model"
+)
+
+// Task is what a Go handler receives.
+type Task = executor.Task
+
+// Handler is an in-process model; see executor.Handler.
+type Handler = executor.Handler
+
+// TaskError is a task (bad input) error with a message for the result.
+type TaskError = executor.TaskError
+
+// ModelSpec is one hosted model, as in the models file.
+type ModelSpec = model.Spec
+
+// ErrTaskError marks a handler error caused by the task's input: reported as
+// task_error, never counted against the model, never retried.
+var ErrTaskError = executor.ErrTaskError

@@ -1,0 +1,291 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/worker/executor"
+)
+
+// ErrMalformedDispatch is wrapped by the error reported (as a model error)
+// for a dispatch whose headers or body the node cannot use.
+var ErrMalformedDispatch = errors.New("malformed dispatch")
+
+// ErrModelNotHosted is reported (as a model error) for a dispatch naming a
+// model this node does not host.
+var ErrModelNotHosted = errors.New("model is not hosted on this node")
+
+// nakDelay is how long a dispatch whose outcome could not be published waits
+// before redelivery.
+var nakDelay = time.Second
+
+// dispatch is a parsed dispatch message.
+type dispatch struct {
+	taskID   string
+	typ      string
+	model    string
+	attempt  int
+	deadline time.Time
+	timeout  time.Duration
+	body     []byte
+	payload  json.RawMessage
+}
+
+// parseDispatch reads the headers and body. It fills what it can even on
+// error, so that the outcome can still be keyed.
+func parseDispatch(msg jetstream.Msg) (dispatch, error) {
+	h := msg.Headers()
+	d := dispatch{body: msg.Data(), taskID: h.Get(protocol.HdrTaskID), typ: h.Get(protocol.HdrType),
+		model: h.Get(protocol.HdrModel)}
+	var t protocol.Task
+	bodyErr := json.Unmarshal(d.body, &t)
+	if d.taskID == "" {
+		d.taskID = t.ID
+	}
+	if d.typ == "" {
+		d.typ = t.Type
+	}
+	d.payload = t.Payload
+	bad := func(format string, a ...any) (dispatch, error) {
+		return d, fmt.Errorf("%w: %s", ErrMalformedDispatch, fmt.Sprintf(format, a...))
+	}
+	if bodyErr != nil {
+		return bad("body is not a task: %v", bodyErr)
+	}
+	if err := protocol.ValidToken(d.taskID, protocol.DefaultLimits.MaxIDLen); err != nil {
+		return bad("%s %v", protocol.HdrTaskID, err)
+	}
+	if t.ID != d.taskID {
+		return bad("%s %q does not match the task id %q", protocol.HdrTaskID, d.taskID, t.ID)
+	}
+	if d.model == "" {
+		return bad("no %s header", protocol.HdrModel)
+	}
+	var err error
+	if d.attempt, err = strconv.Atoi(h.Get(protocol.HdrAttempt)); err != nil || d.attempt < 1 {
+		return bad("%s %q is not a positive integer", protocol.HdrAttempt, h.Get(protocol.HdrAttempt))
+	}
+	ms, err := strconv.ParseInt(h.Get(protocol.HdrDeadline), 10, 64)
+	if err != nil || ms <= 0 {
+		return bad("%s %q is not a Unix time in milliseconds", protocol.HdrDeadline, h.Get(protocol.HdrDeadline))
+	}
+	d.deadline = time.UnixMilli(ms)
+	if v := h.Get(protocol.HdrTimeout); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms < 0 {
+			return bad("%s %q is not a number of milliseconds", protocol.HdrTimeout, v)
+		}
+		d.timeout = time.Duration(ms) * time.Millisecond
+	}
+	return d, nil
+}
+
+// onMessage is the consumer's handler. It never blocks for long: the task
+// runs on its own goroutine once a slot is free (the server's MaxAckPending
+// already bounds what is delivered).
+func (w *Worker) onMessage(msg jetstream.Msg) {
+	w.admit.Lock()
+	if w.draining.Load() {
+		w.admit.Unlock()
+		// Not started: hand it back for redelivery once the node is back.
+		if err := msg.Nak(); err != nil {
+			w.log.Warn().Err(err).Msg("nak of a dispatch received while draining failed")
+		}
+		return
+	}
+	w.tasks.Add(1)
+	w.admit.Unlock()
+	go func() {
+		defer w.tasks.Done()
+		w.slots <- struct{}{}
+		w.inFlight.Add(1)
+		defer func() { w.inFlight.Add(-1); <-w.slots }()
+		w.process(msg)
+	}()
+}
+
+// process runs one dispatch and reports its outcome, then acks.
+func (w *Worker) process(msg jetstream.Msg) {
+	d, perr := parseDispatch(msg)
+	log := w.log.With().Str("task_id", d.taskID).Str("model", d.model).Int("attempt", d.attempt).Logger()
+
+	// Keep the dispatch ours while it runs and is reported.
+	stopProgress := w.progress(msg, log)
+	defer stopProgress()
+
+	out := protocol.Outcome{TaskID: d.taskID, Type: d.typ, Attempt: d.attempt, Model: d.model, Node: w.node}
+	m := w.models[d.model]
+	switch {
+	case perr != nil:
+		out.Status, out.Error = protocol.OutcomeModelError, perr.Error()
+	case m == nil:
+		out.Status, out.Error = protocol.OutcomeModelError, fmt.Sprintf("%v: %q on node %q", ErrModelNotHosted, d.model, w.node)
+	case !time.Now().Before(d.deadline):
+		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s passed before the task started", d.deadline.UTC().Format(time.RFC3339Nano))
+	default:
+		if !w.run(m, d, &out) {
+			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
+			if err := msg.Nak(); err != nil {
+				log.Warn().Err(err).Msg("nak failed")
+			}
+			return
+		}
+	}
+	if out.Status != protocol.OutcomeSuccess {
+		if json.Valid(d.body) {
+			out.Task = d.body
+		} else {
+			out.Task, _ = json.Marshal(string(d.body))
+		}
+	}
+	lev := zerolog.InfoLevel
+	if out.Status != protocol.OutcomeSuccess {
+		lev = zerolog.WarnLevel
+	}
+	ev := log.WithLevel(lev).Str("status", string(out.Status)).Float64("latency_ms", out.LatencyMs)
+	if out.Error != "" {
+		ev = ev.Str("error", out.Error)
+	}
+	ev.Msg("task done")
+
+	if err := w.report(msg, d, out); err != nil {
+		log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
+		if err := msg.NakWithDelay(nakDelay); err != nil {
+			log.Warn().Err(err).Msg("nak failed")
+		}
+		return
+	}
+	actx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)
+	defer cancel()
+	if err := msg.DoubleAck(actx); err != nil {
+		// The outcome is out; a redelivery re-runs the attempt and its
+		// outcome is deduplicated by its message id.
+		log.Warn().Err(err).Msg("ack of the dispatch failed")
+	}
+}
+
+// progress signals InProgress every AckWait/3 until the returned func runs.
+func (w *Worker) progress(msg jetstream.Msg, log zerolog.Logger) func() {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(w.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					log.Debug().Err(err).Msg("in-progress signal failed")
+				}
+			}
+		}
+	}()
+	return func() { close(stop); <-done }
+}
+
+// run executes the task and fills out's status, output, error and latency.
+// It returns false when the worker shut down before the task finished.
+func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
+	timeout := d.timeout
+	if timeout <= 0 {
+		timeout = m.timeout
+	}
+	deadline := time.Now().Add(timeout)
+	if d.deadline.Before(deadline) {
+		deadline = d.deadline
+	}
+	ctx, cancel := context.WithDeadline(w.taskCtx, deadline)
+	defer cancel()
+
+	type result struct {
+		out json.RawMessage
+		err error
+	}
+	res := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				w.log.Error().Str("task_id", d.taskID).Str("model", d.model).Interface("panic", p).
+					Str("stack", string(debug.Stack())).Msg("model panicked")
+				res <- result{err: fmt.Errorf("model panicked: %v", p)}
+			}
+		}()
+		o, err := m.exec.Run(ctx, executor.Task{ID: d.taskID, Type: d.typ, Model: d.model, Attempt: d.attempt, Payload: d.payload})
+		res <- result{o, err}
+	}()
+	var r result
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		// A model that ignores ctx is abandoned: the attempt has timed out.
+		r = result{err: ctx.Err()}
+	}
+	out.LatencyMs = float64(time.Since(start)) / float64(time.Millisecond)
+	if errors.Is(context.Cause(ctx), errShutdown) {
+		return false
+	}
+	switch {
+	case r.err == nil:
+		out.Status, out.Output = protocol.OutcomeSuccess, r.out
+		if !json.Valid(out.Output) {
+			out.Output, _ = json.Marshal(string(r.out))
+		}
+	case errors.Is(r.err, context.DeadlineExceeded) || (ctx.Err() != nil && errors.Is(r.err, context.Canceled)):
+		out.Status, out.Error = protocol.OutcomeTimeout, fmt.Sprintf("no answer within %v", timeout.Round(time.Millisecond))
+		if deadline.Equal(d.deadline) {
+			out.Error = fmt.Sprintf("no answer before the dispatch deadline (timeout %v)", timeout.Round(time.Millisecond))
+		}
+	case executor.IsTaskError(r.err):
+		out.Status, out.Error = protocol.OutcomeTaskError, r.err.Error()
+	default:
+		out.Status, out.Error = protocol.OutcomeModelError, r.err.Error()
+	}
+	return true
+}
+
+// report publishes the outcome with every dispatch header echoed, and waits
+// for JetStream's ack.
+func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome) error {
+	body, err := json.Marshal(out)
+	if err != nil {
+		return fmt.Errorf("encode outcome: %w", err)
+	}
+	om := nats.NewMsg(topology.OutcomeSubject(w.node))
+	for k, vs := range msg.Headers() {
+		if strings.HasPrefix(k, "Nats-") {
+			continue // server-set or publish-time headers of the dispatch
+		}
+		om.Header[k] = append([]string(nil), vs...)
+	}
+	id := d.taskID
+	if id == "" {
+		if md, err := msg.Metadata(); err == nil {
+			id = fmt.Sprintf("seq-%d", md.Sequence.Stream)
+		}
+	}
+	om.Header.Set(protocol.HdrMsgID, "o:"+id+":"+strconv.Itoa(d.attempt))
+	om.Header.Set(protocol.HdrNode, w.node)
+	om.Data = body
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)
+	defer cancel()
+	if _, err := w.js.PublishMsg(ctx, om); err != nil {
+		return fmt.Errorf("publish outcome: %w", err)
+	}
+	return nil
+}

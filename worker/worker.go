@@ -1,0 +1,271 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/worker/executor"
+	"github.com/mlsched/mlsched/worker/model"
+)
+
+// ErrRunning is returned by a second concurrent Run.
+var ErrRunning = errors.New("worker is already running")
+
+// errShutdown is the cancel cause of tasks still running when the shutdown
+// grace ends: they are nak'ed, not reported.
+var errShutdown = errors.New("worker shut down before the task finished")
+
+// Option customises New.
+type Option func(*Worker)
+
+// WithConn reuses a NATS connection (it is not closed by Run).
+func WithConn(nc *nats.Conn) Option { return func(w *Worker) { w.nc = nc } }
+
+// WithModels hosts these models instead of reading Config.ModelsFile.
+func WithModels(specs []ModelSpec) Option {
+	return func(w *Worker) { w.specs = append([]ModelSpec(nil), specs...); w.specsSet = true }
+}
+
+// WithHandler registers a Go handler under name, for models with
+// executor "go" and go.handler name. It replaces a built-in of that name.
+func WithHandler(name string, h Handler) Option {
+	return func(w *Worker) { w.handlers[name] = h }
+}
+
+// WithLogger sets the logger (default: built from Config.Log).
+func WithLogger(l zerolog.Logger) Option { return func(w *Worker) { w.log = l; w.logSet = true } }
+
+// Worker is one node. Create it with New and start it with Run.
+type Worker struct {
+	cfg      Config
+	node     string
+	log      zerolog.Logger
+	logSet   bool
+	specs    []ModelSpec
+	specsSet bool
+	handlers map[string]Handler
+	nc       *nats.Conn
+
+	running  atomic.Bool
+	admit    sync.Mutex // orders tasks.Add before the shutdown's Wait
+	inFlight atomic.Int64
+	draining atomic.Bool
+
+	// set by Run
+	js        jetstream.JetStream
+	models    map[string]*hosted
+	tasks     sync.WaitGroup
+	slots     chan struct{}
+	taskCtx   context.Context
+	cancelRun context.CancelCauseFunc
+}
+
+// hosted is a model this node runs.
+type hosted struct {
+	spec    ModelSpec
+	exec    executor.Executor
+	timeout time.Duration
+}
+
+// New validates the configuration and the models. It does not connect.
+func New(cfg Config, opts ...Option) (*Worker, error) {
+	cfg = cfg.withDefaults()
+	if cfg.NodeID == "" {
+		cfg.NodeID = hostNodeID()
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, node: cfg.NodeID, handlers: executor.Builtins()}
+	for _, o := range opts {
+		o(w)
+	}
+	if !w.logSet {
+		l, err := cfg.Log.Logger("worker")
+		if err != nil {
+			return nil, err
+		}
+		w.log = l
+	}
+	w.log = w.log.With().Str("node", w.node).Logger()
+	if !w.specsSet {
+		specs, err := model.LoadFile(cfg.ModelsFile)
+		if err != nil {
+			return nil, err
+		}
+		w.specs = specs
+	} else if err := model.Validate(w.specs); err != nil {
+		return nil, err
+	}
+	for _, s := range w.specs {
+		if s.Executor == model.ExecutorGo {
+			if _, ok := w.handlers[s.Go.Handler]; !ok {
+				return nil, fmt.Errorf("%w: model %q: go.handler: %q is not registered", model.ErrInvalid, s.Name, s.Go.Handler)
+			}
+		}
+	}
+	return w, nil
+}
+
+// Node returns the node id.
+func (w *Worker) Node() string { return w.node }
+
+// InFlight returns how many tasks are running.
+func (w *Worker) InFlight() int { return int(w.inFlight.Load()) }
+
+// Models returns what the node announces.
+func (w *Worker) Models() []protocol.ModelInfo {
+	out := make([]protocol.ModelInfo, len(w.specs))
+	for i, s := range w.specs {
+		out[i] = s.Info(w.cfg.DefaultTimeout)
+	}
+	return out
+}
+
+func (w *Worker) topology() topology.Config {
+	return topology.Config{Replicas: w.cfg.Replicas, NodeTTL: w.cfg.NodeTTL}
+}
+
+// Run connects, makes sure the topology exists, announces the node and
+// processes dispatches until ctx ends. It then drains: the node is marked
+// draining, pulling stops, in-flight tasks get ShutdownGrace to finish and
+// be reported (the rest are nak'ed for redelivery), and the heartbeat is
+// deleted. It returns nil after a graceful shutdown, or the error that kept
+// the node from starting (e.g. topology.ErrIncompatible).
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer w.running.Store(false)
+	w.draining.Store(false)
+
+	nc := w.nc
+	if nc == nil {
+		var err error
+		nc, err = nats.Connect(w.cfg.NATSURL, nats.Name("mlsched-worker-"+w.node),
+			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				w.log.Warn().Err(err).Msg("disconnected from NATS")
+			}),
+			nats.ReconnectHandler(func(c *nats.Conn) { w.log.Info().Str("url", c.ConnectedUrl()).Msg("reconnected to NATS") }))
+		if err != nil {
+			return fmt.Errorf("connect to NATS %s: %w", w.cfg.NATSURL, err)
+		}
+		defer func() { _ = nc.Drain() }()
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	w.js = js
+	if err := topology.Ensure(ctx, js, w.topology()); err != nil {
+		return fmt.Errorf("topology: %w", err)
+	}
+	kv, err := topology.EnsureNodesBucket(ctx, js, w.topology())
+	if err != nil {
+		return err
+	}
+	stream, err := js.Stream(ctx, topology.StreamDispatch)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
+	}
+
+	w.models = map[string]*hosted{}
+	for _, s := range w.specs {
+		ex, err := executor.New(s, executor.Options{Handlers: w.handlers, Seed: w.cfg.SimSeed, Log: w.log})
+		if err != nil {
+			w.closeExecutors()
+			return err
+		}
+		t := s.Timeout.D()
+		if t <= 0 {
+			t = w.cfg.DefaultTimeout
+		}
+		w.models[s.Name] = &hosted{spec: s, exec: ex, timeout: t}
+	}
+	defer w.closeExecutors()
+
+	// Tasks run under their own context, cancelled only when the shutdown
+	// grace ends, so that in-flight work survives ctx's cancellation.
+	w.taskCtx, w.cancelRun = context.WithCancelCause(context.WithoutCancel(ctx))
+	defer w.cancelRun(nil)
+	w.slots = make(chan struct{}, w.cfg.Concurrency)
+
+	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.Models(),
+		capacity: w.cfg.Concurrency, inFlight: w.InFlight, draining: &w.draining,
+		started: time.Now().UTC(), log: w.log}
+	hbCtx, hbStop := context.WithCancel(context.WithoutCancel(ctx))
+	hbDone := make(chan struct{})
+	go func() { defer close(hbDone); hb.Run(hbCtx) }()
+	defer func() {
+		hbStop()
+		<-hbDone
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.PublishTimeout)
+		defer cancel()
+		if err := hb.Remove(dctx); err != nil {
+			w.log.Warn().Err(err).Msg("could not delete the node's heartbeat")
+		}
+	}()
+
+	cons := &consumer{stream: stream, log: w.log, handle: w.onMessage, cfg: jetstream.ConsumerConfig{
+		Durable:       topology.NodeConsumer(w.node),
+		FilterSubject: topology.DispatchSubject(w.node),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       w.cfg.AckWait,
+		MaxAckPending: w.cfg.Concurrency,
+		MaxDeliver:    -1,
+	}, batch: w.cfg.Concurrency}
+	if err := cons.Start(ctx); err != nil {
+		return err
+	}
+	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).Msg("worker started")
+
+	<-ctx.Done()
+	w.shutdown(hb, cons)
+	return nil
+}
+
+// shutdown drains the node; see Run.
+func (w *Worker) shutdown(hb *heartbeat, cons *consumer) {
+	w.log.Info().Int("in_flight", w.InFlight()).Msg("worker draining")
+	w.admit.Lock()
+	w.draining.Store(true)
+	w.admit.Unlock()
+	bctx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)
+	if err := hb.Beat(bctx); err != nil {
+		w.log.Warn().Err(err).Msg("could not announce draining")
+	}
+	cancel()
+	cons.Stop()
+
+	done := make(chan struct{})
+	go func() { w.tasks.Wait(); close(done) }()
+	grace := time.NewTimer(w.cfg.ShutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		w.log.Warn().Int("in_flight", w.InFlight()).Msg("shutdown grace over: unfinished tasks are nak'ed for redelivery")
+		w.cancelRun(errShutdown)
+		<-done
+	}
+	w.log.Info().Msg("worker stopped")
+}
+
+func (w *Worker) closeExecutors() {
+	for _, h := range w.models {
+		if err := h.exec.Close(); err != nil {
+			w.log.Warn().Err(err).Str("model", h.spec.Name).Msg("closing model executor")
+		}
+	}
+}

@@ -24,16 +24,23 @@ func TestOutcomeClassification(t *testing.T) {
 	hang := make(chan struct{})
 	t.Cleanup(func() { close(hang) })
 	handlers := map[string]Handler{
-		"ok":      func(_ context.Context, t Task) (any, error) { return map[string]any{"id": t.ID, "attempt": t.Attempt}, nil },
-		"text":    func(context.Context, Task) (any, error) { return []byte("plain text"), nil },
-		"badin":   func(context.Context, Task) (any, error) { return nil, fmt.Errorf("%w: field x is missing", ErrTaskError) },
-		"typed":   func(context.Context, Task) (any, error) { return nil, &TaskError{Msg: "bad image"} },
-		"broken":  func(context.Context, Task) (any, error) { return nil, errors.New("CUDA out of memory") },
-		"panics":  func(context.Context, Task) (any, error) { panic("boom") },
-		"slow":    func(ctx context.Context, _ Task) (any, error) { <-ctx.Done(); return nil, ctx.Err() },
-		"deaf":    func(context.Context, Task) (any, error) { <-hang; return nil, nil }, // ignores ctx
-		"unenc":   func(context.Context, Task) (any, error) { return func() {}, nil },
-		"wrapctx": func(ctx context.Context, _ Task) (any, error) { <-ctx.Done(); return nil, fmt.Errorf("rpc: %w", ctx.Err()) },
+		"ok": func(_ context.Context, t Task) (any, error) {
+			return map[string]any{"id": t.ID, "attempt": t.Attempt}, nil
+		},
+		"text": func(context.Context, Task) (any, error) { return []byte("plain text"), nil },
+		"badin": func(context.Context, Task) (any, error) {
+			return nil, fmt.Errorf("%w: field x is missing", ErrTaskError)
+		},
+		"typed":  func(context.Context, Task) (any, error) { return nil, &TaskError{Msg: "bad image"} },
+		"broken": func(context.Context, Task) (any, error) { return nil, errors.New("CUDA out of memory") },
+		"panics": func(context.Context, Task) (any, error) { panic("boom") },
+		"slow":   func(ctx context.Context, _ Task) (any, error) { <-ctx.Done(); return nil, ctx.Err() },
+		"deaf":   func(context.Context, Task) (any, error) { <-hang; return nil, nil }, // ignores ctx
+		"unenc":  func(context.Context, Task) (any, error) { return func() {}, nil },
+		"wrapctx": func(ctx context.Context, _ Task) (any, error) {
+			<-ctx.Done()
+			return nil, fmt.Errorf("rpc: %w", ctx.Err())
+		},
 	}
 	var opts []Option
 	var specs []ModelSpec

@@ -1,0 +1,85 @@
+# mlsched build, demo and test entry points. CI runs `make test` (.ci/run).
+
+SHELL       := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+GO           ?= go
+MODULES      := shared dispatcher worker e2e
+BIN          := bin
+# Per-module `go test` timeout; the e2e module runs whole clusters.
+TEST_TIMEOUT ?= 12m
+FUZZTIME     ?= 10s
+IMAGE_PREFIX ?= mlsched
+IMAGE_TAG    ?= dev
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## build bin/dispatcher, bin/worker, bin/mlsched and bin/nats-server
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./dispatcher/cmd/dispatcher ./dispatcher/cmd/mlsched ./worker/cmd/worker
+	# nats-server at the version pinned in e2e/go.mod (kept there by e2e/tools.go)
+	cd e2e && $(GO) build -o ../$(BIN)/nats-server github.com/nats-io/nats-server/v2
+
+.PHONY: run
+run: ## the demo: embedded NATS, 1 dispatcher, 3 workers, a producer, a live table (Redis if MLSCHED_REDIS_URL is set)
+	$(GO) run ./dispatcher/cmd/mlsched demo
+
+# The tests start their own redis-server on a free port; it must be installed.
+# As root (CI) we install it, keeping the package from starting a service:
+# the tests never use 6379, and a stray server there would only hide bugs.
+.PHONY: redis-server
+redis-server: ## make sure redis-server is installed (installs it with apt-get when root)
+	@if command -v redis-server >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "error: redis-server is not installed and we are not root." >&2; \
+		echo "       The tests start their own redis-server; install it, e.g. sudo apt-get install redis-server" >&2; \
+		exit 1; \
+	fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "error: redis-server is not installed and apt-get is not available; install redis-server >= 6" >&2; exit 1; \
+	fi; \
+	echo ">> installing redis-server with apt-get"; \
+	prc=/usr/sbin/policy-rc.d; own_prc=0; \
+	if [ ! -e $$prc ]; then printf '#!/bin/sh\nexit 101\n' > $$prc && chmod +x $$prc && own_prc=1; fi; \
+	trap 'if [ $$own_prc = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi' EXIT; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server </dev/null; \
+	(service redis-server stop || systemctl stop redis-server || true) >/dev/null 2>&1; \
+	command -v redis-server >/dev/null
+
+.PHONY: test
+test: redis-server ## vet and test (-race) every module, then a short fuzz run; prints a summary
+	@declare -a summary=(); failed=0; \
+	step() { local name=$$1; shift; local t0=$$SECONDS; echo ">> $$name"; \
+		if "$$@"; then summary+=("PASS  $$name ($$((SECONDS-t0))s)"); \
+		else summary+=("FAIL  $$name ($$((SECONDS-t0))s)"); failed=$$((failed+1)); fi; }; \
+	for m in $(MODULES); do \
+		step "go vet $$m" bash -c "cd $$m && $(GO) vet ./..."; \
+		step "go test -race $$m" bash -c "cd $$m && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./..."; \
+	done; \
+	if grep -qs '^func FuzzDecodeTask(' shared/protocol/*_test.go; then \
+		step "fuzz FuzzDecodeTask $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzDecodeTask\$$' -fuzztime $(FUZZTIME) ./protocol/"; \
+	else \
+		summary+=("SKIP  fuzz FuzzDecodeTask (no such fuzz target in shared/protocol yet)"); \
+	fi; \
+	echo; echo "==================== make test summary ===================="; \
+	printf '%s\n' "$${summary[@]}"; \
+	echo "==========================================================="; \
+	if [ $$failed -gt 0 ]; then echo "$$failed step(s) FAILED"; exit 1; fi; \
+	echo "all steps passed"
+
+.PHONY: docker-build
+docker-build: ## build the dispatcher, worker and mlsched images (needs a Docker daemon)
+	for t in dispatcher worker mlsched; do \
+		docker build -f deployments/Dockerfile --target $$t -t $(IMAGE_PREFIX)/$$t:$(IMAGE_TAG) . ; \
+	done
+
+.PHONY: clean
+clean: ## remove built binaries and test artefacts
+	rm -rf $(BIN)
+	find . -name '*.test' -o -name '*.out' -o -name '*.prof' | xargs -r rm -f

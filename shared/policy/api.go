@@ -1,8 +1,3 @@
-// Package policy decides, for each task, which model and which node run it.
-//
-// The dispatcher builds a Table from the latest statistics snapshot and the
-// live nodes every refresh (no Redis read per task), then asks an Engine to
-// Decide for each task. The simulator drives the very same Engine and Table.
 package policy
 
 import (

@@ -198,14 +198,14 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	}
 	pol := e.policyFor(req.Type)
 	if len(s.avail) > 0 {
-		if tc, untried := e.chooseModel(s, pol, s.avail, req, false); tc != nil {
-			return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, untried, false)}, nil
+		if tc := e.chooseModel(s, pol, s.avail, req, false); tc != nil {
+			return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, false)}, nil
 		}
 	}
 	// Panic mode: every candidate is blocked by a breaker. Rejecting would
 	// turn a breaker into an outage; route among all of them instead.
-	tc, untried := e.chooseModel(s, pol, s.base, req, true)
-	return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, untried, true), Panic: true}, nil
+	tc := e.chooseModel(s, pol, s.base, req, true)
+	return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, true), Panic: true}, nil
 }
 
 // fits reports whether a candidate meets the task's constraints.
@@ -287,10 +287,9 @@ func triedOn(req *Request, model, node string) bool {
 
 // chooseModel applies failover around the policy: a model not tried yet,
 // else a tried model that has a node not tried yet, else any. A half-open
-// model not tried yet takes the task as a probe. It reports whether the
-// node must be one not tried yet. It returns nil only outside panic mode,
-// when half-open probes ran out under it.
-func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Request, panicking bool) (*typeCand, bool) {
+// model not tried yet takes the task as a probe. It returns nil only outside
+// panic mode, when half-open probes ran out under it.
+func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Request, panicking bool) *typeCand {
 	if len(req.Tried) > 0 {
 		s.sel = s.sel[:0]
 		for _, tc := range pool {
@@ -299,7 +298,7 @@ func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Requ
 			}
 		}
 		if tc := e.pick(s, pol, panicking); tc != nil {
-			return tc, false
+			return tc
 		}
 		s.sel = s.sel[:0]
 		for _, tc := range pool {
@@ -311,11 +310,11 @@ func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Requ
 			}
 		}
 		if tc := e.pick(s, pol, panicking); tc != nil {
-			return tc, true
+			return tc
 		}
 	}
 	s.sel = append(s.sel[:0], pool...)
-	return e.pick(s, pol, panicking), false
+	return e.pick(s, pol, panicking)
 }
 
 // pick runs the policy over s.sel, giving half-open models their probes
@@ -351,7 +350,7 @@ func (e *Engine) pick(s *scratch, pol Policy, panicking bool) *typeCand {
 // chooseNode picks among the model's usable nodes, preferring nodes not
 // tried yet for this model and half-open nodes owed a probe, then by the
 // power of two choices on load over smoothed success rate.
-func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, untriedOnly bool, panicking bool) string {
+func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, panicking bool) string {
 	s.pairs = s.pairs[:0]
 	for _, p := range tc.pairs {
 		if panicking || e.pairUsable(p) {
@@ -371,9 +370,6 @@ func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, untriedOnly 
 		}
 		if n > 0 {
 			s.pairs = s.pairs[:n]
-		} else if untriedOnly {
-			// unreachable: chooseModel saw an untried node
-			_ = untriedOnly
 		}
 	}
 	if !panicking {

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -46,7 +48,7 @@ func hb(node, typ string, capacity int, models ...string) protocol.Heartbeat {
 func engine(t testing.TB, cfg Config) *Engine {
 	t.Helper()
 	if cfg.Seed == 0 {
-		cfg.Seed = 42
+		cfg.Seed = testSeed()
 	}
 	e, err := NewEngine(cfg)
 	if err != nil {
@@ -67,4 +69,12 @@ func counts(t testing.TB, e *Engine, tab *Table, req *Request, n int) map[string
 		out[d.Model]++
 	}
 	return out
+}
+
+func testSeed() uint64 {
+	if s := os.Getenv("POLICY_SEED"); s != "" {
+		n, _ := strconv.ParseUint(s, 10, 64)
+		return n
+	}
+	return 42
 }

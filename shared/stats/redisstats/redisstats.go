@@ -1,0 +1,456 @@
+// Package redisstats is the stats.Store shared by every dispatcher replica,
+// kept in Redis. It is the only package that knows the Redis key layout
+// (described in the stats package documentation).
+//
+// Record is one atomic Lua script call per batch, Snapshot one MULTI/EXEC
+// pipeline, SetBreaker one Lua compare-and-set.
+package redisstats
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/mlsched/mlsched/shared/stats"
+)
+
+// DefaultPrefix starts every key of the store.
+const DefaultPrefix = "mlsched:"
+
+// Field names inside the hashes (see the stats package documentation).
+const (
+	fDispatched  = "d"
+	fSuccesses   = "s"
+	fModelErrors = "me"
+	fTimeouts    = "to"
+	fTaskErrors  = "te"
+	fExpired     = "ex"
+	fLate        = "la"
+	fFailUs      = "fl"
+	fHistPrefix  = "h" // h0 .. h39
+	fInFlight    = "if"
+	fConsecutive = "cf"
+	fLastOutcome = "lo"
+)
+
+var (
+	//go:embed record.lua
+	recordSrc    string
+	recordScript = redis.NewScript(recordSrc)
+	//go:embed breaker.lua
+	breakerSrc    string
+	breakerScript = redis.NewScript(breakerSrc)
+)
+
+// Store is a stats.Store in Redis. It does not own the client: Close leaves
+// it open.
+type Store struct {
+	c      redis.UniversalClient
+	w      stats.Window
+	prefix string
+	now    func() time.Time
+}
+
+var _ stats.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithPrefix sets the prefix of every key (default "mlsched:"). Stores with
+// different prefixes share a server without seeing each other.
+func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
+
+// WithClock sets the clock that dates events with a zero At and picks the
+// window's buckets (default time.Now).
+func WithClock(now func() time.Time) Option {
+	return func(s *Store) {
+		if now != nil {
+			s.now = now
+		}
+	}
+}
+
+// New returns a store over window w (zero fields take the defaults of
+// stats.Window). Every replica must use the same window.
+func New(client redis.UniversalClient, w stats.Window, opts ...Option) *Store {
+	s := &Store{c: client, w: w.WithDefaults(), prefix: DefaultPrefix, now: time.Now}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// All keys share the hash tag {stats} so that the scripts and the snapshot
+// transaction work on Redis Cluster too.
+func (s *Store) bucketKey(idx int64) string {
+	return s.prefix + "{stats}:b:" + strconv.FormatInt(idx, 10)
+}
+func (s *Store) gaugeKey() string   { return s.prefix + "{stats}:g" }
+func (s *Store) breakerKey() string { return s.prefix + "{stats}:br" }
+
+// series names a model (node "") or a (model, node). As a hash field prefix
+// it is "<model> <node>": names never hold a space.
+type series struct{ model, node string }
+
+func (k series) field(f string) string { return k.model + " " + k.node + " " + f }
+
+type bucketSeries struct {
+	idx int64
+	series
+}
+
+type agg struct {
+	counts stats.Counts
+	failUs int64
+	hist   stats.Histogram
+}
+
+// gaugeOp is the net effect of a batch on one series' gauges, composed in
+// event order so that one script call matches applying events one by one:
+// in-flight becomes max(cur+ifAdd, ifFloor) (each step clamps at 0), and
+// consecutive failures become cfAdd if reset, else cur+cfAdd.
+type gaugeOp struct {
+	ifAdd, ifFloor int64
+	reset          bool
+	cfAdd          int64
+	lastOutcome    int64
+}
+
+func (g *gaugeOp) apply(k stats.Kind, at int64) {
+	d := int64(-1)
+	if k == stats.KindDispatched {
+		d = 1
+	}
+	g.ifAdd += d
+	g.ifFloor = max(g.ifFloor+d, 0)
+	switch {
+	case k == stats.KindSuccess:
+		g.reset, g.cfAdd = true, 0
+	case k.IsFailure():
+		g.cfAdd++
+	}
+	if k.IsOutcome() && at > g.lastOutcome {
+		g.lastOutcome = at
+	}
+}
+
+// Record applies the batch with one script call. An invalid event rejects
+// the whole batch with stats.ErrInvalidEvent before Redis is contacted.
+func (s *Store) Record(ctx context.Context, events []stats.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	if err := stats.ValidateBatch(events); err != nil {
+		return err
+	}
+	now := s.now()
+	buckets := make(map[bucketSeries]*agg)
+	var bucketOrder []int64
+	seenBucket := make(map[int64]bool)
+	gauges := make(map[series]*gaugeOp)
+	var gaugeOrder []series
+
+	for i := range events {
+		ev := &events[i]
+		idx, inWindow := s.w.EventBucket(ev.At, now)
+		at := ev.At
+		if at.IsZero() {
+			at = now
+		}
+		atNs := max(stats.UnixNanos(at), 0)
+		keys := [2]series{{ev.Model, ""}, {ev.Model, ev.Node}}
+		nk := 2
+		if ev.Node == "" {
+			nk = 1
+		}
+		for _, k := range keys[:nk] {
+			if inWindow {
+				bk := bucketSeries{idx, k}
+				a := buckets[bk]
+				if a == nil {
+					a = &agg{}
+					buckets[bk] = a
+					if !seenBucket[idx] {
+						seenBucket[idx] = true
+						bucketOrder = append(bucketOrder, idx)
+					}
+				}
+				a.counts.Count(ev.Kind, ev.Late)
+				if ev.Kind.IsFailure() {
+					a.failUs += ev.Latency.Microseconds()
+				}
+				if ev.Kind == stats.KindSuccess {
+					a.hist.Observe(ev.Latency)
+				}
+			}
+			g := gauges[k]
+			if g == nil {
+				g = &gaugeOp{}
+				gauges[k] = g
+				gaugeOrder = append(gaugeOrder, k)
+			}
+			g.apply(ev.Kind, atNs)
+		}
+	}
+
+	keys := make([]string, 0, 1+len(bucketOrder))
+	keys = append(keys, s.gaugeKey())
+	args := make([]any, 0, 16*len(buckets)+6*len(gauges)+8)
+	fieldsOf := make(map[int64][]any, len(bucketOrder))
+	for bk, a := range buckets {
+		fieldsOf[bk.idx] = appendFields(fieldsOf[bk.idx], bk.series, a)
+	}
+	span, bucket := int64(s.w.Span()), int64(s.w.Bucket)
+	for _, idx := range bucketOrder {
+		keys = append(keys, s.bucketKey(idx))
+		// a bucket lives a window and a bucket past its end
+		expireAt := (idx+1)*bucket + span + bucket
+		ttlMs := max((expireAt-now.UnixNano()+int64(time.Millisecond)-1)/int64(time.Millisecond), 1)
+		f := fieldsOf[idx]
+		args = append(args, ttlMs, len(f)/2)
+		args = append(args, f...)
+	}
+	args = append(args, len(gaugeOrder))
+	for _, k := range gaugeOrder {
+		g := gauges[k]
+		reset := 0
+		if g.reset {
+			reset = 1
+		}
+		lo := ""
+		if g.lastOutcome > 0 {
+			lo = fmt.Sprintf("%020d", g.lastOutcome) // compared as strings in Lua
+		}
+		args = append(args, k.model+" "+k.node+" ", g.ifAdd, g.ifFloor, reset, g.cfAdd, lo)
+	}
+	if err := recordScript.Run(ctx, s.c, keys, args...).Err(); err != nil && err != redis.Nil {
+		return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
+	}
+	return nil
+}
+
+// appendFields appends the non-zero (field, delta) pairs of a.
+func appendFields(out []any, k series, a *agg) []any {
+	c := &a.counts
+	for _, p := range [...]struct {
+		f string
+		v int64
+	}{
+		{fDispatched, c.Dispatched}, {fSuccesses, c.Successes}, {fModelErrors, c.ModelErrors},
+		{fTimeouts, c.Timeouts}, {fTaskErrors, c.TaskErrors}, {fExpired, c.Expired},
+		{fLate, c.Late}, {fFailUs, a.failUs},
+	} {
+		if p.v != 0 {
+			out = append(out, k.field(p.f), p.v)
+		}
+	}
+	for i, v := range a.hist {
+		if v != 0 {
+			out = append(out, k.field(fHistPrefix+strconv.Itoa(i)), v)
+		}
+	}
+	return out
+}
+
+// Snapshot reads the window's buckets, the gauges and the breakers in one
+// MULTI/EXEC round trip.
+func (s *Store) Snapshot(ctx context.Context) (*stats.Snapshot, error) {
+	now := s.now()
+	first, last := s.w.Range(now)
+	var bucketCmds []*redis.MapStringStringCmd
+	var gaugeCmd, breakerCmd *redis.MapStringStringCmd
+	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for idx := first; idx <= last; idx++ {
+			bucketCmds = append(bucketCmds, p.HGetAll(ctx, s.bucketKey(idx)))
+		}
+		gaugeCmd = p.HGetAll(ctx, s.gaugeKey())
+		breakerCmd = p.HGetAll(ctx, s.breakerKey())
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redisstats: snapshot: %w", err)
+	}
+	b := newBuilder()
+	for _, c := range bucketCmds {
+		for f, v := range c.Val() {
+			b.bucketField(f, v)
+		}
+	}
+	for f, v := range gaugeCmd.Val() {
+		b.gaugeField(f, v)
+	}
+	for f, v := range breakerCmd.Val() {
+		b.breakerField(f, v)
+	}
+	return &stats.Snapshot{Taken: now, Window: s.w.Span(), Models: b.models()}, nil
+}
+
+// builder assembles a snapshot from hash fields; a series is kept only when
+// something justifies it (events in the window, a non-zero gauge, a
+// non-closed breaker).
+type builder struct {
+	all map[series]*entry
+}
+
+type entry struct {
+	stats.Series
+	keep bool
+}
+
+func newBuilder() *builder { return &builder{all: make(map[series]*entry)} }
+
+func (b *builder) entry(k series) *entry {
+	e := b.all[k]
+	if e == nil {
+		e = &entry{}
+		b.all[k] = e
+	}
+	return e
+}
+
+// splitField splits "<model> <node> <f>"; fields it cannot parse are not
+// ours and are ignored.
+func splitField(f string) (series, string, bool) {
+	i := strings.IndexByte(f, ' ')
+	j := strings.LastIndexByte(f, ' ')
+	if i <= 0 || j == i {
+		return series{}, "", false
+	}
+	return series{f[:i], f[i+1 : j]}, f[j+1:], true
+}
+
+func (b *builder) bucketField(f, v string) {
+	k, name, ok := splitField(f)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if !ok || err != nil || n == 0 {
+		return
+	}
+	e := b.entry(k)
+	c := &e.Counts
+	switch name {
+	case fDispatched:
+		c.Dispatched += n
+	case fSuccesses:
+		c.Successes += n
+	case fModelErrors:
+		c.ModelErrors += n
+	case fTimeouts:
+		c.Timeouts += n
+	case fTaskErrors:
+		c.TaskErrors += n
+	case fExpired:
+		c.Expired += n
+	case fLate:
+		c.Late += n
+	case fFailUs:
+		e.FailLatencySumUs += n
+	default:
+		if !strings.HasPrefix(name, fHistPrefix) {
+			return
+		}
+		i, err := strconv.Atoi(name[len(fHistPrefix):])
+		if err != nil || i < 0 || i >= stats.NumLatencyBuckets {
+			return
+		}
+		e.Latency[i] += n
+	}
+	e.keep = true
+}
+
+func (b *builder) gaugeField(f, v string) {
+	k, name, ok := splitField(f)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if !ok || err != nil {
+		return
+	}
+	e := b.entry(k)
+	switch name {
+	case fInFlight:
+		e.InFlight = n
+		e.keep = e.keep || n != 0
+	case fConsecutive:
+		e.ConsecutiveFailures = n
+		e.keep = e.keep || n != 0
+	case fLastOutcome:
+		e.LastOutcome = stats.FromUnixNanos(n)
+	}
+}
+
+func (b *builder) breakerField(f, v string) {
+	i := strings.IndexByte(f, ' ')
+	if i <= 0 {
+		return
+	}
+	br, ok := decodeBreaker(v)
+	if !ok {
+		return
+	}
+	e := b.entry(series{f[:i], f[i+1:]})
+	e.Breaker = br
+	e.keep = e.keep || br.State != stats.BreakerClosed
+}
+
+func (b *builder) models() map[string]*stats.ModelStats {
+	out := make(map[string]*stats.ModelStats)
+	model := func(name string) *stats.ModelStats {
+		ms := out[name]
+		if ms == nil {
+			ms = &stats.ModelStats{}
+			if e := b.all[series{name, ""}]; e != nil {
+				ms.Series = e.Series
+			}
+			out[name] = ms
+		}
+		return ms
+	}
+	for k, e := range b.all {
+		if !e.keep {
+			continue
+		}
+		ms := model(k.model)
+		if k.node != "" {
+			if ms.Nodes == nil {
+				ms.Nodes = make(map[string]*stats.Series)
+			}
+			s := e.Series
+			ms.Nodes[k.node] = &s
+		}
+	}
+	return out
+}
+
+func encodeBreaker(b stats.Breaker) string {
+	return strconv.Itoa(int(b.State)) + ":" + strconv.FormatInt(stats.UnixNanos(b.Since), 10)
+}
+
+func decodeBreaker(v string) (stats.Breaker, bool) {
+	st, since, ok := strings.Cut(v, ":")
+	if !ok {
+		return stats.Breaker{}, false
+	}
+	s, err1 := strconv.Atoi(st)
+	n, err2 := strconv.ParseInt(since, 10, 64)
+	if err1 != nil || err2 != nil || s < 0 || s > int(stats.BreakerHalfOpen) {
+		return stats.Breaker{}, false
+	}
+	return stats.Breaker{State: stats.BreakerState(s), Since: stats.FromUnixNanos(n)}, true
+}
+
+// SetBreaker is a compare-and-set on (State, Since) in one script call; a
+// breaker never set is Breaker{} (closed since the zero time).
+func (s *Store) SetBreaker(ctx context.Context, key stats.BreakerKey, from, to stats.Breaker) (bool, error) {
+	field := key.Model + " " + key.Node
+	n, err := breakerScript.Run(ctx, s.c, []string{s.breakerKey()}, field, encodeBreaker(from), encodeBreaker(to)).Int()
+	if err != nil {
+		return false, fmt.Errorf("redisstats: set breaker %s/%s: %w", key.Model, key.Node, err)
+	}
+	return n == 1, nil
+}
+
+// Close does nothing: the caller owns the client.
+func (s *Store) Close() error { return nil }

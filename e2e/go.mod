@@ -4,9 +4,11 @@ go 1.26.8
 
 require (
 	github.com/mlsched/mlsched/shared v0.0.0
+	github.com/mlsched/mlsched/worker v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/redis/go-redis/v9 v9.23.0
+	go.yaml.in/yaml/v3 v3.0.6
 )
 
 require (

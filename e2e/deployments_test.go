@@ -1,0 +1,164 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/worker/model"
+)
+
+func repoPath(t *testing.T, rel string) string {
+	t.Helper()
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, rel)
+}
+
+// The shipped NATS configuration, and the harness's, fsync every write and
+// let tasks above the 1 MiB limit through to be rejected properly.
+func TestNATSConfigDurable(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	harnessConf := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(harnessConf, []byte(harness.NATSConfig(14222, 18222, dir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{repoPath(t, "deployments/nats/nats.conf"), harnessConf} {
+		opts, err := server.ProcessConfigFile(path)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if !opts.JetStream {
+			t.Errorf("%s: JetStream is off", path)
+		}
+		if !opts.SyncAlways {
+			t.Errorf("%s: sync_interval is not always", path)
+		}
+		if opts.StoreDir == "" {
+			t.Errorf("%s: no store_dir", path)
+		}
+		if opts.MaxPayload <= 1<<20 {
+			t.Errorf("%s: max_payload %d does not exceed the 1 MiB task limit", path, opts.MaxPayload)
+		}
+		if opts.HTTPPort == 0 {
+			t.Errorf("%s: no monitoring port", path)
+		}
+	}
+}
+
+// Every models file we ship or test with is valid for the worker.
+func TestModelsFilesValid(t *testing.T) {
+	t.Parallel()
+	files, _ := filepath.Glob(repoPath(t, "deployments/models/*.yaml"))
+	testdata, _ := filepath.Glob("testdata/*.yaml")
+	files = append(files, testdata...)
+	if len(testdata) != 3 || !slices.Contains(files, repoPath(t, "deployments/models/compose.yaml")) {
+		t.Fatalf("models files missing: %v", files)
+	}
+	for _, f := range files {
+		if _, err := model.LoadFile(f); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
+// The pipeline test's models behave the same on every node, each node serves
+// both task types, and together the nodes host all four models.
+func TestPipelineModelsConsistent(t *testing.T) {
+	t.Parallel()
+	rates := map[string]float64{}
+	for _, node := range []string{"node-1", "node-2", "node-3"} {
+		specs, err := model.LoadFile("testdata/" + node + ".yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range specs {
+			if s.Sim == nil {
+				t.Fatalf("%s: %s is not simulated", node, s.Name)
+			}
+			if r, ok := rates[s.Name]; ok && r != s.Sim.FailureRate {
+				t.Errorf("%s fails %g on %s but %g elsewhere", s.Name, s.Sim.FailureRate, node, r)
+			}
+			rates[s.Name] = s.Sim.FailureRate
+			if !slices.Equal(s.Types, []string{"classify", "embed"}) {
+				t.Errorf("%s on %s serves %v", s.Name, node, s.Types)
+			}
+		}
+	}
+	want := map[string]float64{model00: 0, model02: 0.02, model10: 0.10, model30: 0.30}
+	for m, r := range want {
+		if got, ok := rates[m]; !ok || got != r {
+			t.Errorf("model %s: failure rate %g (present %v), want %g", m, got, ok, r)
+		}
+	}
+	if len(rates) != len(want) {
+		t.Errorf("models %v, want exactly %v", rates, want)
+	}
+}
+
+// docker-compose.yml: workers scale into distinct nodes, and every service
+// points at the right servers.
+func TestComposeFile(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile(repoPath(t, "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]struct {
+			Image         string            `yaml:"image"`
+			Command       []string          `yaml:"command"`
+			ContainerName string            `yaml:"container_name"`
+			Environment   map[string]string `yaml:"environment"`
+			Volumes       []string          `yaml:"volumes"`
+		} `yaml:"services"`
+		Volumes map[string]any `yaml:"volumes"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"nats", "redis", "dispatcher", "worker"} {
+		if _, ok := f.Services[s]; !ok {
+			t.Fatalf("no %s service", s)
+		}
+	}
+	w := f.Services["worker"]
+	if w.ContainerName != "" {
+		t.Errorf("worker has container_name %q: it could not be scaled", w.ContainerName)
+	}
+	if _, ok := w.Environment["MLSCHED_NODE_ID"]; ok {
+		t.Error("worker sets MLSCHED_NODE_ID: scaled replicas would share a node id")
+	}
+	if mf := w.Environment["MLSCHED_MODELS_FILE"]; !strings.HasPrefix(mf, "/models/") {
+		t.Errorf("worker models file %q is not in the mounted /models", mf)
+	} else if _, err := os.Stat(repoPath(t, "deployments/models/"+strings.TrimPrefix(mf, "/models/"))); err != nil {
+		t.Errorf("worker models file: %v", err)
+	}
+	d := f.Services["dispatcher"]
+	for k, v := range map[string]string{"MLSCHED_NATS_URL": "nats://nats:4222", "MLSCHED_REDIS_URL": "redis://redis:6379/0"} {
+		if d.Environment[k] != v {
+			t.Errorf("dispatcher %s = %q, want %q", k, d.Environment[k], v)
+		}
+	}
+	if w.Environment["MLSCHED_NATS_URL"] != "nats://nats:4222" {
+		t.Errorf("worker MLSCHED_NATS_URL = %q", w.Environment["MLSCHED_NATS_URL"])
+	}
+	n := f.Services["nats"]
+	if !slices.Equal(n.Command, []string{"-c", "/etc/nats/nats.conf"}) ||
+		!slices.Contains(n.Volumes, "./deployments/nats/nats.conf:/etc/nats/nats.conf:ro") ||
+		!slices.Contains(n.Volumes, "nats-data:/data") {
+		t.Errorf("nats service does not run deployments/nats/nats.conf with a /data volume: %+v", n)
+	}
+	if _, ok := f.Volumes["nats-data"]; !ok {
+		t.Error("volume nats-data is not declared")
+	}
+}

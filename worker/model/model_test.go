@@ -1,0 +1,107 @@
+package model
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFullExample(t *testing.T) {
+	t.Parallel()
+	specs, err := LoadFile(repoFile("deployments/models/example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(specs) != 4 {
+		t.Fatalf("%d models", len(specs))
+	}
+	f := specs[0]
+	if f.Name != "fraud-fast" || f.Timeout.D() != 2*time.Second || f.Sim.Latency.Median.D() != 5*time.Millisecond ||
+		f.Sim.Latency.Sigma != 0.4 || f.Sim.FailureRate != 0.3 || len(f.Sim.Schedule) != 1 ||
+		f.Sim.Schedule[0].After.D() != time.Minute || *f.Sim.Schedule[0].FailureRate != 0.05 {
+		t.Errorf("sim model %+v", f)
+	}
+	if specs[1].Go.Handler != "echo" || specs[2].Exec.Command[0] != "python3" || specs[3].HTTP.Mode != HTTPPassthrough {
+		t.Errorf("specs %+v", specs)
+	}
+	if info := specs[1].Info(30 * time.Second); info.TimeoutMs != 30000 || info.Types[0] != "echo" {
+		t.Errorf("info %+v", info)
+	}
+}
+
+// The compose deployment's models file must stay valid.
+func TestDeploymentModelsFilesParse(t *testing.T) {
+	t.Parallel()
+	files, _ := filepath.Glob(repoFile("deployments/models/*.yaml"))
+	if len(files) == 0 {
+		t.Fatal("no models files")
+	}
+	for _, f := range files {
+		if _, err := LoadFile(f); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestValidationErrorsNameModelAndField(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ name, yaml, want string }{
+		{"empty", ``, "empty"},
+		{"no models", `models: []`, "no models"},
+		{"unknown top field", "modles: []", "field modles not found"},
+		{"unknown model field", "models: [{name: a, types: [t], executor: sim, latncy: 1}]", "field latncy not found"},
+		{"missing name", "models: [{types: [t], executor: sim}]", "models[0]: name: missing"},
+		{"bad name", "models: [{name: a.b, types: [t], executor: sim}]", `model "a.b": name:`},
+		{"missing types", "models: [{name: a, executor: sim}]", `model "a": types: missing`},
+		{"bad type", "models: [{name: a, types: [x y], executor: sim}]", `model "a": types: "x y"`},
+		{"no executor", "models: [{name: a, types: [t]}]", `model "a": executor: missing`},
+		{"unknown executor", "models: [{name: a, types: [t], executor: gpu}]", `model "a": executor: unknown "gpu"`},
+		{"duplicate", "models: [{name: a, types: [t], executor: sim}, {name: a, types: [u], executor: sim}]", `model "a": name: duplicate`},
+		{"bad duration", "models: [{name: a, types: [t], executor: sim, timeout: 5}]", `want a duration`},
+		{"bad duration unit", "models: [{name: a, types: [t], executor: sim, timeout: 5parsecs}]", `"5parsecs"`},
+		{"negative duration", "models: [{name: a, types: [t], executor: sim, timeout: -1s}]", `negative`},
+		{"go without handler", "models: [{name: a, types: [t], executor: go}]", `model "a": go.handler: missing`},
+		{"exec without command", "models: [{name: a, types: [t], executor: exec, exec: {command: []}}]", `model "a": exec.command: missing`},
+		{"http without url", "models: [{name: a, types: [t], executor: http, http: {}}]", `model "a": http.url: missing`},
+		{"http bad mode", "models: [{name: a, types: [t], executor: http, http: {url: x, mode: grpc}}]", `http.mode: "grpc"`},
+		{"two sections", "models: [{name: a, types: [t], executor: sim, sim: {}, go: {handler: echo}}]", `only the section`},
+		{"bad dist", "models: [{name: a, types: [t], executor: sim, sim: {latency: {dist: pareto}}}]", `sim.latency.dist: unknown "pareto"`},
+		{"bad rate", "models: [{name: a, types: [t], executor: sim, sim: {failure_rate: 1.5}}]", `sim.failure_rate: 1.5`},
+		{"uniform inverted", "models: [{name: a, types: [t], executor: sim, sim: {latency: {dist: uniform, min: 2s, max: 1s}}}]", `sim.latency.max`},
+		{"lognormal no median", "models: [{name: a, types: [t], executor: sim, sim: {latency: {dist: lognormal, sigma: 1}}}]", `sim.latency.median`},
+		{"schedule order", "models: [{name: a, types: [t], executor: sim, sim: {schedule: [{after: 2s}, {after: 1s}]}}]", `sim.schedule[1].after`},
+		{"schedule rate", "models: [{name: a, types: [t], executor: sim, sim: {schedule: [{after: 1s, timeout_rate: -1}]}}]", `sim.schedule[0].timeout_rate`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.yaml))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", c.yaml)
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q does not contain %q (or wrap ErrInvalid)", err, c.want)
+			}
+		})
+	}
+}
+
+func TestLoadFileErrors(t *testing.T) {
+	t.Parallel()
+	if _, err := LoadFile(filepath.Join(t.TempDir(), "absent.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+	p := filepath.Join(t.TempDir(), "m.yaml")
+	os.WriteFile(p, []byte("models: [{name: a, types: [t], executor: nope}]"), 0o600)
+	if _, err := LoadFile(p); err == nil || !strings.Contains(err.Error(), p) {
+		t.Errorf("invalid file: %v, want the path in the error", err)
+	}
+}
+
+func repoFile(rel string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", filepath.FromSlash(rel))
+}

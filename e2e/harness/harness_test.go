@@ -151,3 +151,40 @@ func TestEnvIsolated(t *testing.T) {
 		t.Fatalf("environment not isolated: %q", p.Logs())
 	}
 }
+
+// A worker is ready once its heartbeat is in the node bucket; a restart is
+// ready only with a heartbeat of the new run; SIGTERM drains it to exit 0.
+func TestWorkerLifecycle(t *testing.T) {
+	t.Parallel()
+	if !harness.Available("worker") {
+		t.Skip("worker is not in the checkout yet")
+	}
+	c := harness.New(t)
+	c.StartNATS()
+	w := c.StartWorker(harness.WorkerOptions{NodeID: "hw-1", ModelsFile: "../testdata/node-1.yaml", SimSeed: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hb1, err := w.Heartbeat(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb1.Node != "hw-1" || len(hb1.Models) != 2 {
+		t.Fatalf("heartbeat %+v, want node hw-1 with 2 models", hb1)
+	}
+	if err := w.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	hb2, err := w.Heartbeat(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hb2.StartedAt.After(hb1.StartedAt) {
+		t.Fatalf("after restart the heartbeat still says started %v (first run %v)", hb2.StartedAt, hb1.StartedAt)
+	}
+	if err := w.Stop(); err != nil {
+		t.Fatalf("graceful stop: %v", err)
+	}
+	if got := strings.Count(w.Logs(), "=== harness: worker-hw-1 run"); got != 2 {
+		t.Fatalf("log shows %d runs, want 2", got)
+	}
+}

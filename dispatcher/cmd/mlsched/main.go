@@ -1,0 +1,249 @@
+// Command mlsched is the operator and producer CLI of mlsched: it submits
+// tasks and waits for their results, shows the dispatchers' statistics and
+// the live nodes, inspects and replays dead letters, and runs the simulator
+// and the local demo.
+//
+// Exit codes: 0 success; 1 an operation failed (connection, I/O, no result);
+// 2 usage error; 3 partial: some task did not succeed (or was not submitted
+// because its line was bad, or a dead letter could not be replayed).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailed  = 1
+	exitUsage   = 2
+	exitPartial = 3
+)
+
+// errPartial makes a subcommand exit with exitPartial after it has printed
+// what went wrong.
+var errPartial = errors.New("partial success")
+
+// errUsage makes a subcommand exit with exitUsage.
+var errUsage = errors.New("usage")
+
+// Config is the CLI's environment configuration.
+type Config struct {
+	// NATSURL of the NATS server (default nats://127.0.0.1:4222); -nats overrides it.
+	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL"`
+	// Storage of streams the CLI creates when none exist: file or memory
+	// (default file). Use the dispatcher's value.
+	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage when creating streams: file or memory"`
+	// MaxPayloadBytes bounds a task, as the dispatcher's limit (default 1048576).
+	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576" desc:"task size limit used for local validation"`
+	// Log configures the logger (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
+	Log config.Log
+}
+
+// app is what a subcommand runs with.
+type app struct {
+	cfg            Config
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	log            zerolog.Logger
+	nc             *nats.Conn
+	js             jetstream.JetStream
+	client         *client.Client
+	timeout        time.Duration // per request
+}
+
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, a *app, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{name: "submit", summary: "submit one task or a JSON-lines file of tasks, optionally waiting for results", run: runSubmit},
+		{name: "wait", summary: "wait for the results of task ids and print them", run: runWait},
+		{name: "result", summary: "print a task's result if it exists", run: runResult},
+		{name: "stats", summary: "show a dispatcher's statistics, breakers and degraded mode", run: runStats},
+		{name: "nodes", summary: "list live worker nodes", run: runNodes},
+		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ},
+		{name: "simulate", summary: "run the scheduling simulator",
+			run: func(_ context.Context, _ *app, args []string) error { return runSimulate(args) }},
+		{name: "demo", summary: "run a local cluster (NATS, dispatcher, workers) with demo traffic",
+			run: func(_ context.Context, _ *app, args []string) error { return runDemo(args) }},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole CLI, callable in-process by tests.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var cfg Config
+	if err := config.Load(&cfg); err != nil {
+		fmt.Fprintln(stderr, "mlsched:", err)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("mlsched", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	natsURL := fs.String("nats", cfg.NATSURL, "NATS server URL (env MLSCHED_NATS_URL)")
+	timeout := fs.Duration("timeout", 10*time.Second, "timeout of each request to NATS")
+	fs.Usage = func() { usage(stderr, fs) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() == 0 {
+		usage(stderr, fs)
+		return exitUsage
+	}
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	var cmd *command
+	for _, c := range commands() {
+		if c.name == name {
+			cmd = &c
+			break
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "mlsched: unknown command %q\n\n", name)
+		usage(stderr, fs)
+		return exitUsage
+	}
+	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout}
+	a.cfg.NATSURL = *natsURL
+	log, err := cfg.Log.Logger("mlsched")
+	if err != nil {
+		fmt.Fprintln(stderr, "mlsched:", err)
+		return exitUsage
+	}
+	a.log = log
+	defer func() {
+		if a.nc != nil {
+			a.nc.Close()
+		}
+	}()
+	err = cmd.run(ctx, a, rest)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case errors.Is(err, errPartial):
+		return exitPartial
+	default:
+		fmt.Fprintf(stderr, "mlsched %s: %v\n", name, err)
+		return exitFailed
+	}
+}
+
+func usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `usage: mlsched [-nats URL] [-timeout D] <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'mlsched <command> -h' for a command's flags.\n\nGlobal flags:\n")
+	fs.PrintDefaults()
+	fmt.Fprint(w, "\nEnvironment:\n")
+	_ = config.Usage(w, &Config{})
+	fmt.Fprint(w, `
+Exit codes: 0 success, 1 failure, 2 usage error,
+3 partial (a task did not succeed, a line was bad, an entry was not replayed).
+`)
+}
+
+// connect dials NATS; subcommands call it once their flags are parsed, so
+// -h and usage errors need no server.
+func (a *app) connect() error {
+	if a.nc != nil {
+		return nil
+	}
+	nc, err := nats.Connect(a.cfg.NATSURL, nats.Name("mlsched-cli"), nats.Timeout(a.timeout),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				a.log.Warn().Err(err).Msg("disconnected from NATS")
+			}
+		}))
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", a.cfg.NATSURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	a.nc, a.js = nc, js
+	a.client = client.New(js, client.WithLimits(a.limits()), client.WithTopology(a.topology()))
+	return nil
+}
+
+func (a *app) limits() protocol.Limits {
+	return protocol.Limits{MaxPayloadBytes: a.cfg.MaxPayloadBytes}
+}
+
+func (a *app) topology() topology.Config {
+	var tc topology.Config
+	if a.cfg.Storage == "memory" {
+		tc.Storage = jetstream.MemoryStorage
+	}
+	return tc
+}
+
+// reqCtx bounds one request by the -timeout flag.
+func (a *app) reqCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.timeout)
+}
+
+// newFlags makes a subcommand's flag set, with usage on -h.
+func (a *app) newFlags(name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet("mlsched "+name, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(a.stderr, "usage: mlsched %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses a subcommand's flags, mapping errors to errUsage.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	return nil
+}
+
+// parseAndConnect parses a subcommand's flags, then connects.
+func (a *app) parseAndConnect(fs *flag.FlagSet, args []string) error {
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return a.connect()
+}

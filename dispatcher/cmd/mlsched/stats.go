@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+func runStats(ctx context.Context, a *app, args []string) error {
+	fs := a.newFlags("stats", "stats [-json] [-all]")
+	raw := fs.Bool("json", false, "print the raw StatsReport JSON, one line per dispatcher")
+	all := fs.Bool("all", false, "collect the answer of every dispatcher replica until -timeout, not just the first")
+	if err := a.parseAndConnect(fs, args); err != nil {
+		return err
+	}
+	reports, err := a.requestStats(ctx, *all)
+	if err != nil {
+		return err
+	}
+	for i, r := range reports {
+		if *raw {
+			if _, err := a.stdout.Write(append(r.raw, '\n')); err != nil {
+				return err
+			}
+			continue
+		}
+		if i > 0 {
+			fmt.Fprintln(a.stdout)
+		}
+		if r.err != nil {
+			fmt.Fprintf(a.stdout, "malformed stats report (%v): %.200s\n", r.err, r.raw)
+			continue
+		}
+		renderStats(a.stdout, r.report, time.Now())
+	}
+	return nil
+}
+
+type statsReply struct {
+	raw    []byte
+	report protocol.StatsReport
+	err    error // the reply is not a StatsReport
+}
+
+// requestStats sends one request on SubjectAdminStats and gathers the first
+// reply, or with all every reply that arrives before the timeout.
+func (a *app) requestStats(ctx context.Context, all bool) ([]statsReply, error) {
+	inbox := a.nc.NewRespInbox()
+	sub, err := a.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := a.nc.PublishRequest(protocol.SubjectAdminStats, inbox, nil); err != nil {
+		return nil, fmt.Errorf("stats request: %w", err)
+	}
+	cx, cancel := a.reqCtx(ctx)
+	defer cancel()
+	var out []statsReply
+	for {
+		m, err := sub.NextMsgWithContext(cx)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, fmt.Errorf("no dispatcher is listening on %s: %w", protocol.SubjectAdminStats, err)
+		}
+		if err != nil {
+			if len(out) > 0 && errors.Is(err, context.DeadlineExceeded) {
+				return out, nil
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				return nil, fmt.Errorf("no dispatcher answered on %s within %s", protocol.SubjectAdminStats, a.timeout)
+			}
+			return out, err
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			return nil, fmt.Errorf("no dispatcher is listening on %s: %w", protocol.SubjectAdminStats, nats.ErrNoResponders)
+		}
+		r := statsReply{raw: m.Data}
+		r.err = json.Unmarshal(m.Data, &r.report)
+		out = append(out, r)
+		if !all {
+			return out, nil
+		}
+	}
+}
+
+// renderStats prints a report as a human-readable table.
+func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
+	mode := "normal"
+	if r.Degraded {
+		mode = "DEGRADED"
+		if r.DegradedReason != "" {
+			mode += " (" + r.DegradedReason + ")"
+		}
+	}
+	fmt.Fprintf(w, "dispatcher %s  store=%s  mode=%s  buffered=%d  dropped=%d\n", r.Dispatcher, r.Store, mode, r.Buffered, r.Dropped)
+	age := "never"
+	if !r.SnapshotAt.IsZero() {
+		age = now.Sub(r.SnapshotAt).Round(time.Millisecond).String() + " ago"
+	}
+	fmt.Fprintf(w, "snapshot %s  window=%s  nodes=%d  policies=%s\n", age, r.Window, len(r.Nodes), policies(r.Policies))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "MODEL\tDISPATCHED\tSUCCESS\tP50\tP95\tIN-FLIGHT\tBREAKER\tSHARE\t")
+	models := append([]protocol.ModelReport(nil), r.Models...)
+	sort.Slice(models, func(i, j int) bool { return models[i].Name < models[j].Name })
+	for _, m := range models {
+		breaker := m.Breaker
+		if breaker == "" {
+			breaker = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%s\t%s\t%d\t%s\t%.1f%%\t\n", m.Name, m.Dispatched, 100*m.SuccessRate,
+			ms(m.P50Ms), ms(m.P95Ms), m.InFlight, breaker, 100*m.TrafficShare)
+	}
+	tw.Flush()
+	if len(models) == 0 {
+		fmt.Fprintln(w, "(no model statistics yet)")
+	}
+}
+
+func ms(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	if v >= 1000 {
+		return fmt.Sprintf("%.2fs", v/1000)
+	}
+	return fmt.Sprintf("%.0fms", v)
+}
+
+func policies(p map[string]string) string {
+	if len(p) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(p))
+	for k := range p {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + ":" + p[k]
+	}
+	return strings.Join(parts, ",")
+}

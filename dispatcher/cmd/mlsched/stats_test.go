@@ -1,0 +1,116 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mlsched/mlsched/shared/natstest"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// respond answers stats requests with body, as a dispatcher replica would.
+func respond(t *testing.T, srv *natstest.Server, body []byte) {
+	t.Helper()
+	sub, err := srv.NC.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) { _ = m.Respond(body) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+}
+
+var sampleReport = protocol.StatsReport{
+	Dispatcher: "disp-a", Policies: map[string]string{"*": "reliability", "ocr": "latency"}, Store: "redis",
+	Degraded: true, DegradedReason: "redis: connection refused", SnapshotAt: time.Now().Add(-2 * time.Second),
+	Window: 5 * time.Minute, Buffered: 12, Dropped: 3,
+	Models: []protocol.ModelReport{
+		{Name: "tesseract", Dispatched: 900, Successes: 880, SuccessRate: 0.9777, P50Ms: 42, P95Ms: 1250, InFlight: 7, Breaker: "closed", TrafficShare: 0.75},
+		{Name: "flaky", Dispatched: 300, SuccessRate: 0.4, P50Ms: 10, P95Ms: 20, Breaker: "open", TrafficShare: 0.25},
+	},
+	Nodes: []protocol.Heartbeat{{Node: "n1"}, {Node: "n2"}},
+}
+
+func TestStatsTable(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	body, _ := json.Marshal(sampleReport)
+	respond(t, srv, body)
+	code, out, errs := cli(t, srv.URL, "", "stats")
+	if code != exitOK {
+		t.Fatalf("code %d, stderr %q", code, errs)
+	}
+	for _, want := range []string{
+		"dispatcher disp-a", "store=redis", "mode=DEGRADED (redis: connection refused)", "buffered=12", "dropped=3",
+		"nodes=2", "policies=*:reliability,ocr:latency", "window=5m0s",
+		"MODEL", "BREAKER", "tesseract", "97.8%", "42ms", "1.25s", "75.0%", "open", "40.0%",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	lines := strings.Split(out, "\n")
+	var flaky, tess int
+	for i, l := range lines {
+		if strings.Contains(l, "flaky") {
+			flaky = i
+		}
+		if strings.Contains(l, "tesseract") {
+			tess = i
+		}
+	}
+	if flaky == 0 || flaky > tess {
+		t.Errorf("models are not sorted by name:\n%s", out)
+	}
+	if !strings.Contains(lines[tess], "900") || !strings.Contains(lines[tess], "closed") || !strings.Contains(lines[tess], " 7 ") {
+		t.Errorf("tesseract row %q", lines[tess])
+	}
+
+	code, out, _ = cli(t, srv.URL, "", "stats", "-json")
+	if code != exitOK || strings.TrimSpace(out) != string(body) {
+		t.Errorf("-json: code %d, out %q", code, out)
+	}
+}
+
+func TestStatsHealthyAndEmpty(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	body, _ := json.Marshal(protocol.StatsReport{Dispatcher: "solo", Store: "memory"})
+	respond(t, srv, body)
+	code, out, _ := cli(t, srv.URL, "", "stats")
+	if code != exitOK || !strings.Contains(out, "mode=normal") || !strings.Contains(out, "snapshot never") || !strings.Contains(out, "no model statistics yet") {
+		t.Fatalf("code %d, out:\n%s", code, out)
+	}
+}
+
+func TestStatsNoDispatcherOrBadReply(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	code, _, errs := cli(t, srv.URL, "", "stats")
+	if code != exitFailed || !strings.Contains(errs, "no dispatcher") {
+		t.Fatalf("no responder: code %d, stderr %q", code, errs)
+	}
+	respond(t, srv, []byte("<html>oops</html>"))
+	code, out, _ := cli(t, srv.URL, "", "stats")
+	if code != exitOK || !strings.Contains(out, "malformed stats report") || !strings.Contains(out, "oops") {
+		t.Fatalf("bad reply: code %d, out %q", code, out)
+	}
+}
+
+func TestStatsAllReplicas(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	for _, name := range []string{"r1", "r2"} {
+		body, _ := json.Marshal(protocol.StatsReport{Dispatcher: name})
+		respond(t, srv, body)
+	}
+	code, out, errs := cli(t, "", "", "-nats", srv.URL, "-timeout", "300ms", "stats", "-all", "-json")
+	if code != exitOK || strings.Count(out, "\n") != 2 || !strings.Contains(out, `"r1"`) || !strings.Contains(out, `"r2"`) {
+		t.Fatalf("code %d, out %q, err %q", code, out, errs)
+	}
+}

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// submitLine is one task of a submission and where it came from.
+type submitLine struct {
+	line int // 0 for a task given by flags
+	task protocol.Task
+}
+
+// submitAck is printed (as a JSON line) for every task submitted without -wait.
+type submitAck struct {
+	ID        string `json:"id"`
+	Line      int    `json:"line,omitempty"`
+	Seq       uint64 `json:"seq"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+}
+
+// summary is printed on stderr at the end of a submission or a wait.
+type summary struct {
+	Submitted, Duplicates, Bad, Unsent  int
+	Succeeded, Failed, Rejected, Waited int
+}
+
+func runSubmit(ctx context.Context, a *app, args []string) error {
+	fs := a.newFlags("submit", "submit -type T [-id ID] [-payload JSON] [-models a,b] [-timeout-ms N] [-max-attempts N] [-wait]\n       mlsched submit -f tasks.jsonl [-wait]   (- reads stdin)")
+	file := fs.String("f", "", "JSON-lines file of tasks, one task object per line (- for stdin); ids are generated when missing")
+	typ := fs.String("type", "", "task type")
+	id := fs.String("id", "", "task id (default: generated)")
+	payload := fs.String("payload", "", "task payload, a JSON value")
+	models := fs.String("models", "", "comma-separated allow-list of models")
+	timeoutMs := fs.Int64("timeout-ms", 0, "per-attempt timeout in ms (0: the dispatcher's default)")
+	maxAttempts := fs.Int("max-attempts", 0, "attempts before the task fails (0: the dispatcher's default)")
+	maxLatency := fs.Int64("max-latency-ms", 0, "latency budget: prefer models whose p95 fits it (0: none)")
+	minRate := fs.Float64("min-success-rate", 0, "exclude models below this success rate (0: none)")
+	wait := fs.Bool("wait", false, "wait for every result, print each as a JSON line, then a summary; exit 3 unless all succeeded")
+	waitTimeout := fs.Duration("wait-timeout", 0, "give up waiting after this long (0: wait until interrupted)")
+	parallel := fs.Int("parallel", 32, "concurrent submissions")
+	if err := a.parseAndConnect(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(a.stderr, "mlsched submit: unexpected arguments %q\n", fs.Args())
+		return errUsage
+	}
+
+	var sum summary
+	var tasks []submitLine
+	switch {
+	case *file != "" && *typ != "":
+		fmt.Fprintln(a.stderr, "mlsched submit: -f and -type are exclusive")
+		return errUsage
+	case *file != "":
+		in := a.stdin
+		if *file != "-" {
+			f, err := os.Open(*file)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			in = f
+		}
+		var err error
+		tasks, sum.Bad, err = a.readTasks(in)
+		if err != nil {
+			return err
+		}
+	case *typ != "":
+		t := protocol.Task{ID: *id, Type: *typ, TimeoutMs: *timeoutMs, MaxAttempts: *maxAttempts,
+			MaxLatencyMs: *maxLatency, MinSuccessRate: *minRate}
+		if *payload != "" {
+			if !json.Valid([]byte(*payload)) {
+				fmt.Fprintln(a.stderr, "mlsched submit: -payload is not valid JSON")
+				return errUsage
+			}
+			t.Payload = json.RawMessage(*payload)
+		}
+		if *models != "" {
+			t.Models = strings.Split(*models, ",")
+		}
+		if t.ID == "" {
+			t.ID = newID()
+		}
+		if err := t.Validate(a.limits()); err != nil {
+			return err
+		}
+		tasks = []submitLine{{task: t}}
+	default:
+		fmt.Fprintln(a.stderr, "mlsched submit: give -type or -f")
+		fs.Usage()
+		return errUsage
+	}
+
+	ids, err := a.submitAll(ctx, tasks, *parallel, !*wait, &sum)
+	if err != nil && len(ids) == 0 {
+		return err
+	}
+	if err != nil {
+		fmt.Fprintln(a.stderr, "mlsched submit:", err)
+	}
+	if *wait && len(ids) > 0 {
+		werr := a.waitAndPrint(ctx, ids, *waitTimeout, &sum)
+		a.printSummary(sum)
+		if werr != nil {
+			return werr
+		}
+	} else if *file != "" || sum.Bad > 0 {
+		a.printSummary(sum)
+	}
+	if err != nil {
+		return errPartial
+	}
+	if sum.Bad > 0 || sum.Unsent > 0 || (*wait && sum.Succeeded != sum.Waited) {
+		return errPartial
+	}
+	return nil
+}
+
+// readTasks decodes a JSON-lines stream. Bad lines are reported on stderr
+// with their number and counted; blank lines are skipped.
+func (a *app) readTasks(in io.Reader) (tasks []submitLine, bad int, err error) {
+	r := bufio.NewReaderSize(in, 64<<10)
+	for n := 1; ; n++ {
+		line, rerr := r.ReadBytes('\n')
+		if rerr != nil && !errors.Is(rerr, io.EOF) {
+			return nil, bad, fmt.Errorf("read tasks: %w", rerr)
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			t, derr := decodeLine(line, a.limits())
+			if derr != nil {
+				bad++
+				fmt.Fprintf(a.stderr, "line %d: %v\n", n, derr)
+			} else {
+				tasks = append(tasks, submitLine{line: n, task: t})
+			}
+		}
+		if rerr != nil {
+			return tasks, bad, nil
+		}
+	}
+}
+
+// decodeLine decodes one task, generating its id when it has none.
+func decodeLine(line []byte, lim protocol.Limits) (protocol.Task, error) {
+	t, err := protocol.DecodeTask(line, lim)
+	if protocol.CodeOf(err) == protocol.CodeMissingID {
+		t.ID = newID()
+		err = t.Validate(lim)
+	}
+	return t, err
+}
+
+// submitAll submits tasks with up to parallel publishers and returns the
+// ids the stream accepted (duplicates included: they still get a result).
+func (a *app) submitAll(ctx context.Context, tasks []submitLine, parallel int, printAcks bool, sum *summary) ([]string, error) {
+	parallel = max(1, min(parallel, len(tasks)))
+	var (
+		mu       sync.Mutex
+		ids      = make([]string, 0, len(tasks))
+		firstErr error
+		wg       sync.WaitGroup
+		work     = make(chan submitLine)
+	)
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for sl := range work {
+				cx, cancel := a.reqCtx(ctx)
+				ack, err := a.client.Submit(cx, sl.task)
+				cancel()
+				mu.Lock()
+				if err != nil {
+					sum.Unsent++
+					where := sl.task.ID
+					if sl.line > 0 {
+						where = fmt.Sprintf("line %d (%s)", sl.line, sl.task.ID)
+					}
+					fmt.Fprintf(a.stderr, "%s: %v\n", where, err)
+					if firstErr == nil {
+						firstErr = err
+					}
+				} else {
+					sum.Submitted++
+					if ack.Duplicate {
+						sum.Duplicates++
+					}
+					ids = append(ids, sl.task.ID)
+					if printAcks {
+						writeJSON(a.stdout, submitAck{ID: sl.task.ID, Line: sl.line, Seq: ack.Seq, Duplicate: ack.Duplicate})
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, sl := range tasks {
+		if ctx.Err() != nil {
+			break
+		}
+		work <- sl
+	}
+	close(work)
+	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
+	if firstErr != nil {
+		return ids, fmt.Errorf("%d of %d tasks not submitted: %w", len(tasks)-len(ids), len(tasks), firstErr)
+	}
+	return ids, nil
+}
+
+// waitAndPrint prints each result as a JSON line and counts the statuses.
+func (a *app) waitAndPrint(ctx context.Context, ids []string, timeout time.Duration, sum *summary) error {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	err := a.client.WaitAll(ctx, ids, func(r *protocol.Result) {
+		sum.Waited++
+		switch r.Status {
+		case protocol.StatusSucceeded:
+			sum.Succeeded++
+		case protocol.StatusFailed:
+			sum.Failed++
+		default:
+			sum.Rejected++
+		}
+		writeJSON(a.stdout, r)
+	})
+	if err != nil {
+		return fmt.Errorf("wait: %w", err)
+	}
+	return nil
+}
+
+func (a *app) printSummary(s summary) {
+	fmt.Fprintf(a.stderr, "summary: submitted=%d duplicates=%d bad_lines=%d unsent=%d", s.Submitted, s.Duplicates, s.Bad, s.Unsent)
+	if s.Waited > 0 || s.Succeeded+s.Failed+s.Rejected > 0 {
+		fmt.Fprintf(a.stderr, " results=%d succeeded=%d failed=%d rejected=%d", s.Waited, s.Succeeded, s.Failed, s.Rejected)
+	}
+	fmt.Fprintln(a.stderr)
+}
+
+// newID makes a task id for tasks submitted without one.
+func newID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return "cli-" + hex.EncodeToString(b[:])
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}

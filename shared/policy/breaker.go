@@ -2,6 +2,7 @@ package policy
 
 import (
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/stats"
@@ -16,6 +17,13 @@ func (e *Engine) Transitions(snap *stats.Snapshot, now time.Time) []Transition {
 	if snap == nil {
 		return nil
 	}
+	e.marks.mu.Lock()
+	defer e.marks.mu.Unlock()
+	if e.marks.m == nil {
+		e.marks.m = make(map[stats.BreakerKey]*mark)
+	}
+	e.marks.gen++
+	defer e.marks.sweep()
 	var out []Transition
 	models := make([]string, 0, len(snap.Models))
 	for name := range snap.Models {
@@ -27,8 +35,9 @@ func (e *Engine) Transitions(snap *stats.Snapshot, now time.Time) []Transition {
 		if ms == nil {
 			continue
 		}
-		if to, ok := e.next(&ms.Series, snap.Window, now); ok {
-			out = append(out, Transition{Key: stats.BreakerKey{Model: name}, From: ms.Breaker, To: to})
+		key := stats.BreakerKey{Model: name}
+		if to, ok := e.next(key, &ms.Series, snap.Window, now); ok {
+			out = append(out, Transition{Key: key, From: ms.Breaker, To: to})
 		}
 		nodes := make([]string, 0, len(ms.Nodes))
 		for n := range ms.Nodes {
@@ -40,12 +49,43 @@ func (e *Engine) Transitions(snap *stats.Snapshot, now time.Time) []Transition {
 			if s == nil {
 				continue
 			}
-			if to, ok := e.next(s, snap.Window, now); ok {
-				out = append(out, Transition{Key: stats.BreakerKey{Model: name, Node: n}, From: s.Breaker, To: to})
+			key := stats.BreakerKey{Model: name, Node: n}
+			if to, ok := e.next(key, s, snap.Window, now); ok {
+				out = append(out, Transition{Key: key, From: s.Breaker, To: to})
 			}
 		}
 	}
 	return out
+}
+
+// mark is what a series looked like when its breaker went half-open, so
+// that an outcome since can be told apart: a success resets the consecutive
+// failures or adds a success, a failure adds one. LastOutcome alone cannot
+// tell, since a task error or an expired dispatch moves it too.
+type mark struct {
+	since                       time.Time
+	consec, successes, failures int64
+	gen                         uint64
+}
+
+// marks are the engine's half-open marks, touched only by Transitions.
+type marks struct {
+	mu  sync.Mutex
+	m   map[stats.BreakerKey]*mark
+	gen uint64
+}
+
+// sweep forgets breakers that were not half-open in the last evaluation.
+func (ms *marks) sweep() {
+	for k, mk := range ms.m {
+		if mk.gen != ms.gen {
+			delete(ms.m, k)
+		}
+	}
+}
+
+func (ms *marks) set(key stats.BreakerKey, since time.Time, s *stats.Series) {
+	ms.m[key] = &mark{since: since, consec: s.ConsecutiveFailures, successes: s.Successes, failures: s.Failures(), gen: ms.gen}
 }
 
 // next is the breaker state machine:
@@ -53,15 +93,22 @@ func (e *Engine) Transitions(snap *stats.Snapshot, now time.Time) []Transition {
 //	closed    → open      N consecutive failures, or a failure rate above
 //	                      the threshold over at least MinRequests outcomes
 //	open      → half-open after Cooldown
-//	half-open → closed    an outcome after Since, and no failure since the
-//	                      last success (ConsecutiveFailures == 0)
-//	half-open → open      an outcome after Since that was a failure
+//	half-open → closed    a success since it went half-open, and no failure
+//	                      after it (ConsecutiveFailures == 0)
+//	half-open → open      a failure since it went half-open, not followed
+//	                      by a success
 //
 // The rate rule only judges a window that starts after the breaker last
 // changed, so a breaker that just closed is not reopened by the very
-// failures that opened it. Task errors are not failures in stats.Counts, so
-// they never open a breaker.
-func (e *Engine) next(s *stats.Series, window time.Duration, now time.Time) (stats.Breaker, bool) {
+// failures that opened it. Task errors and expired dispatches are not
+// failures in stats.Counts, so they never open a breaker, nor do they close
+// or reopen a half-open one.
+//
+// Half-open needs to know what happened since it began. The engine marks
+// the series when it computes the open → half-open transition; an engine
+// that first sees a half-open breaker another replica made marks it then,
+// and judges from the next snapshot on (that replica judges meanwhile).
+func (e *Engine) next(key stats.BreakerKey, s *stats.Series, window time.Duration, now time.Time) (stats.Breaker, bool) {
 	cfg := e.cfg.Breaker
 	b := s.Breaker
 	switch b.State {
@@ -76,13 +123,24 @@ func (e *Engine) next(s *stats.Series, window time.Duration, now time.Time) (sta
 		}
 	case stats.BreakerOpen:
 		if now.Sub(b.Since) >= cfg.Cooldown {
+			e.marks.set(key, now, s)
 			return stats.Breaker{State: stats.BreakerHalfOpen, Since: now}, true
 		}
 	case stats.BreakerHalfOpen:
-		if s.LastOutcome.After(b.Since) {
-			if s.ConsecutiveFailures == 0 {
-				return stats.Breaker{State: stats.BreakerClosed, Since: now}, true
-			}
+		mk := e.marks.m[key]
+		if mk == nil || !mk.since.Equal(b.Since) {
+			e.marks.set(key, b.Since, s)
+			return stats.Breaker{}, false
+		}
+		mk.gen = e.marks.gen
+		if !s.LastOutcome.After(b.Since) {
+			return stats.Breaker{}, false
+		}
+		c := s.ConsecutiveFailures
+		switch {
+		case c == 0 && (mk.consec > 0 || s.Successes > mk.successes):
+			return stats.Breaker{State: stats.BreakerClosed, Since: now}, true
+		case c > 0 && (c > mk.consec || s.Failures() > mk.failures):
 			return stats.Breaker{State: stats.BreakerOpen, Since: now}, true
 		}
 	}

@@ -80,6 +80,7 @@ type Engine struct {
 	perType  map[string]Policy
 	seeded   bool
 	seq      atomic.Uint64
+	marks    marks // half-open marks, see next
 }
 
 // NewEngine validates cfg, fills its defaults and builds the policies.

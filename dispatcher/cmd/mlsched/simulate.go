@@ -1,6 +1,150 @@
 package main
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
 
-// runSimulate is a placeholder; the simulator engineer replaces this file.
-func runSimulate(args []string) error { return errors.New("simulate: not built yet") }
+	"github.com/mlsched/mlsched/shared/policy"
+	"github.com/mlsched/mlsched/shared/simulate"
+)
+
+// runSimulate runs `mlsched simulate`: a scenario replayed on a simulated
+// clock against the real policy engine, one run per policy, with the
+// oracle as the yardstick.
+func runSimulate(args []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return simulateTo(ctx, args, os.Stdout, os.Stderr)
+}
+
+// simulateTo is runSimulate with its streams, for tests.
+func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mlsched simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	scenario := fs.String("scenario", "stationary", "built-in scenario name ("+strings.Join(simulate.Builtin(), ", ")+") or a scenario JSON file")
+	pol := fs.String("policy", "all", "policy to run: "+strings.Join(simulate.Policies(), ", ")+", a comma-separated list, or all (the oracle always runs)")
+	tasks := fs.Int("tasks", 0, "number of tasks (default: the scenario's)")
+	seed := fs.Uint64("seed", 1, "seed of every random stream; the same seed gives the same output")
+	format := fs.String("format", "table", "output format: table, csv or json")
+	svg := fs.String("svg", "", "also write an SVG plot of the rolling first-attempt success rate to this file")
+	list := fs.Bool("list", false, "list the built-in scenarios and exit")
+	show := fs.Bool("show", false, "print the scenario's JSON (a built-in one is a format example) and exit")
+	minSamples := fs.Int("min-samples", 0, "policy MinSamples: outcomes below which a model is explored (default: the policy default, 20)")
+	explore := fs.Float64("explore-share", 0, "policy ExploreShare: share of decisions given to under-sampled models (default: the policy default, 0.05)")
+	latWeight := fs.Float64("latency-weight", 0, "policy LatencyWeight of thompson (default 0)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S]
+                        [-format table|csv|json] [-svg FILE] [-list] [-show]
+
+Replays a scenario on a simulated clock against the real policy engine and
+in-memory statistics store, once per policy, and compares each with an oracle
+that knows the true failure probabilities. See docs/simulator.md.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "mlsched simulate: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	bad := func(format string, a ...any) error {
+		fmt.Fprintf(stderr, "mlsched simulate: "+format+"\n", a...)
+		return errUsage
+	}
+	if *list {
+		for _, name := range simulate.Builtin() {
+			sc, err := simulate.Load(name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%-11s %s\n", name, sc.Description)
+		}
+		return nil
+	}
+	if *show {
+		if b, err := simulate.BuiltinJSON(*scenario); err == nil {
+			_, err = stdout.Write(b)
+			return err
+		}
+		b, err := os.ReadFile(*scenario)
+		if err != nil {
+			return bad("%v", err)
+		}
+		_, err = stdout.Write(b)
+		return err
+	}
+	if !slices.Contains([]string{simulate.FormatTable, simulate.FormatCSV, simulate.FormatJSON}, *format) {
+		return bad("unknown -format %q (want table, csv or json)", *format)
+	}
+	if *tasks < 0 {
+		return bad("-tasks %d is negative", *tasks)
+	}
+	var policies []string
+	if *pol != "all" {
+		for _, p := range strings.Split(*pol, ",") {
+			p = strings.TrimSpace(p)
+			if !slices.Contains(simulate.Policies(), p) {
+				return bad("unknown policy %q (want %s or all)", p, strings.Join(simulate.Policies(), ", "))
+			}
+			policies = append(policies, p)
+		}
+	}
+	sc, err := simulate.Load(*scenario)
+	switch {
+	case errors.Is(err, simulate.ErrUnknownScenario), errors.Is(err, simulate.ErrInvalidScenario):
+		return bad("%v", err)
+	case err != nil:
+		return err
+	}
+	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Policies: policies,
+		Engine: policy.Config{MinSamples: *minSamples, ExploreShare: *explore, LatencyWeight: *latWeight}}
+	if _, err := policy.NewEngine(opt.Engine); err != nil {
+		return bad("%v", err)
+	}
+	start := time.Now()
+	rep, err := simulate.Run(ctx, sc, opt)
+	if err != nil {
+		return err
+	}
+	if err := rep.Write(stdout, *format); err != nil {
+		return err
+	}
+	if *svg != "" {
+		if err := writeSVG(rep, *svg); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stderr, "simulated %d tasks x %d policies in %v\n", rep.Tasks, len(rep.Results), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func writeSVG(rep *simulate.Report, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("svg: %w", err)
+	}
+	if err := rep.WriteSVG(f); err != nil {
+		f.Close()
+		return fmt.Errorf("svg: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("svg: %w", err)
+	}
+	return nil
+}

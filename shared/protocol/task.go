@@ -74,10 +74,11 @@ func DecodeTask(data []byte, lim Limits) (Task, error) {
 	lim = lim.withDefaults()
 	var t Task
 	if len(data) > lim.MaxPayloadBytes {
-		t.ID = peekID(data)
+		t.ID = peekID(data, lim.MaxIDLen)
 		return t, Errorf(CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
 	}
 	if !utf8.Valid(data) {
+		t.ID = peekID(data, lim.MaxIDLen) // keyable when the bad bytes are elsewhere
 		return t, Errorf(CodeInvalidUTF8, "task is not valid UTF-8")
 	}
 	trimmed := bytes.TrimSpace(data)
@@ -91,7 +92,7 @@ func DecodeTask(data []byte, lim Limits) (Task, error) {
 		return t, Errorf(CodeMalformedJSON, "task is not valid JSON")
 	}
 	if err := json.Unmarshal(trimmed, &t); err != nil {
-		t = Task{ID: peekID(trimmed)}
+		t = Task{ID: peekID(trimmed, lim.MaxIDLen)}
 		var ute *json.UnmarshalTypeError
 		if asType(err, &ute) {
 			return t, Errorf(CodeInvalidField, "field %q has the wrong type: %v", ute.Field, err)
@@ -164,8 +165,9 @@ func ValidToken(s string, max int) error {
 }
 
 // peekID best-effort extracts a top-level string "id" from a message that
-// failed full decoding, so the rejection can still be keyed.
-func peekID(data []byte) string {
+// failed full decoding, so the rejection can still be keyed. It applies the
+// same id rules as Validate, with the configured length limit.
+func peekID(data []byte, maxIDLen int) string {
 	var probe struct {
 		ID json.RawMessage `json:"id"`
 	}
@@ -173,7 +175,7 @@ func peekID(data []byte) string {
 		return ""
 	}
 	var id string
-	if json.Unmarshal(probe.ID, &id) != nil || ValidToken(id, DefaultLimits.MaxIDLen) != nil {
+	if json.Unmarshal(probe.ID, &id) != nil || ValidToken(id, maxIDLen) != nil {
 		return ""
 	}
 	return id

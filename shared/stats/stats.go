@@ -1,10 +1,3 @@
-// Package stats keeps rolling per-model and per-(model, node) statistics:
-// successes, model errors, timeouts, task errors, latency histograms,
-// dispatched and in-flight counts, and circuit-breaker state.
-//
-// Store is the interface every backend implements: the Redis store shared by
-// all dispatcher replicas, and the in-memory store of the single-process mode
-// and the simulator. statstest holds the conformance suite both must pass.
 package stats
 
 import (

@@ -162,6 +162,9 @@ func (e *Engine) seed() uint64 {
 // *protocol.Error with CodeNoModel, CodeUnknownModel or CodeConstraints.
 // The caller should report the dispatch with t.Dispatched.
 func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
+	if req == nil {
+		return Decision{}, protocol.Errorf(protocol.CodeInvalidField, "no request")
+	}
 	var te *typeEntry
 	if t != nil {
 		te = t.types[req.Type]

@@ -328,6 +328,9 @@ func (t *Table) Dispatched(model, node string) {
 
 // Types returns the task types some live node serves, sorted.
 func (t *Table) Types() []string {
+	if t == nil {
+		return nil
+	}
 	out := make([]string, 0, len(t.types))
 	for k := range t.types {
 		out = append(out, k)
@@ -339,6 +342,9 @@ func (t *Table) Types() []string {
 // Candidates returns the models live nodes announce for a task type, sorted
 // by name, for inspection (the admin report, the simulator).
 func (t *Table) Candidates(taskType string) []*Candidate {
+	if t == nil {
+		return nil
+	}
 	te := t.types[taskType]
 	if te == nil {
 		return nil

@@ -94,9 +94,10 @@ type Scenario struct {
 	// 250ms).
 	Refresh Duration `json:"refresh,omitempty"`
 	// NodeTTL is how long a crashed node still appears in the heartbeat
-	// bucket (default 5s).
+	// bucket (default 10s, the dispatcher's MLSCHED_NODE_TTL default).
 	NodeTTL Duration `json:"node_ttl,omitempty"`
-	// Window of the statistics store (default 1m in 5s buckets).
+	// Window of the statistics store (default 5m in 10s buckets, the
+	// dispatcher's defaults).
 	Window WindowSpec `json:"window,omitempty"`
 	// ChangeAt marks the moment of the change whose recovery is measured
 	// (optional; set for drift).
@@ -108,9 +109,9 @@ type Scenario struct {
 
 // WindowSpec configures the statistics window.
 type WindowSpec struct {
-	// Size (default 1m).
+	// Size (default 5m).
 	Size Duration `json:"size,omitempty"`
-	// Bucket (default 5s).
+	// Bucket (default 10s, or the size if smaller).
 	Bucket Duration `json:"bucket,omitempty"`
 }
 
@@ -287,6 +288,9 @@ func (sc *Scenario) validate() error {
 	if sc.MaxAttempts == 0 {
 		sc.MaxAttempts = 3
 	}
+	if sc.Window.Bucket == 0 && sc.Window.Size > 0 && sc.Window.Size.D() < 10*time.Second {
+		sc.Window.Bucket = sc.Window.Size
+	}
 	for _, d := range []struct {
 		field string
 		v     *Duration
@@ -294,9 +298,9 @@ func (sc *Scenario) validate() error {
 	}{
 		{"timeout", &sc.Timeout, 5 * time.Second},
 		{"refresh", &sc.Refresh, 250 * time.Millisecond},
-		{"node_ttl", &sc.NodeTTL, 5 * time.Second},
-		{"window.size", &sc.Window.Size, time.Minute},
-		{"window.bucket", &sc.Window.Bucket, 5 * time.Second},
+		{"node_ttl", &sc.NodeTTL, 10 * time.Second},
+		{"window.size", &sc.Window.Size, 5 * time.Minute},
+		{"window.bucket", &sc.Window.Bucket, 10 * time.Second},
 	} {
 		if *d.v < 0 {
 			return invalid(d.field, "%v is negative", d.v.D())
@@ -304,6 +308,9 @@ func (sc *Scenario) validate() error {
 		if *d.v == 0 {
 			*d.v = Duration(d.def)
 		}
+	}
+	if sc.Window.Bucket > sc.Window.Size {
+		return invalid("window.bucket", "%v is larger than window.size (%v)", sc.Window.Bucket.D(), sc.Window.Size.D())
 	}
 	if sc.Refresh.D() < time.Millisecond {
 		return invalid("refresh", "%v is below 1ms", sc.Refresh.D())

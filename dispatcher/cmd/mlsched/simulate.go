@@ -41,6 +41,7 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	minSamples := fs.Int("min-samples", 0, "policy MinSamples: outcomes below which a model is explored (default: the policy default, 20)")
 	explore := fs.Float64("explore-share", 0, "policy ExploreShare: share of decisions given to under-sampled models (default: the policy default, 0.05)")
 	latWeight := fs.Float64("latency-weight", 0, "policy LatencyWeight of thompson (default 0)")
+	window := fs.Duration("window", 0, "statistics window, in 10 buckets (default: the scenario's)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S]
                         [-format table|csv|json] [-svg FILE] [-list] [-show]
@@ -95,6 +96,9 @@ Flags:
 	if *tasks < 0 {
 		return bad("-tasks %d is negative", *tasks)
 	}
+	if *window < 0 || (*window > 0 && *window < 10*time.Millisecond) {
+		return bad("-window %v: want at least 10ms", *window)
+	}
 	var policies []string
 	if *pol != "all" {
 		for _, p := range strings.Split(*pol, ",") {
@@ -111,6 +115,9 @@ Flags:
 		return bad("%v", err)
 	case err != nil:
 		return err
+	}
+	if *window > 0 {
+		sc.Window = simulate.WindowSpec{Size: simulate.Duration(*window), Bucket: simulate.Duration(*window / 10)}
 	}
 	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Policies: policies,
 		Engine: policy.Config{MinSamples: *minSamples, ExploreShare: *explore, LatencyWeight: *latWeight}}

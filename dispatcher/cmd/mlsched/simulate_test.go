@@ -63,7 +63,7 @@ func TestSimulateScenarioFileAndListing(t *testing.T) {
 	if err := os.WriteFile(file, []byte(shown), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, _, err := simulateCLI(t, "-scenario", file, "-policy", "thompson", "-tasks", "1500")
+	out, _, err := simulateCLI(t, "-scenario", file, "-policy", "thompson", "-tasks", "1500", "-window", "20s")
 	if err != nil || !strings.Contains(out, "thompson") || !strings.Contains(out, "recovery") {
 		t.Fatalf("file scenario: %v\n%s", err, out)
 	}
@@ -89,6 +89,7 @@ func TestSimulateBadInput(t *testing.T) {
 		{[]string{"-scenario", broken}, "arrival.rate"},
 		{[]string{"-tasks", "-5"}, "negative"},
 		{[]string{"-explore-share", "2"}, "invalid policy config"},
+		{[]string{"-window", "1ms"}, "at least 10ms"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-seed", "x"}, "invalid value"},
 	} {

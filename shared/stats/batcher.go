@@ -88,6 +88,11 @@ type Batcher struct {
 	buf      []Event // buf[head:] are the buffered events, oldest first
 	head     int
 	firstSeq int64 // sequence number of buf[head]
+	// inflightEnd is the sequence number after the batch being written;
+	// events below it dropped meanwhile count as dropped only if that
+	// write fails (inflightDrops).
+	inflightEnd   int64
+	inflightDrops int64
 	stopped  bool
 	st       BatcherStats
 
@@ -130,10 +135,14 @@ func (b *Batcher) Add(ev Event) error {
 		return ErrStopped
 	}
 	if len(b.buf)-b.head >= b.cfg.MaxBuffer {
+		if b.firstSeq < b.inflightEnd {
+			b.inflightDrops++
+		} else {
+			b.st.Dropped++
+		}
 		b.buf[b.head] = Event{}
 		b.head++
 		b.firstSeq++
-		b.st.Dropped++
 	}
 	if len(b.buf) == cap(b.buf) && b.head > 0 && b.head >= len(b.buf)/2 {
 		n := copy(b.buf, b.buf[b.head:])
@@ -228,6 +237,8 @@ func (b *Batcher) Flush(ctx context.Context) error {
 		if err != nil && !errors.Is(err, ErrInvalidEvent) {
 			b.mu.Lock()
 			b.st.Degraded, b.st.LastError = true, err.Error()
+			b.st.Dropped += b.inflightDrops
+			b.inflightDrops, b.inflightEnd = 0, 0
 			b.mu.Unlock()
 			return fmt.Errorf("stats batcher: %w", err)
 		}
@@ -248,6 +259,7 @@ func (b *Batcher) take(end int64) (seq int64, n int) {
 		b.out = make([]Event, n)
 	}
 	copy(b.out[:n], b.buf[b.head:b.head+n])
+	b.inflightEnd = b.firstSeq + int64(n)
 	return b.firstSeq, n
 }
 
@@ -256,6 +268,7 @@ func (b *Batcher) take(end int64) (seq int64, n int) {
 func (b *Batcher) commit(seq int64, n int, rejected bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.inflightDrops, b.inflightEnd = 0, 0
 	if rejected {
 		b.st.Rejected += int64(n)
 	} else {

@@ -86,11 +86,12 @@ func (m *Memory) Record(ctx context.Context, events []Event) error {
 		return err
 	}
 	now := m.now()
+	first, last := m.w.Range(now)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i := range events {
 		ev := &events[i]
-		idx, inWindow := m.w.EventBucket(ev.At, now)
+		idx, inWindow := m.w.eventBucket(ev.At, first, last)
 		at := ev.At
 		if at.IsZero() {
 			at = now

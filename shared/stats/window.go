@@ -47,10 +47,20 @@ func (w Window) Range(now time.Time) (first, last int64) {
 // gauges).
 func (w Window) EventBucket(at, now time.Time) (idx int64, ok bool) {
 	first, last := w.Range(now)
+	return w.WithDefaults().eventBucket(at, first, last)
+}
+
+// eventBucket is EventBucket for a window with defaults and a precomputed
+// Range.
+func (w Window) eventBucket(at time.Time, first, last int64) (idx int64, ok bool) {
 	if at.IsZero() {
 		return last - 1, true
 	}
-	idx = w.Index(at)
+	n, b := at.UnixNano(), int64(w.Bucket)
+	idx = n / b
+	if n%b < 0 {
+		idx--
+	}
 	switch {
 	case idx > last:
 		return last - 1, true

@@ -93,8 +93,8 @@ type Batcher struct {
 	// write fails (inflightDrops).
 	inflightEnd   int64
 	inflightDrops int64
-	stopped  bool
-	st       BatcherStats
+	stopped       bool
+	st            BatcherStats
 
 	flushMu sync.Mutex // one flush at a time
 	out     []Event    // batch being written, owned under flushMu

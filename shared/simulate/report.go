@@ -170,13 +170,13 @@ func recovery(ts []taskResult, change time.Duration, w int, tol float64) int {
 	return -1
 }
 
+// curveWindow is the rolling window of the curves, in tasks.
+func curveWindow(tasks int) int { return min(tasks, max(50, tasks/50)) }
+
 // curve samples the rolling first-attempt success rate over about 300
 // points; the window is 2% of the tasks (at least 50).
 func curve(ts []taskResult) []Point {
-	w := max(50, len(ts)/50)
-	if w > len(ts) {
-		w = len(ts)
-	}
+	w := curveWindow(len(ts))
 	step := max(1, len(ts)/300)
 	var pts []Point
 	ok := 0

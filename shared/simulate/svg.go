@@ -41,16 +41,17 @@ func (r *Report) WriteSVG(w io.Writer) error {
 	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
 	fmt.Fprintf(b, `<text x="%d" y="22" font-size="14">%s</text>`+"\n", left,
-		html.EscapeString(fmt.Sprintf("%s: rolling first-attempt success (seed %d, %d tasks)", r.Scenario, r.Seed, r.Tasks)))
+		html.EscapeString(fmt.Sprintf("%s: first-attempt success over the last %d tasks (seed %d, %d tasks)", r.Scenario, curveWindow(r.Tasks), r.Seed, r.Tasks)))
 	// Axes and grid.
 	for i := 0; i <= yTicks; i++ {
 		v := lo + (1-lo)*float64(i)/yTicks
 		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", left, y(v), left+plotW, y(v))
 		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%.1f%%</text>`+"\n", left-6, y(v)+4, v*100)
 	}
-	for i := 0; i <= 6; i++ {
-		t := maxT * float64(i) / 6
-		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%.0fs</text>`+"\n", x(t), top+plotH+18, t)
+	step := niceStep(maxT / 6)
+	for t := 0.0; t <= maxT+1e-9; t += step {
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#444"/>`+"\n", x(t), top+plotH, x(t), top+plotH+4)
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%gs</text>`+"\n", x(t), top+plotH+18, t)
 	}
 	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>`+"\n", left, top, plotW, plotH)
 	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">simulated time</text>`+"\n", left+plotW/2, height-10)
@@ -78,4 +79,18 @@ func (r *Report) WriteSVG(w io.Writer) error {
 	}
 	b.WriteString("</svg>\n")
 	return b.Flush()
+}
+
+// niceStep rounds a raw axis step up to 1, 2 or 5 times a power of ten.
+func niceStep(raw float64) float64 {
+	if raw <= 0 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(raw)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*p >= raw {
+			return m * p
+		}
+	}
+	return 10 * p
 }

@@ -98,7 +98,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg,
 		policies: map[string]Policy{
-			Reliability: explore{Policy: reliability{}, minSamples: int64(cfg.MinSamples), share: share},
+			Reliability: explore{Policy: reliability{}, minSamples: int64(cfg.MinSamples), share: share, optimistic: true},
 			Thompson:    thompson{latencyWeight: cfg.LatencyWeight},
 			Latency:     explore{Policy: latency{}, minSamples: int64(cfg.MinSamples), share: share},
 			LeastLoaded: leastLoaded{},

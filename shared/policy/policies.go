@@ -141,35 +141,61 @@ func argmin(r *Rand, cands []*Candidate, score func(*Candidate) float64) int {
 }
 
 // explore wraps a greedy policy: a share of decisions goes to the least
-// measured under-sampled candidate, so that new and recovering models keep
-// being measured instead of starving behind an incumbent.
+// measured candidate with fewer than minSamples judged outcomes, so that
+// new and recovering models keep being measured instead of starving behind
+// an incumbent. With optimistic set (reliability), when no candidate is
+// under-sampled, the share goes to the least measured candidate that may
+// still be the best: its success-rate upper bound exceeds the best lower
+// bound. Without that, a better newcomer would stop being explored at
+// minSamples, long before its lower bound can overtake a well-measured
+// incumbent's.
 type explore struct {
 	Policy
 	minSamples int64
 	share      float64
+	optimistic bool
 }
 
 func (p explore) Choose(r *Rand, cands []*Candidate) int {
-	if p.share > 0 && len(cands) > 1 && r.Float64() < p.share {
-		best, ties := -1, 0
+	if p.share <= 0 || len(cands) < 2 || r.Float64() >= p.share {
+		return p.Policy.Choose(r, cands)
+	}
+	if i := leastMeasured(r, cands, func(c *Candidate) bool { return c.Samples() < p.minSamples }); i >= 0 {
+		return i
+	}
+	if p.optimistic {
+		lead := 0
 		for i, c := range cands {
-			n := c.Samples()
-			if n >= p.minSamples {
-				continue
-			}
-			switch {
-			case best < 0 || n < cands[best].Samples():
-				best, ties = i, 1
-			case n == cands[best].Samples():
-				ties++
-				if r.IntN(ties) == 0 {
-					best = i
-				}
+			if c.Lower > cands[lead].Lower {
+				lead = i
 			}
 		}
-		if best >= 0 {
-			return best
+		bar := cands[lead].Lower
+		if i := leastMeasured(r, cands, func(c *Candidate) bool { return c != cands[lead] && c.Upper > bar }); i >= 0 {
+			return i
 		}
 	}
 	return p.Policy.Choose(r, cands)
+}
+
+// leastMeasured returns the candidate with the fewest samples among those
+// ok accepts, ties at random, or -1.
+func leastMeasured(r *Rand, cands []*Candidate, ok func(*Candidate) bool) int {
+	best, ties := -1, 0
+	for i, c := range cands {
+		if !ok(c) {
+			continue
+		}
+		n := c.Samples()
+		switch {
+		case best < 0 || n < cands[best].Samples():
+			best, ties = i, 1
+		case n == cands[best].Samples():
+			ties++
+			if r.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
 }

@@ -213,3 +213,26 @@ func TestBaselines(t *testing.T) {
 		}
 	})
 }
+
+// A newcomer past MinSamples that may still be better than the incumbent
+// keeps being explored; a model known to be worse does not.
+func TestReliabilityExploresPlausiblyBetter(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"incumbent": series(5760, 240, 100*time.Millisecond, time.Millisecond), // 96%, well measured
+		"newcomer":  series(30, 0, 100*time.Millisecond, 0),                    // 30/30: may be better
+		"worse":     series(900, 100, 10*time.Millisecond, time.Millisecond),   // 90%: known worse
+	})
+	tab := NewTable(snap, []protocol.Heartbeat{hb("n1", "t", 8, "incumbent", "newcomer", "worse")}, t0)
+	const n = 4000
+	got := counts(t, engine(t, Config{}), tab, &Request{Type: "t"}, n)
+	if got["newcomer"] < n/100 || got["newcomer"] > n/10 || got["worse"] != 0 || got["incumbent"] < n*85/100 {
+		t.Fatalf("%v: want about 5%% on the newcomer, none on the known worse model", got)
+	}
+	// once the newcomer's lower bound overtakes, it leads
+	snap.Models["newcomer"].Successes = 400
+	tab = NewTable(snap, []protocol.Heartbeat{hb("n1", "t", 8, "incumbent", "newcomer", "worse")}, t0)
+	if got := counts(t, engine(t, Config{}), tab, &Request{Type: "t"}, 1000); got["newcomer"] < 900 {
+		t.Fatalf("%v: the proven newcomer should lead", got)
+	}
+}

@@ -24,6 +24,9 @@ type Candidate struct {
 	// Lower is the Wilson 95% lower bound of the success rate (0 with no
 	// data): it ranks 970/1000 (0.958) above 3/3 (0.44).
 	Lower float64
+	// Upper is the Wilson 95% upper bound (1 with no data): a model whose
+	// upper bound exceeds the best lower bound may still be the best.
+	Upper float64
 	// P50 and P95 are latency quantiles of successful attempts (0 = no data).
 	P50, P95 time.Duration
 	// MeanUs is the mean latency of successful attempts in µs (0 = no data).
@@ -228,13 +231,14 @@ func newModelState(name string, st *stats.ModelStats) *modelState {
 	m.Model = name
 	m.ExpectedUs = math.Inf(1)
 	m.Rate = 0.5
+	m.Upper = 1
 	if st == nil {
 		return m
 	}
 	s := &st.Series
 	m.Successes, m.Failures = s.Successes, s.Failures()
 	m.Rate = smoothed(m.Successes, m.Failures)
-	m.Lower = wilsonLower(m.Successes, m.Failures)
+	m.Lower, m.Upper = wilson(m.Successes, m.Failures)
 	m.P50 = s.Latency.Quantile(0.5)
 	m.P95 = s.Latency.Quantile(0.95)
 	m.MeanUs = meanUs(&s.Latency)
@@ -266,16 +270,19 @@ func newPairState(m *modelState, n *nodeState, st *stats.ModelStats) *pairState 
 // smoothed is the Beta(1, 1) posterior mean of the success rate.
 func smoothed(s, f int64) float64 { return (float64(s) + 1) / (float64(s+f) + 2) }
 
-// wilsonLower is the Wilson score interval's lower bound at 95%.
-func wilsonLower(s, f int64) float64 {
+// wilson is the Wilson score interval at 95%.
+func wilson(s, f int64) (lower, upper float64) {
 	n := float64(s + f)
 	if n == 0 {
-		return 0
+		return 0, 1
 	}
 	const z = 1.959964
 	p := float64(s) / n
 	z2 := z * z
-	return (p + z2/(2*n) - z*math.Sqrt(p*(1-p)/n+z2/(4*n*n))) / (1 + z2/n)
+	mid := p + z2/(2*n)
+	half := z * math.Sqrt(p*(1-p)/n+z2/(4*n*n))
+	d := 1 + z2/n
+	return max((mid-half)/d, 0), min((mid+half)/d, 1)
 }
 
 // meanUs estimates the mean of a latency histogram from bucket midpoints.

@@ -159,8 +159,10 @@ func (e *Engine) seed() uint64 {
 }
 
 // Decide picks the model, then the node, for one task. Errors are
-// *protocol.Error with CodeNoModel, CodeUnknownModel or CodeConstraints.
-// The caller should report the dispatch with t.Dispatched.
+// *protocol.Error with CodeNoModel, CodeUnknownModel or CodeConstraints
+// (CodeInvalidField for a nil request). It is safe for concurrent use, takes
+// no lock and allocates nothing. The caller reports the dispatch with
+// t.Dispatched.
 func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	if req == nil {
 		return Decision{}, protocol.Errorf(protocol.CodeInvalidField, "no request")
@@ -175,7 +177,13 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	s := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(s)
 	s.rng.Seed(e.seed())
+	pol := e.policyFor(req.Type)
 
+	if te.plain && len(req.Models) == 0 && len(req.Tried) == 0 && req.MaxLatencyMs <= 0 && req.MinSuccessRate <= 0 {
+		// the common case: no constraint, no history, no breaker in the way
+		tc := te.cands[pol.Choose(&s.rng, te.list)]
+		return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, false)}, nil
+	}
 	s.base = s.base[:0]
 	allowed := 0
 	for _, tc := range te.cands {
@@ -200,7 +208,6 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 			s.avail = append(s.avail, tc)
 		}
 	}
-	pol := e.policyFor(req.Type)
 	if len(s.avail) > 0 {
 		if tc := e.chooseModel(s, pol, s.avail, req, false); tc != nil {
 			return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, false)}, nil

@@ -8,7 +8,8 @@ import (
 // Policy chooses a model among eligible candidates. The engine has already
 // applied the allow-list, the task's constraints, circuit breakers and
 // failover, so a policy only ranks. Choose returns an index into cands
-// (never empty); it must be safe for concurrent use and should not allocate.
+// (never empty), which it must not modify; it must be safe for concurrent
+// use and should not allocate.
 // r is the decision's own generator.
 type Policy interface {
 	Name() string

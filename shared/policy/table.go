@@ -100,6 +100,11 @@ type typeCand struct {
 
 type typeEntry struct {
 	cands []*typeCand // sorted by model name
+	// list is cands as policies see them; plain is set when every
+	// candidate's breaker and at least one of its nodes' is closed, so that
+	// a task without constraints or history can go straight to the policy.
+	list  []*Candidate
+	plain bool
 }
 
 // Table is everything decisions need, precomputed from one statistics
@@ -213,6 +218,14 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 			}
 			return 0
 		})
+		te.plain = true
+		te.list = make([]*Candidate, len(te.cands))
+		for i, tc := range te.cands {
+			te.list[i] = &tc.m.Candidate
+			if tc.m.breaker.State != stats.BreakerClosed || tc.closed == 0 {
+				te.plain = false
+			}
+		}
 	}
 	return t
 }

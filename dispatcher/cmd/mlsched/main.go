@@ -53,8 +53,9 @@ type Config struct {
 	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage when creating streams: file or memory"`
 	// MaxPayloadBytes bounds a task, as the dispatcher's limit (default 1048576).
 	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576" desc:"task size limit used for local validation"`
-	// Log configures the logger (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
-	Log config.Log
+	// Log configures the logger (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL);
+	// embedded so that the variables carry no extra prefix.
+	config.Log
 }
 
 // app is what a subcommand runs with.
@@ -103,6 +104,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "mlsched:", err)
 		return exitUsage
 	}
+	if cfg.Storage != "file" && cfg.Storage != "memory" {
+		fmt.Fprintf(stderr, "mlsched: invalid %s_STORAGE=%q: want file or memory\n", config.Prefix, cfg.Storage)
+		return exitUsage
+	}
 	fs := flag.NewFlagSet("mlsched", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	natsURL := fs.String("nats", cfg.NATSURL, "NATS server URL (env MLSCHED_NATS_URL)")
@@ -133,7 +138,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout}
 	a.cfg.NATSURL = *natsURL
-	log, err := cfg.Log.Logger("mlsched")
+	log, err := cfg.Logger("mlsched")
 	if err != nil {
 		fmt.Fprintln(stderr, "mlsched:", err)
 		return exitUsage

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"strings"
 	"testing"
 	"time"
@@ -114,5 +115,15 @@ func TestUsage(t *testing.T) {
 	}
 	if code, _, _ := cli(t, "nats://127.0.0.1:1", "", "submit", "-bogus"); code != exitUsage {
 		t.Errorf("bad flag: code %d", code)
+	}
+}
+
+func TestEnvironmentNames(t *testing.T) {
+	var b bytes.Buffer
+	usage(&b, flag.NewFlagSet("x", flag.ContinueOnError))
+	for _, v := range []string{"MLSCHED_NATS_URL", "MLSCHED_STORAGE", "MLSCHED_MAX_PAYLOAD_BYTES", "MLSCHED_LOG_FORMAT", "MLSCHED_LOG_LEVEL"} {
+		if !strings.Contains(b.String(), v+"\t") {
+			t.Errorf("usage does not list %s:\n%s", v, b.String())
+		}
 	}
 }

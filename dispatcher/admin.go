@@ -1,0 +1,70 @@
+package dispatcher
+
+import (
+	"encoding/json"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// serveAdmin answers `mlsched stats` with this replica's report. Every
+// replica answers; the CLI takes the first answer.
+func (d *Dispatcher) serveAdmin() (*nats.Subscription, error) {
+	return d.nc.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) {
+		data, err := json.Marshal(d.Report())
+		if err == nil {
+			_ = m.Respond(data)
+		}
+	})
+}
+
+// Report builds this replica's view of the cluster.
+func (d *Dispatcher) Report() *protocol.StatsReport {
+	r := &protocol.StatsReport{Dispatcher: d.cfg.Name, Store: d.kind, Window: d.cfg.StatsWindow,
+		Policies: map[string]string{"*": d.cfg.Policy}}
+	for k, v := range d.cfg.PolicyConfig().PerType {
+		r.Policies[k] = v
+	}
+	if reason := d.degraded.Load(); reason != nil {
+		r.Degraded, r.DegradedReason = true, *reason
+	}
+	if d.batch != nil {
+		bs := d.batch.Stats()
+		r.Buffered, r.Dropped = bs.Buffered, bs.Dropped
+		if bs.Degraded && !r.Degraded {
+			r.Degraded, r.DegradedReason = true, "statistics updates are buffered: "+bs.LastError
+		}
+	}
+	if d.reg != nil {
+		r.Nodes = d.reg.Live()
+	}
+	snap := d.snap.Load()
+	if snap == nil {
+		return r
+	}
+	r.SnapshotAt = snap.Taken
+	var total int64
+	for _, m := range snap.Models {
+		total += m.Dispatched
+	}
+	for name, m := range snap.Models {
+		mr := protocol.ModelReport{Name: name, Dispatched: m.Dispatched, Successes: m.Successes,
+			ModelErrors: m.ModelErrors, Timeouts: m.Timeouts, TaskErrors: m.TaskErrors, Expired: m.Expired,
+			Late: m.Late, InFlight: m.InFlight, Breaker: m.Breaker.State.String(),
+			P50Ms: ms(m.Latency.Quantile(0.5)), P95Ms: ms(m.Latency.Quantile(0.95))}
+		if j := m.Judged(); j > 0 {
+			mr.SuccessRate = float64(m.Successes) / float64(j)
+		}
+		if total > 0 {
+			mr.TrafficShare = float64(m.Dispatched) / float64(total)
+		}
+		r.Models = append(r.Models, mr)
+	}
+	sort.Slice(r.Models, func(i, j int) bool { return r.Models[i].Name < r.Models[j].Name })
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,181 @@
+package dispatcher
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/policy"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/stats"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// Config is the dispatcher's configuration, read from MLSCHED_* variables.
+// Every field documents its default; README.md lists them all.
+type Config struct {
+	// NATSURL of the NATS server (default nats://127.0.0.1:4222).
+	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL"`
+	// RedisURL of the statistics store; empty keeps statistics in memory,
+	// which is only right for a single dispatcher (default empty).
+	RedisURL string `envconfig:"REDIS_URL" desc:"Redis URL for shared statistics; empty = in-memory"`
+	// Name identifies this replica in logs and stats reports (default: hostname).
+	Name string `envconfig:"DISPATCHER_NAME" desc:"replica name (default hostname)"`
+
+	// Policy is the default policy (default reliability).
+	Policy string `envconfig:"POLICY" default:"reliability" desc:"default policy: reliability, thompson, latency, least-loaded, round-robin, random"`
+	// PolicyByType overrides the policy per task type: "type:policy,...".
+	PolicyByType map[string]string `envconfig:"POLICY_BY_TYPE" desc:"per-type policies, e.g. fraud:thompson,ocr:latency"`
+	// MinSamples below which a model is explored (default 20).
+	MinSamples int `envconfig:"MIN_SAMPLES" default:"20"`
+	// ExploreShare of decisions spent on under-sampled models (default 0.05).
+	ExploreShare float64 `envconfig:"EXPLORE_SHARE" default:"0.05"`
+
+	// BreakerFailures: consecutive failures that open a breaker (default 5).
+	BreakerFailures int `envconfig:"BREAKER_FAILURES" default:"5"`
+	// BreakerFailureRate opens a breaker above it (default 0.5).
+	BreakerFailureRate float64 `envconfig:"BREAKER_FAILURE_RATE" default:"0.5"`
+	// BreakerMinRequests before the rate rule applies (default 20).
+	BreakerMinRequests int `envconfig:"BREAKER_MIN_REQUESTS" default:"20"`
+	// BreakerCooldown before half-open (default 10s).
+	BreakerCooldown time.Duration `envconfig:"BREAKER_COOLDOWN" default:"10s"`
+
+	// StatsWindow is the rolling window (default 5m).
+	StatsWindow time.Duration `envconfig:"STATS_WINDOW" default:"5m"`
+	// StatsBucket is the window's granularity (default 10s).
+	StatsBucket time.Duration `envconfig:"STATS_BUCKET" default:"10s"`
+	// SnapshotInterval between statistics refreshes (default 250ms).
+	SnapshotInterval time.Duration `envconfig:"SNAPSHOT_INTERVAL" default:"250ms"`
+	// StatsBuffer bounds statistics updates buffered while Redis is down;
+	// beyond it the oldest are dropped (default 100000).
+	StatsBuffer int `envconfig:"STATS_BUFFER" default:"100000"`
+
+	// TaskTimeout is the per-attempt timeout when neither the task nor the
+	// model sets one (default 30s).
+	TaskTimeout time.Duration `envconfig:"TASK_TIMEOUT" default:"30s"`
+	// DeadlineSlack is added to the timeout to form the dispatch deadline,
+	// covering queueing on the node (default 10s).
+	DeadlineSlack time.Duration `envconfig:"DEADLINE_SLACK" default:"10s"`
+	// MaxAttempts when the task sets none (default 3).
+	MaxAttempts int `envconfig:"MAX_ATTEMPTS" default:"3"`
+	// RetryBackoff is the first retry's delay, doubled per attempt up to
+	// RetryBackoffMax (defaults 100ms, 5s).
+	RetryBackoff    time.Duration `envconfig:"RETRY_BACKOFF" default:"100ms"`
+	RetryBackoffMax time.Duration `envconfig:"RETRY_BACKOFF_MAX" default:"5s"`
+	// NoNodeWait is how long a task whose type no live node serves waits
+	// for one before it is rejected (default 30s).
+	NoNodeWait time.Duration `envconfig:"NO_NODE_WAIT" default:"30s"`
+	// SweepInterval between scans for lost attempts (default 1s).
+	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"1s"`
+
+	// MaxPayloadBytes bounds a task message (default 1048576).
+	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576"`
+	// MaxInFlight bounds tasks being dispatched but not yet acknowledged by
+	// JetStream, and the consumers' MaxAckPending (default 1024).
+	MaxInFlight int `envconfig:"MAX_IN_FLIGHT" default:"1024"`
+	// AckWait of the dispatcher's consumers (default 30s).
+	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s"`
+	// NodeTTL expires a node without heartbeats (default 10s).
+	NodeTTL time.Duration `envconfig:"NODE_TTL" default:"10s"`
+	// ResultsMaxAge is how long results are kept (default 24h).
+	ResultsMaxAge time.Duration `envconfig:"RESULTS_MAX_AGE" default:"24h"`
+	// Storage of the streams: file or memory (default file).
+	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage: file or memory"`
+
+	// PprofAddr, when set, serves net/http/pprof there (default empty: off).
+	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6060 (empty: off)"`
+
+	Log config.Log
+}
+
+// LoadConfig reads the environment.
+func LoadConfig() (Config, error) {
+	var c Config
+	if err := config.Load(&c); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// Validate checks values envconfig cannot.
+func (c *Config) Validate() error {
+	bad := func(name string, v any, why string) error {
+		return fmt.Errorf("invalid %s_%s=%v: %s", config.Prefix, name, v, why)
+	}
+	if _, err := policy.NewEngine(c.PolicyConfig()); err != nil {
+		return fmt.Errorf("invalid %s_POLICY or %s_POLICY_BY_TYPE: %w", config.Prefix, config.Prefix, err)
+	}
+	switch {
+	case c.StatsWindow <= 0:
+		return bad("STATS_WINDOW", c.StatsWindow, "must be positive")
+	case c.StatsBucket <= 0 || c.StatsBucket > c.StatsWindow:
+		return bad("STATS_BUCKET", c.StatsBucket, "must be positive and at most the window")
+	case c.SnapshotInterval <= 0:
+		return bad("SNAPSHOT_INTERVAL", c.SnapshotInterval, "must be positive")
+	case c.TaskTimeout <= 0:
+		return bad("TASK_TIMEOUT", c.TaskTimeout, "must be positive")
+	case c.MaxAttempts < 1 || c.MaxAttempts > protocol.DefaultLimits.MaxAttempts:
+		return bad("MAX_ATTEMPTS", c.MaxAttempts, fmt.Sprintf("must be 1..%d", protocol.DefaultLimits.MaxAttempts))
+	case c.MaxInFlight < 1:
+		return bad("MAX_IN_FLIGHT", c.MaxInFlight, "must be at least 1")
+	case c.MaxPayloadBytes < 1:
+		return bad("MAX_PAYLOAD_BYTES", c.MaxPayloadBytes, "must be at least 1")
+	case c.NodeTTL <= 0:
+		return bad("NODE_TTL", c.NodeTTL, "must be positive")
+	case c.StatsBuffer < 1:
+		return bad("STATS_BUFFER", c.StatsBuffer, "must be at least 1")
+	case c.Storage != "file" && c.Storage != "memory":
+		return bad("STORAGE", c.Storage, "must be file or memory")
+	case c.ExploreShare < 0 || c.ExploreShare > 1:
+		return bad("EXPLORE_SHARE", c.ExploreShare, "must be in 0..1")
+	}
+	if c.Name == "" {
+		c.Name = hostname()
+	}
+	return nil
+}
+
+// PolicyConfig is the decision engine's configuration.
+func (c *Config) PolicyConfig() policy.Config {
+	per := map[string]string{}
+	for k, v := range c.PolicyByType {
+		per[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return policy.Config{
+		Default: c.Policy, PerType: per, MinSamples: c.MinSamples, ExploreShare: c.ExploreShare,
+		Breaker: policy.BreakerConfig{
+			ConsecutiveFailures: c.BreakerFailures, FailureRate: c.BreakerFailureRate,
+			MinRequests: c.BreakerMinRequests, Cooldown: c.BreakerCooldown,
+		},
+	}
+}
+
+// Window is the statistics window.
+func (c *Config) Window() stats.Window {
+	return stats.Window{Size: c.StatsWindow, Bucket: c.StatsBucket}
+}
+
+// Topology is the stream configuration.
+func (c *Config) Topology() topology.Config {
+	t := topology.Config{ResultsMaxAge: c.ResultsMaxAge, NodeTTL: c.NodeTTL}
+	if c.Storage == "memory" {
+		t.Storage = jetstream.MemoryStorage
+	}
+	return t
+}
+
+// Limits are the task validation limits.
+func (c *Config) Limits() protocol.Limits {
+	return protocol.Limits{MaxPayloadBytes: c.MaxPayloadBytes}
+}
+
+// DefaultConfig returns the configuration with every default applied and
+// nothing read from the environment.
+func DefaultConfig() Config {
+	var c Config
+	_ = config.Defaults(&c)
+	return c
+}

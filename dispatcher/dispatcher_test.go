@@ -1,0 +1,452 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/shared/natstest"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// env is one isolated cluster: an embedded NATS server and a dispatcher with
+// in-memory statistics. Nodes are scripted test nodes (see node below) so that
+// each test controls exactly how attempts end.
+type env struct {
+	t   *testing.T
+	ns  *natstest.Server
+	d   *dispatcher.Dispatcher
+	ctx context.Context
+
+	mu        sync.Mutex
+	published map[string]int // result messages seen per task id
+}
+
+func testConfig(url string) dispatcher.Config {
+	c := dispatcher.DefaultConfig()
+	c.NATSURL = url
+	c.Name = "test"
+	c.SnapshotInterval = 50 * time.Millisecond
+	c.NoNodeWait = 1500 * time.Millisecond
+	c.TaskTimeout = 2 * time.Second
+	c.DeadlineSlack = 500 * time.Millisecond
+	c.SweepInterval = 100 * time.Millisecond
+	c.RetryBackoff = 10 * time.Millisecond
+	c.RetryBackoffMax = 50 * time.Millisecond
+	c.MaxPayloadBytes = 64 << 10
+	return c
+}
+
+func newEnv(t *testing.T, mutate ...func(*dispatcher.Config)) *env {
+	t.Helper()
+	ns := natstest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := testConfig(ns.URL)
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("dispatcher Run: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("dispatcher did not stop")
+		}
+	})
+	e := &env{t: t, ns: ns, d: d, ctx: ctx, published: map[string]int{}}
+	e.waitFor("streams", func() bool {
+		_, err := ns.JS.Stream(ctx, topology.StreamResults)
+		return err == nil
+	})
+	// Count results as JetStream stores them. (A core subscriber would also
+	// see a duplicate that the stream refuses; consumers read the stream.)
+	oc, err := ns.JS.OrderedConsumer(ctx, topology.StreamResults, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := oc.Consume(func(m jetstream.Msg) {
+		e.mu.Lock()
+		e.published[strings.TrimPrefix(m.Subject(), "mlsched.results.")]++
+		e.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Stop)
+	return e
+}
+
+func (e *env) waitFor(what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// publish puts raw bytes on a task subject with an optional Nats-Msg-Id.
+func (e *env) publish(subject string, data []byte, msgID string) {
+	e.t.Helper()
+	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	if msgID != "" {
+		m.Header.Set(protocol.HdrMsgID, msgID)
+	}
+	if _, err := e.ns.JS.PublishMsg(e.ctx, m); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) submit(t protocol.Task) {
+	e.t.Helper()
+	data, _ := json.Marshal(t)
+	e.publish(topology.TaskSubject(t.Type), data, t.ID)
+}
+
+// result waits for the task's final result.
+func (e *env) result(id string) protocol.Result {
+	e.t.Helper()
+	s, err := e.ns.JS.Stream(e.ctx, topology.StreamResults)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var res protocol.Result
+	e.waitFor("result of "+id, func() bool {
+		m, err := s.GetLastMsgForSubject(e.ctx, topology.ResultSubject(id))
+		if err != nil {
+			return false
+		}
+		if err := json.Unmarshal(m.Data, &res); err != nil {
+			e.t.Fatal(err)
+		}
+		return true
+	})
+	return res
+}
+
+// resultCount counts every result message published for id since the env
+// started (the stream keeps only the last per subject, so count on the wire).
+func (e *env) resultCount(id string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.published[id]
+}
+
+// deadLetters returns the DLQ entries.
+func (e *env) deadLetters() []protocol.DeadLetter {
+	s, err := e.ns.JS.Stream(e.ctx, topology.StreamDLQ)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, _ := s.Info(e.ctx)
+	var out []protocol.DeadLetter
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(e.ctx, seq)
+		if err != nil {
+			continue
+		}
+		var dl protocol.DeadLetter
+		if err := json.Unmarshal(m.Data, &dl); err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, dl)
+	}
+	return out
+}
+
+// behavior decides how a scripted node ends an attempt.
+type behavior func(task protocol.Task, attempt int) (protocol.OutcomeStatus, string)
+
+func succeed(protocol.Task, int) (protocol.OutcomeStatus, string) { return protocol.OutcomeSuccess, "" }
+func fail(protocol.Task, int) (protocol.OutcomeStatus, string) {
+	return protocol.OutcomeModelError, "model exploded"
+}
+
+// node is a scripted worker node: it heartbeats, consumes its dispatch
+// subject, and reports what its behaviors say, like a real worker.
+type node struct {
+	id      string
+	models  map[string]behavior
+	silent  atomic.Bool // consume but never answer (a hung node)
+	mu      sync.Mutex
+	seen    []string // "task/attempt/model"
+	headers []nats.Header
+}
+
+func (e *env) startNode(id string, types []string, models map[string]behavior) *node {
+	e.t.Helper()
+	n := &node{id: id, models: models}
+	kv, err := topology.EnsureNodesBucket(e.ctx, e.ns.JS, topology.Config{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	hb := protocol.Heartbeat{Node: id, Capacity: 8, StartedAt: time.Now()}
+	for name := range models {
+		hb.Models = append(hb.Models, protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000})
+	}
+	beat := func() {
+		hb.SentAt = time.Now()
+		data, _ := json.Marshal(hb)
+		_, _ = kv.Put(e.ctx, id, data)
+	}
+	beat()
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-e.ctx.Done():
+				return
+			case <-t.C:
+				beat()
+			}
+		}
+	}()
+	s, err := e.ns.JS.Stream(e.ctx, topology.StreamDispatch)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c, err := topology.EnsureConsumer(e.ctx, s, jetstream.ConsumerConfig{Durable: topology.NodeConsumer(id),
+		FilterSubject: topology.DispatchSubject(id), AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		h := m.Headers()
+		attempt, _ := strconv.Atoi(h.Get(protocol.HdrAttempt))
+		model := h.Get(protocol.HdrModel)
+		var task protocol.Task
+		_ = json.Unmarshal(m.Data(), &task)
+		n.mu.Lock()
+		n.seen = append(n.seen, fmt.Sprintf("%s/%d/%s", task.ID, attempt, model))
+		n.headers = append(n.headers, h)
+		n.mu.Unlock()
+		if n.silent.Load() {
+			return
+		}
+		status, errText := n.models[model](task, attempt)
+		o := protocol.Outcome{TaskID: task.ID, Type: task.Type, Attempt: attempt, Model: model, Node: id,
+			Status: status, Error: errText, LatencyMs: 1}
+		if status == protocol.OutcomeSuccess {
+			o.Output = json.RawMessage(`{"by":"` + model + `"}`)
+		} else {
+			o.Task = m.Data()
+		}
+		data, _ := json.Marshal(o)
+		out := &nats.Msg{Subject: topology.OutcomeSubject(id), Data: data, Header: nats.Header{}}
+		for k, v := range h {
+			if k != protocol.HdrMsgID {
+				out.Header[k] = v
+			}
+		}
+		if _, err := e.ns.JS.PublishMsg(e.ctx, out, jetstream.WithMsgID(fmt.Sprintf("o:%s:%d", task.ID, attempt))); err == nil {
+			_ = m.Ack()
+		}
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(cc.Stop)
+	return n
+}
+
+func (n *node) attempts() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.seen...)
+}
+
+func TestDispatchRunsTaskAndPublishesOneResult(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n := e.startNode("n1", []string{"echo"}, map[string]behavior{"m1": succeed})
+	e.submit(protocol.Task{ID: "t1", Type: "echo", Payload: json.RawMessage(`{"x":1}`)})
+	res := e.result("t1")
+	if res.Status != protocol.StatusSucceeded || res.Model != "m1" || res.Node != "n1" || res.Attempts != 1 {
+		t.Fatalf("result = %+v", res)
+	}
+	if string(res.Output) != `{"by":"m1"}` || len(res.History) != 1 || res.History[0].Status != protocol.OutcomeSuccess {
+		t.Fatalf("result output/history = %s %+v", res.Output, res.History)
+	}
+	// the dispatch carries the task bytes unchanged and the headers of protocol v1
+	n.mu.Lock()
+	h := n.headers[0]
+	n.mu.Unlock()
+	for _, k := range []string{protocol.HdrTaskID, protocol.HdrModel, protocol.HdrAttempt, protocol.HdrDeadline, protocol.HdrTimeout, protocol.HdrSubmitted} {
+		if h.Get(k) == "" {
+			t.Errorf("dispatch header %s missing", k)
+		}
+	}
+	// a re-published task (same Nats-Msg-Id) is deduplicated: still one result, one attempt
+	e.submit(protocol.Task{ID: "t1", Type: "echo", Payload: json.RawMessage(`{"x":1}`)})
+	e.submit(protocol.Task{ID: "t2", Type: "echo"})
+	e.result("t2")
+	if c := e.resultCount("t1"); c != 1 {
+		t.Fatalf("t1 has %d results", c)
+	}
+	if got := n.attempts(); len(got) != 2 {
+		t.Fatalf("node saw %v, want t1 and t2 once each", got)
+	}
+}
+
+func TestFailoverToAnotherModelAndHistory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startNode("n1", []string{"clf"}, map[string]behavior{"bad": fail})
+	e.startNode("n2", []string{"clf"}, map[string]behavior{"good": succeed})
+	// Allow-list order does not matter; the first choice may be either model.
+	for i := 0; i < 10; i++ {
+		e.submit(protocol.Task{ID: fmt.Sprintf("f%d", i), Type: "clf"})
+	}
+	for i := 0; i < 10; i++ {
+		res := e.result(fmt.Sprintf("f%d", i))
+		if res.Status != protocol.StatusSucceeded || res.Model != "good" {
+			t.Fatalf("result = %+v", res)
+		}
+		if res.Attempts != len(res.History) {
+			t.Fatalf("attempts %d but history %+v", res.Attempts, res.History)
+		}
+		if res.Attempts == 2 && (res.History[0].Model != "bad" || res.History[0].Status != protocol.OutcomeModelError) {
+			t.Fatalf("history = %+v", res.History)
+		}
+	}
+}
+
+func TestTaskErrorIsNotRetried(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	n := e.startNode("n1", []string{"ocr"}, map[string]behavior{"m": func(protocol.Task, int) (protocol.OutcomeStatus, string) {
+		return protocol.OutcomeTaskError, "image is not a PNG"
+	}})
+	e.submit(protocol.Task{ID: "te", Type: "ocr"})
+	res := e.result("te")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeTaskError || res.Attempts != 1 || res.Error != "image is not a PNG" {
+		t.Fatalf("result = %+v", res)
+	}
+	if got := n.attempts(); len(got) != 1 {
+		t.Fatalf("attempts = %v", got)
+	}
+}
+
+func TestExhaustedAttemptsFailAndDeadLetter(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startNode("n1", []string{"x"}, map[string]behavior{"a": fail, "b": fail})
+	e.submit(protocol.Task{ID: "ex", Type: "x", MaxAttempts: 3})
+	res := e.result("ex")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeAttemptsExhausted || res.Attempts != 3 || len(res.History) != 3 {
+		t.Fatalf("result = %+v", res)
+	}
+	e.waitFor("dead letter", func() bool {
+		for _, dl := range e.deadLetters() {
+			if dl.TaskID == "ex" && dl.Code == protocol.CodeAttemptsExhausted && len(dl.History) == 3 && len(dl.Original) > 0 {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func TestLostAttemptIsDetectedAtDeadlineAndFailedOver(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	hung := e.startNode("hung", []string{"y"}, map[string]behavior{"h": succeed})
+	hung.silent.Store(true)
+	e.submit(protocol.Task{ID: "lost1", Type: "y", TimeoutMs: 200})
+	e.waitFor("dispatch to the hung node", func() bool { return len(hung.attempts()) == 1 })
+	e.startNode("ok", []string{"y"}, map[string]behavior{"g": succeed})
+	res := e.result("lost1")
+	if res.Status != protocol.StatusSucceeded || res.Model != "g" || res.Attempts != 2 {
+		t.Fatalf("result = %+v", res)
+	}
+	if res.History[0].Status != protocol.OutcomeLost || res.History[0].Node != "hung" {
+		t.Fatalf("history = %+v", res.History)
+	}
+	if e.d.Counters().Lost.Load() < 1 {
+		t.Fatalf("lost counter not incremented")
+	}
+}
+
+func TestBadInputIsRejectedOrDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startNode("n1", []string{"echo"}, map[string]behavior{"m1": succeed})
+	big := make([]byte, 70<<10)
+	for i := range big {
+		big[i] = 'a'
+	}
+	cases := []struct {
+		name    string
+		subject string
+		data    string
+		id      string // "" = unkeyable: expect a dead letter
+		code    protocol.Code
+	}{
+		{"malformed json", "mlsched.tasks.echo", `{"id":`, "", protocol.CodeMalformedJSON},
+		{"not an object", "mlsched.tasks.echo", `[1,2]`, "", protocol.CodeNotObject},
+		{"missing id", "mlsched.tasks.echo", `{"type":"echo"}`, "", protocol.CodeMissingID},
+		{"missing type", "mlsched.tasks.echo", `{"id":"b-notype"}`, "b-notype", protocol.CodeMissingType},
+		{"type mismatch", "mlsched.tasks.echo", `{"id":"b-mismatch","type":"other"}`, "b-mismatch", protocol.CodeTypeMismatch},
+		{"oversized", "mlsched.tasks.echo", `{"id":"b-big","type":"echo","payload":"` + string(big) + `"}`, "b-big", protocol.CodePayloadTooLarge},
+		{"unknown type", "mlsched.tasks.nobody", `{"id":"b-unserved","type":"nobody"}`, "b-unserved", protocol.CodeNoModel},
+		{"unknown allow-listed model", "mlsched.tasks.echo", `{"id":"b-unknown","type":"echo","models":["ghost"]}`, "b-unknown", protocol.CodeUnknownModel},
+		{"negative timeout", "mlsched.tasks.echo", `{"id":"b-timeout","type":"echo","timeout_ms":-5}`, "b-timeout", protocol.CodeInvalidTimeout},
+	}
+	for i, c := range cases {
+		e.publish(c.subject, []byte(c.data), fmt.Sprintf("bad-%d", i))
+	}
+	e.submit(protocol.Task{ID: "good-after-bad", Type: "echo"})
+	if res := e.result("good-after-bad"); res.Status != protocol.StatusSucceeded {
+		t.Fatalf("a good task after bad ones: %+v", res)
+	}
+	for _, c := range cases {
+		if c.id == "" {
+			continue
+		}
+		res := e.result(c.id)
+		if res.Status != protocol.StatusRejected || res.ErrorCode != c.code || res.Error == "" {
+			t.Errorf("%s: result = %+v, want rejected with %s", c.name, res, c.code)
+		}
+	}
+	e.waitFor("dead letters of unkeyable messages", func() bool {
+		got := map[protocol.Code]int{}
+		for _, dl := range e.deadLetters() {
+			got[dl.Code]++
+		}
+		for _, c := range cases {
+			if c.id == "" && got[c.code] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	res := e.result("b-unserved")
+	if want := `"nobody"`; !strings.Contains(res.Error, want) {
+		t.Errorf("no-model error %q does not name the type %s", res.Error, want)
+	}
+	if res := e.result("b-unknown"); !strings.Contains(res.Error, "ghost") {
+		t.Errorf("unknown-model error %q does not name the model", res.Error)
+	}
+}

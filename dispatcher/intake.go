@@ -1,0 +1,172 @@
+package dispatcher
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/policy"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/stats"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// handleTask is the intake: one message of MLSCHED_TASKS.
+func (d *Dispatcher) handleTask(msg jetstream.Msg) {
+	data := msg.Data()
+	submitted := time.Now()
+	if meta, err := msg.Metadata(); err == nil {
+		submitted = meta.Timestamp
+	}
+	task, err := protocol.DecodeTask(data, d.cfg.Limits())
+	if err == nil {
+		if subj := strings.TrimPrefix(msg.Subject(), "mlsched.tasks."); subj != task.Type {
+			err = protocol.Errorf(protocol.CodeTypeMismatch, "task of type %q was published on %s; publish it on %s",
+				task.Type, msg.Subject(), topology.TaskSubject(task.Type))
+		}
+	}
+	if err != nil {
+		d.log.Warn().Err(err).Str("task", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
+		d.reject(msg.Subject(), data, task, err, protocol.StatusRejected, nil, 0, submitted, settleMsg(msg))
+		return
+	}
+	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted}, msg)
+}
+
+// attemptSpec is one attempt to dispatch.
+type attemptSpec struct {
+	task      protocol.Task
+	data      []byte // the task's original bytes, forwarded unchanged
+	attempt   int
+	history   []protocol.Attempt
+	submitted time.Time
+}
+
+func (a *attemptSpec) maxAttempts(def int) int {
+	if a.task.MaxAttempts > 0 {
+		return a.task.MaxAttempts
+	}
+	return def
+}
+
+// dispatch decides and publishes one attempt; msg (a task or an outcome) is
+// settled once JetStream has acknowledged the dispatch.
+func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
+	t := &a.task
+	req := policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
+		MinSuccessRate: t.MinSuccessRate, Tried: a.history}
+	table := d.table.Load()
+	dec, err := d.engine.Decide(table, &req)
+	if err != nil {
+		code := protocol.CodeOf(err)
+		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
+			// Nodes may be starting or restarting: wait, bounded, then reject.
+			if waited := time.Since(a.submitted); waited < d.cfg.NoNodeWait {
+				_ = msg.NakWithDelay(min(time.Second, d.cfg.NoNodeWait-waited))
+				return
+			}
+			err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, d.cfg.NoNodeWait)
+		}
+		status := protocol.StatusRejected
+		if a.attempt > 1 {
+			status = protocol.StatusFailed
+		}
+		d.log.Warn().Err(err).Str("task", t.ID).Int("attempt", a.attempt).Msg("no model for task")
+		d.reject(topology.TaskSubject(t.Type), a.data, a.task, err, status, a.history, a.attempt-1, a.submitted, settleMsg(msg))
+		return
+	}
+	if dec.Panic {
+		d.log.Warn().Str("task", t.ID).Str("model", dec.Model).Str("node", dec.Node).
+			Msg("panic mode: every candidate's breaker is open, routing anyway")
+	}
+	timeout := time.Duration(t.TimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = d.modelTimeout(dec.Model)
+	}
+	deadline := time.Now().Add(timeout + d.cfg.DeadlineSlack)
+	id, attempt := t.ID, strconv.Itoa(a.attempt)
+	h := nats.Header{}
+	h.Set(protocol.HdrTaskID, id)
+	h.Set(protocol.HdrType, t.Type)
+	h.Set(protocol.HdrModel, dec.Model)
+	h.Set(protocol.HdrNode, dec.Node)
+	h.Set(protocol.HdrAttempt, attempt)
+	h.Set(protocol.HdrMaxAttempts, strconv.Itoa(a.maxAttempts(d.cfg.MaxAttempts)))
+	h.Set(protocol.HdrDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
+	h.Set(protocol.HdrTimeout, strconv.FormatInt(timeout.Milliseconds(), 10))
+	h.Set(protocol.HdrSubmitted, strconv.FormatInt(a.submitted.UnixMilli(), 10))
+	if len(a.history) > 0 {
+		hist, _ := json.Marshal(a.history)
+		h.Set(protocol.HdrHistory, string(hist))
+	}
+	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: h}
+	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID("d:"+id+":"+attempt))
+	if err != nil {
+		d.log.Warn().Err(err).Str("task", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	table.Dispatched(dec.Model, dec.Node)
+	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
+	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
+		if err != nil {
+			d.log.Warn().Err(err).Str("task", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		if !ack.Duplicate {
+			d.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
+			if redispatch {
+				d.counters.Redispatched.Add(1)
+			} else {
+				d.counters.Dispatched.Add(1)
+			}
+		}
+		d.log.Debug().Str("task", id).Str("model", model).Str("node", node).Str("attempt", attempt).Msg("dispatched")
+		_ = msg.Ack()
+	}}
+}
+
+func (d *Dispatcher) modelTimeout(model string) time.Duration {
+	if m := d.timeouts.Load(); m != nil {
+		if ms, ok := (*m)[model]; ok && ms > 0 {
+			return time.Duration(ms) * time.Millisecond
+		}
+	}
+	return d.cfg.TaskTimeout
+}
+
+// pendingAck settles a consumed message once a publish is acknowledged.
+type pendingAck struct {
+	fut  jetstream.PubAckFuture
+	done func(*jetstream.PubAck, error)
+}
+
+// settleLoop resolves publish futures in order. Acknowledgements arrive
+// roughly in publish order, so waiting in order costs little and keeps one
+// goroutine for all of them.
+func (d *Dispatcher) settleLoop() {
+	for p := range d.pending {
+		select {
+		case ack := <-p.fut.Ok():
+			p.done(ack, nil)
+		case err := <-p.fut.Err():
+			p.done(nil, err)
+		}
+	}
+}
+
+// settleMsg acks msg when err is nil and asks for redelivery otherwise.
+func settleMsg(msg jetstream.Msg) func(error) {
+	return func(err error) {
+		if err != nil {
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		_ = msg.Ack()
+	}
+}

@@ -1,0 +1,247 @@
+// Package bench measures mlsched end to end against a pass-through relay
+// over the same JetStream streams, in one run: throughput, submit-to-result
+// latency at a fixed offered load, CPU time per process and dispatcher
+// memory. Each scenario gets fresh nats-server (file storage, sync_interval
+// always, as in production) and redis-server processes on free loopback
+// ports. The mlsched-bench command (e2e/cmd/mlsched-bench, `make bench`)
+// drives it.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mlsched/mlsched/e2e/harness"
+)
+
+// Scenario names.
+const (
+	ScenarioRelay   = "relay"
+	ScenarioMlsched = "mlsched"
+)
+
+// Options configure a run. Zero fields get the defaults.
+type Options struct {
+	// Tasks in the throughput phase (default 20000).
+	Tasks int `json:"tasks"`
+	// LatencyTasks in the fixed-rate phase (default: Tasks).
+	LatencyTasks int `json:"latency_tasks"`
+	// Warmup tasks run before anything is measured (default 1000).
+	Warmup int `json:"warmup"`
+	// Payload is the size in bytes of each task's payload value (default 256).
+	Payload int `json:"payload_bytes"`
+	// Nodes is the number of worker nodes, or sinks (default 4).
+	Nodes int `json:"nodes"`
+	// Models hosted by every node, each a no-op go model (default 4).
+	Models int `json:"models"`
+	// Policy is the dispatcher's MLSCHED_POLICY (default reliability).
+	Policy string `json:"policy"`
+	// Rate is the offered load of the latency phase in tasks/s (default 5000).
+	Rate int `json:"rate"`
+	// Concurrency is each worker's MLSCHED_CONCURRENCY and each sink's
+	// MaxAckPending (default 64).
+	Concurrency int `json:"concurrency"`
+	// Scenarios to run, in order (default relay then mlsched).
+	Scenarios []string `json:"scenarios"`
+	// ProfilePath, when set, receives a CPU profile of the dispatcher taken
+	// during the mlsched scenario's measured phases (default: none).
+	ProfilePath string `json:"profile_path,omitempty"`
+	// ProfileSeconds is the profile's length (default 20).
+	ProfileSeconds int `json:"profile_seconds,omitempty"`
+	// RelayCommand runs the relay process; "-nats URL -nodes a,b,..."
+	// is appended (required for the relay scenario).
+	RelayCommand []string `json:"-"`
+	// Dir holds the servers' stores and every process log (default: a
+	// temporary directory, removed at the end).
+	Dir string `json:"-"`
+	// Progress receives one line per step (default: discarded).
+	Progress io.Writer `json:"-"`
+}
+
+func (o Options) withDefaults() Options {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&o.Tasks, 20000)
+	def(&o.LatencyTasks, o.Tasks)
+	if o.Warmup < 0 {
+		o.Warmup = 0
+	} else if o.Warmup == 0 {
+		o.Warmup = 1000
+	}
+	def(&o.Payload, 256)
+	def(&o.Nodes, 4)
+	def(&o.Models, 4)
+	def(&o.Rate, 5000)
+	def(&o.Concurrency, 64)
+	def(&o.ProfileSeconds, 20)
+	if o.Policy == "" {
+		o.Policy = "reliability"
+	}
+	if len(o.Scenarios) == 0 {
+		o.Scenarios = []string{ScenarioRelay, ScenarioMlsched}
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	return o
+}
+
+// ErrUnknownScenario is returned for a scenario name Run does not know.
+var ErrUnknownScenario = errors.New("unknown scenario")
+
+// Report is everything one run measured; it is written as JSON.
+type Report struct {
+	Date    time.Time `json:"date"`
+	Machine Machine   `json:"machine"`
+	// Command is the command line that produced the report.
+	Command string  `json:"command"`
+	Options Options `json:"options"`
+	// Storage describes the JetStream storage of every stream.
+	Storage   string     `json:"storage"`
+	Scenarios []Scenario `json:"scenarios"`
+	// ThroughputRatio is mlsched's throughput over the relay's (0 when
+	// either did not run).
+	ThroughputRatio float64 `json:"throughput_ratio,omitempty"`
+	// P99Ratio is mlsched's p99 latency at the fixed rate over the relay's.
+	P99Ratio float64  `json:"p99_ratio,omitempty"`
+	Profile  *Profile `json:"profile,omitempty"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	NProc int    `json:"nproc"`
+	CPU   string `json:"cpu"`
+	Go    string `json:"go"`
+	OS    string `json:"os"`
+}
+
+// Scenario is one system under test.
+type Scenario struct {
+	Name string `json:"name"`
+	// PublishesPerTask is the number of JetStream publishes a task costs.
+	PublishesPerTask int   `json:"publishes_per_task"`
+	Warmup           Phase `json:"warmup"`
+	Throughput       Phase `json:"throughput"`
+	Latency          Phase `json:"latency"`
+	// Memory of the long-lived processes over the measured phases.
+	Memory map[string]Memory `json:"memory"`
+}
+
+// Phase is one batch of tasks.
+type Phase struct {
+	Tasks int `json:"tasks"`
+	// OfferedRate is the submission rate achieved (tasks/s).
+	OfferedRate float64 `json:"offered_rate"`
+	// Seconds from the first submission to the last completion.
+	Seconds float64 `json:"seconds"`
+	// Throughput is Tasks/Seconds.
+	Throughput float64 `json:"throughput"`
+	Latency    Latency `json:"latency"`
+	// Failed counts tasks whose result was not "succeeded".
+	Failed int64 `json:"failed"`
+	// CPU seconds used during the phase, per process (workers summed).
+	CPU map[string]float64 `json:"cpu_seconds"`
+}
+
+// Memory is a process's resident set size at the start of the measured
+// phases (after the warm-up), at its peak and at the end, in MiB.
+type Memory struct {
+	StartMiB float64 `json:"start_mib"`
+	PeakMiB  float64 `json:"peak_mib"`
+	EndMiB   float64 `json:"end_mib"`
+}
+
+// Profile is the dispatcher's CPU profile.
+type Profile struct {
+	Path    string `json:"path"`
+	Seconds int    `json:"seconds"`
+	// Top is `go tool pprof -top` output (empty if the tool failed).
+	Top string `json:"top,omitempty"`
+}
+
+// Run runs the scenarios one after the other, each on fresh servers.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	o = o.withDefaults()
+	for _, s := range o.Scenarios {
+		if s != ScenarioRelay && s != ScenarioMlsched {
+			return nil, fmt.Errorf("%w %q (want %s or %s)", ErrUnknownScenario, s, ScenarioRelay, ScenarioMlsched)
+		}
+		if s == ScenarioRelay && len(o.RelayCommand) == 0 {
+			return nil, errors.New("bench: the relay scenario needs Options.RelayCommand")
+		}
+	}
+	dir := o.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "mlsched-bench-*")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	rep := &Report{Date: time.Now().UTC(), Machine: machine(), Options: o,
+		Storage: "file (nats-server sync_interval: always, an fsync per write, as in production)"}
+	for _, name := range o.Scenarios {
+		fmt.Fprintf(o.Progress, "== scenario %s\n", name)
+		s, prof, err := runScenario(ctx, o, name, filepath.Join(dir, name))
+		if err != nil {
+			return rep, fmt.Errorf("scenario %s: %w", name, err)
+		}
+		rep.Scenarios = append(rep.Scenarios, s)
+		if prof != nil {
+			rep.Profile = prof
+		}
+	}
+	relay, mls := rep.Scenario(ScenarioRelay), rep.Scenario(ScenarioMlsched)
+	if relay != nil && mls != nil {
+		if relay.Throughput.Throughput > 0 {
+			rep.ThroughputRatio = mls.Throughput.Throughput / relay.Throughput.Throughput
+		}
+		if relay.Latency.Latency.P99 > 0 {
+			rep.P99Ratio = mls.Latency.Latency.P99 / relay.Latency.Latency.P99
+		}
+	}
+	return rep, nil
+}
+
+// Scenario returns the named scenario's results, or nil.
+func (r *Report) Scenario(name string) *Scenario {
+	i := slices.IndexFunc(r.Scenarios, func(s Scenario) bool { return s.Name == name })
+	if i < 0 {
+		return nil
+	}
+	return &r.Scenarios[i]
+}
+
+func machine() Machine {
+	m := Machine{NProc: runtime.NumCPU(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+// binary is harness.BinaryPath, kept as a variable for the error message.
+func binary(name string) (string, error) {
+	p, err := harness.BinaryPath(name)
+	if err != nil {
+		return "", fmt.Errorf("binary %s: %w", name, err)
+	}
+	return p, nil
+}

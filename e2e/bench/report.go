@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Targets the table compares against (measured, never asserted).
+const (
+	TargetThroughputRatio = 0.5
+	TargetP99Ratio        = 2.5
+)
+
+// WriteJSON writes the report, indented, to path.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// WriteTable prints the report as text tables.
+func (r *Report) WriteTable(w io.Writer) error {
+	o := r.Options
+	fmt.Fprintf(w, "mlsched-bench %s, %d CPUs (%s), %s %s\n", r.Date.Format("2006-01-02 15:04 MST"),
+		r.Machine.NProc, r.Machine.CPU, r.Machine.Go, r.Machine.OS)
+	if r.Command != "" {
+		fmt.Fprintf(w, "command: %s\n", r.Command)
+	}
+	fmt.Fprintf(w, "storage: %s\n", r.Storage)
+	fmt.Fprintf(w, "throughput phase %d tasks, latency phase %d tasks at %d/s, warm-up %d; payload %d B; %d nodes x %d no-op models; policy %s; worker concurrency %d\n\n",
+		o.Tasks, o.LatencyTasks, o.Rate, o.Warmup, o.Payload, o.Nodes, o.Models, o.Policy, o.Concurrency)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(label string, cells ...string) {
+		fmt.Fprintf(tw, "%-38s\t%s\t\n", label, strings.Join(cells, "\t"))
+	}
+	cols := func(f func(s *Scenario) string) []string {
+		var c []string
+		for i := range r.Scenarios {
+			c = append(c, f(&r.Scenarios[i]))
+		}
+		return c
+	}
+	head := cols(func(s *Scenario) string { return s.Name })
+	ratios := r.ThroughputRatio > 0 || r.P99Ratio > 0
+	if ratios {
+		head = append(head, "mlsched/relay")
+	}
+	row("", head...)
+	ratio := func(v, target float64, cmp string) []string {
+		if !ratios {
+			return nil
+		}
+		ok := (cmp == ">=" && v >= target) || (cmp == "<=" && v <= target)
+		verdict := "met"
+		if !ok {
+			verdict = "MISSED"
+		}
+		return []string{fmt.Sprintf("%.2fx (target %s %.1fx: %s)", v, cmp, target, verdict)}
+	}
+	row("JetStream publishes per task", append(cols(func(s *Scenario) string { return fmt.Sprint(s.PublishesPerTask) }), pad(ratios)...)...)
+	row("throughput, tasks/s", append(cols(func(s *Scenario) string { return fmt.Sprintf("%.0f", s.Throughput.Throughput) }),
+		ratio(r.ThroughputRatio, TargetThroughputRatio, ">=")...)...)
+	row(fmt.Sprintf("latency at %d/s: offered, tasks/s", o.Rate), append(cols(func(s *Scenario) string { return fmt.Sprintf("%.0f", s.Latency.OfferedRate) }), pad(ratios)...)...)
+	lat := func(label string, f func(l Latency) float64, extra []string) {
+		row(label, append(cols(func(s *Scenario) string { return fmt.Sprintf("%.2f", f(s.Latency.Latency)) }), extra...)...)
+	}
+	lat("  p50, ms", func(l Latency) float64 { return l.P50 }, pad(ratios))
+	lat("  p99, ms", func(l Latency) float64 { return l.P99 }, ratio(r.P99Ratio, TargetP99Ratio, "<="))
+	lat("  p99.9, ms", func(l Latency) float64 { return l.P999 }, pad(ratios))
+	lat("  max, ms", func(l Latency) float64 { return l.Max }, pad(ratios))
+	row("failed tasks", append(cols(func(s *Scenario) string {
+		return fmt.Sprint(s.Warmup.Failed + s.Throughput.Failed + s.Latency.Failed)
+	}), pad(ratios)...)...)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	for _, ph := range []struct {
+		title string
+		get   func(s *Scenario) Phase
+	}{
+		{"throughput phase", func(s *Scenario) Phase { return s.Throughput }},
+		{"latency phase", func(s *Scenario) Phase { return s.Latency }},
+	} {
+		fmt.Fprintf(w, "\nCPU seconds in the %s (µs per task):\n", ph.title)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		row("process", cols(func(s *Scenario) string { return s.Name })...)
+		totals := make([]float64, len(r.Scenarios))
+		for _, name := range r.processes() {
+			var c []string
+			for i := range r.Scenarios {
+				p := ph.get(&r.Scenarios[i])
+				v, ok := p.CPU[name]
+				if !ok {
+					c = append(c, "-")
+					continue
+				}
+				totals[i] += v
+				c = append(c, cpuCell(v, p.Tasks))
+			}
+			row(name, c...)
+		}
+		var c []string
+		for i := range r.Scenarios {
+			c = append(c, cpuCell(totals[i], ph.get(&r.Scenarios[i]).Tasks))
+		}
+		row("total", c...)
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintf(w, "\nresident memory over the measured phases, MiB (start / peak / end):\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, s := range r.Scenarios {
+		names := make([]string, 0, len(s.Memory))
+		for k := range s.Memory {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		for _, k := range names {
+			m := s.Memory[k]
+			row(s.Name+": "+k, fmt.Sprintf("%.1f / %.1f / %.1f", m.StartMiB, m.PeakMiB, m.EndMiB))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.Profile != nil {
+		fmt.Fprintf(w, "\ndispatcher CPU profile (%ds during the mlsched phases): %s\n", r.Profile.Seconds, r.Profile.Path)
+		if r.Profile.Top != "" {
+			fmt.Fprint(w, r.Profile.Top)
+		}
+	}
+	return nil
+}
+
+func pad(on bool) []string {
+	if on {
+		return []string{""}
+	}
+	return nil
+}
+
+func cpuCell(sec float64, tasks int) string {
+	if tasks <= 0 {
+		return fmt.Sprintf("%.2f", sec)
+	}
+	return fmt.Sprintf("%.2f (%.0f)", sec, sec*1e6/float64(tasks))
+}
+
+// processes lists the CPU groups of every scenario, servers first.
+func (r *Report) processes() []string {
+	order := []string{"nats-server", "redis-server", "dispatcher", "relay"}
+	seen := map[string]bool{}
+	var out []string
+	add := func(n string) {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	var rest []string
+	for _, s := range r.Scenarios {
+		for k := range s.Throughput.CPU {
+			if !slices.Contains(order, k) {
+				rest = append(rest, k)
+			}
+		}
+	}
+	slices.Sort(rest)
+	for _, n := range order {
+		for _, s := range r.Scenarios {
+			if _, ok := s.Throughput.CPU[n]; ok {
+				add(n)
+			}
+		}
+	}
+	for _, n := range rest {
+		add(n)
+	}
+	return out
+}

@@ -1,0 +1,455 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/e2e/bench/relay"
+	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// dispatcherName is the benchmark dispatcher's MLSCHED_DISPATCHER_NAME.
+const dispatcherName = "bench-dispatcher"
+
+// run is one scenario's live state.
+type run struct {
+	o     Options
+	name  string
+	g     *harness.Group
+	nats  *harness.NATS
+	pubNC *nats.Conn // the producer's connection
+	rcvNC *nats.Conn // sinks or the results reader
+	pubJS jetstream.JetStream
+	rcvJS jetstream.JetStream
+
+	cpu []procGroup // CPU time is reported per group
+	mem []procGroup // memory is reported per group (first pid)
+
+	tr        atomic.Pointer[tracker] // the current phase's
+	stopRcv   []func()
+	pprofAddr string
+}
+
+func (r *run) log(format string, args ...any) {
+	fmt.Fprintf(r.o.Progress, "   "+format+"\n", args...)
+}
+
+func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *Profile, error) {
+	g, err := harness.NewGroup(dir)
+	if err != nil {
+		return Scenario{}, nil, err
+	}
+	defer g.Stop()
+	r := &run{o: o, name: name, g: g}
+	defer r.close()
+	if r.nats, err = g.StartNATS("nats"); err != nil {
+		return Scenario{}, nil, err
+	}
+	r.cpu = append(r.cpu, procGroup{"nats-server", []int{r.nats.Pid()}}, procGroup{"bench driver", []int{os.Getpid()}})
+	r.mem = append(r.mem, procGroup{"nats-server", []int{r.nats.Pid()}})
+	if err := r.connect(ctx); err != nil {
+		return Scenario{}, nil, err
+	}
+	res := Scenario{Name: name}
+	switch name {
+	case ScenarioRelay:
+		res.PublishesPerTask = 2
+		err = r.startRelay(ctx)
+	case ScenarioMlsched:
+		res.PublishesPerTask = 4
+		err = r.startMlsched(ctx)
+	}
+	if err != nil {
+		return res, nil, err
+	}
+
+	pub := newPublisher(r.pubJS, o.Payload)
+	if res.Warmup, err = r.phase(ctx, pub, "warmup", "w-", o.Warmup, 0); err != nil {
+		return res, nil, err
+	}
+	mem := newMemSampler(r.mem)
+	mem.start()
+	var prof chan profResult
+	if name == ScenarioMlsched && o.ProfilePath != "" {
+		prof = make(chan profResult, 1)
+		go func() { prof <- r.profile(ctx) }()
+	}
+	if res.Throughput, err = r.phase(ctx, pub, "throughput", "t-", o.Tasks, 0); err != nil {
+		return res, nil, err
+	}
+	if res.Latency, err = r.phase(ctx, pub, fmt.Sprintf("latency at %d/s", o.Rate), "l-", o.LatencyTasks, o.Rate); err != nil {
+		return res, nil, err
+	}
+	res.Memory = mem.stop()
+	var p *Profile
+	if prof != nil {
+		r.log("waiting for the %ds CPU profile", o.ProfileSeconds)
+		pr := <-prof
+		if pr.err != nil {
+			return res, nil, pr.err
+		}
+		p = pr.p
+	}
+	return res, p, nil
+}
+
+func (r *run) connect(ctx context.Context) error {
+	var err error
+	opts := []nats.Option{nats.MaxReconnects(-1)}
+	if r.pubNC, err = nats.Connect(r.nats.URL, append(opts, nats.Name("bench-producer"))...); err != nil {
+		return err
+	}
+	if r.rcvNC, err = nats.Connect(r.nats.URL, append(opts, nats.Name("bench-receiver"))...); err != nil {
+		return err
+	}
+	if r.pubJS, err = jetstream.New(r.pubNC, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+		return err
+	}
+	if r.rcvJS, err = jetstream.New(r.rcvNC); err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return topology.Ensure(cctx, r.pubJS, topology.Config{})
+}
+
+func (r *run) close() {
+	for i := len(r.stopRcv) - 1; i >= 0; i-- {
+		r.stopRcv[i]()
+	}
+	if r.pubNC != nil {
+		r.pubNC.Close()
+	}
+	if r.rcvNC != nil {
+		r.rcvNC.Close()
+	}
+}
+
+func (r *run) nodes() []string {
+	n := make([]string, r.o.Nodes)
+	for i := range n {
+		n[i] = fmt.Sprintf("node-%d", i+1)
+	}
+	return n
+}
+
+// startRelay starts the relay process and one sink per node in this
+// process; a task completes when a sink receives it.
+func (r *run) startRelay(ctx context.Context) error {
+	args := append(append([]string(nil), r.o.RelayCommand[1:]...), "-nats", r.nats.URL, "-nodes", strings.Join(r.nodes(), ","))
+	p, err := r.g.Process("relay", r.o.RelayCommand[0], args, nil)
+	if err != nil {
+		return err
+	}
+	err = p.StartReady(func(ctx context.Context) error {
+		s, err := r.rcvJS.Stream(ctx, topology.StreamTasks)
+		if err != nil {
+			return err
+		}
+		_, err = s.Consumer(ctx, "relay")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.cpu = append(r.cpu, procGroup{"relay", []int{p.Pid()}})
+	r.mem = append(r.mem, procGroup{"relay", []int{p.Pid()}})
+	for _, node := range r.nodes() {
+		s, err := relay.NewSink(r.rcvJS, relay.SinkConfig{Node: node, MaxAckPending: r.o.Concurrency,
+			OnMsg: func(m jetstream.Msg) {
+				id := strings.TrimPrefix(m.Headers().Get(protocol.HdrMsgID), "r:")
+				r.tr.Load().complete(id, true, time.Now())
+			}})
+		if err != nil {
+			return err
+		}
+		if err := s.Start(ctx); err != nil {
+			return err
+		}
+		r.stopRcv = append(r.stopRcv, s.Stop)
+	}
+	r.log("nats-server, relay and %d sinks ready", r.o.Nodes)
+	return nil
+}
+
+// modelsFile is every node's models file: Models no-op go models serving
+// the benchmark's task type.
+func (r *run) modelsFile() (string, error) {
+	var b strings.Builder
+	b.WriteString("# written by mlsched-bench: no-op models\nmodels:\n")
+	for i := range r.o.Models {
+		fmt.Fprintf(&b, "  - name: m%d\n    types: [%s]\n    executor: go\n    go: {handler: noop}\n", i+1, taskType)
+	}
+	path := r.g.Dir + "/models.yaml"
+	return path, os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// startMlsched starts redis-server, the dispatcher and the workers, and a
+// reader of the results stream; a task completes when its result is read
+// from MLSCHED_RESULTS.
+func (r *run) startMlsched(ctx context.Context) error {
+	redis, err := r.g.StartRedis("redis")
+	if err != nil {
+		return err
+	}
+	r.cpu = append(r.cpu, procGroup{"redis-server", []int{redis.Pid()}})
+	models, err := r.modelsFile()
+	if err != nil {
+		return err
+	}
+	dbin, err := binary("dispatcher")
+	if err != nil {
+		return err
+	}
+	wbin, err := binary("worker")
+	if err != nil {
+		return err
+	}
+	pport, err := harness.FreePort()
+	if err != nil {
+		return err
+	}
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pport)
+	d, err := r.g.Process("dispatcher", dbin, nil, map[string]string{
+		"MLSCHED_NATS_URL":        r.nats.URL,
+		"MLSCHED_REDIS_URL":       redis.URL,
+		"MLSCHED_POLICY":          r.o.Policy,
+		"MLSCHED_DISPATCHER_NAME": dispatcherName,
+		"MLSCHED_PPROF_ADDR":      pprofAddr,
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.StartReady(func(ctx context.Context) error { _, err := r.adminStats(); return err }); err != nil {
+		return err
+	}
+	r.pprofAddr = pprofAddr
+	workers := procGroup{Name: fmt.Sprintf("workers (%d)", r.o.Nodes)}
+	for _, node := range r.nodes() {
+		w, err := r.g.Process("worker-"+node, wbin, nil, map[string]string{
+			"MLSCHED_NATS_URL":    r.nats.URL,
+			"MLSCHED_NODE_ID":     node,
+			"MLSCHED_MODELS_FILE": models,
+			"MLSCHED_CONCURRENCY": strconv.Itoa(r.o.Concurrency),
+		})
+		if err != nil {
+			return err
+		}
+		if err := w.Start(); err != nil {
+			return err
+		}
+		workers.Pids = append(workers.Pids, w.Pid())
+	}
+	// Route nothing before the dispatcher knows every node.
+	wctx, cancel := context.WithTimeout(ctx, harness.ReadyTimeout)
+	defer cancel()
+	err = harness.WaitFor(wctx, func() error {
+		rep, err := r.adminStats()
+		if err != nil {
+			return err
+		}
+		if len(rep.Nodes) != r.o.Nodes {
+			return fmt.Errorf("the dispatcher sees %d of %d nodes", len(rep.Nodes), r.o.Nodes)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	r.cpu = append(r.cpu, procGroup{"dispatcher", []int{d.Pid()}}, workers)
+	r.mem = append(r.mem, procGroup{"dispatcher", []int{d.Pid()}})
+
+	cons, err := r.rcvJS.OrderedConsumer(ctx, topology.StreamResults, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{topology.SubjectResultsAll}, DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return fmt.Errorf("results consumer: %w", err)
+	}
+	prefix := len(topology.ResultSubject(""))
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		var res struct {
+			Status protocol.Status `json:"status"`
+		}
+		ok := json.Unmarshal(m.Data(), &res) == nil && res.Status == protocol.StatusSucceeded
+		if subj := m.Subject(); len(subj) > prefix {
+			r.tr.Load().complete(subj[prefix:], ok, time.Now())
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("results consumer: %w", err)
+	}
+	r.stopRcv = append(r.stopRcv, cc.Stop)
+	r.log("nats-server, redis-server, dispatcher and %d workers ready", r.o.Nodes)
+	return nil
+}
+
+func (r *run) adminStats() (protocol.StatsReport, error) {
+	var rep protocol.StatsReport
+	m, err := r.rcvNC.Request(protocol.SubjectAdminStats, nil, time.Second)
+	if err != nil {
+		return rep, err
+	}
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		return rep, fmt.Errorf("stats report: %w", err)
+	}
+	if rep.Dispatcher != dispatcherName {
+		return rep, fmt.Errorf("stats report of %q, want %q", rep.Dispatcher, dispatcherName)
+	}
+	return rep, nil
+}
+
+// phase submits n tasks (at rate tasks/s, or as fast as possible when rate
+// is 0) and waits until every one completed.
+func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n, rate int) (Phase, error) {
+	tr := newTracker(prefix, n)
+	r.tr.Store(tr)
+	cpu0 := sampleCPU(r.cpu)
+	if err := pub.run(ctx, tr, rate); err != nil {
+		return Phase{}, fmt.Errorf("%s: %w", label, err)
+	}
+	// Generous: a phase that cannot finish in this time is broken, not slow.
+	timeout := time.Minute + time.Duration(n)*time.Second/200
+	select {
+	case <-tr.all:
+	case <-time.After(timeout):
+		return Phase{}, fmt.Errorf("%s: %d of %d tasks did not complete in %v", label, tr.remaining.Load(), n, timeout)
+	case <-ctx.Done():
+		return Phase{}, ctx.Err()
+	}
+	cpu := cpuDelta(cpu0, sampleCPU(r.cpu))
+	first, lastSent, lastDone := tr.span()
+	p := Phase{Tasks: n, Latency: tr.latency(), Failed: tr.failed.Load(), CPU: cpu}
+	if n > 0 {
+		p.Seconds = float64(lastDone-first) / 1e9
+		p.Throughput = float64(n) / p.Seconds
+		if lastSent > first {
+			p.OfferedRate = float64(n-1) / (float64(lastSent-first) / 1e9)
+		}
+	}
+	r.log("%-18s %7d tasks in %6.2fs: %8.0f tasks/s, p50 %7.2fms p99 %7.2fms, failed %d",
+		label, n, p.Seconds, p.Throughput, p.Latency.P50, p.Latency.P99, p.Failed)
+	return p, nil
+}
+
+type profResult struct {
+	p   *Profile
+	err error
+}
+
+// profile fetches a CPU profile from the dispatcher's net/http/pprof and
+// renders its top entries with go tool pprof.
+func (r *run) profile(ctx context.Context) profResult {
+	secs := r.o.ProfileSeconds
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(secs)*time.Second+30*time.Second)
+	defer cancel()
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.pprofAddr, secs)
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, url, nil)
+	if err != nil {
+		return profResult{err: err}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return profResult{err: fmt.Errorf("profile: %w", err)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return profResult{err: fmt.Errorf("profile: %s", resp.Status)}
+	}
+	f, err := os.Create(r.o.ProfilePath)
+	if err != nil {
+		return profResult{err: err}
+	}
+	if _, err := f.ReadFrom(resp.Body); err != nil {
+		f.Close()
+		return profResult{err: fmt.Errorf("profile: %w", err)}
+	}
+	if err := f.Close(); err != nil {
+		return profResult{err: err}
+	}
+	p := &Profile{Path: r.o.ProfilePath, Seconds: secs}
+	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=15", r.o.ProfilePath).Output()
+	if err == nil {
+		p.Top = string(out)
+	}
+	return profResult{p: p}
+}
+
+// memSampler records the resident set size of processes every 250ms.
+type memSampler struct {
+	groups []procGroup
+	mu     sync.Mutex
+	mem    map[string]*Memory
+	quit   chan struct{}
+	done   chan struct{}
+}
+
+func newMemSampler(groups []procGroup) *memSampler {
+	return &memSampler{groups: groups, mem: map[string]*Memory{}, quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (m *memSampler) sample(first, last bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, g := range m.groups {
+		rss, err := RSS(g.Pids[0])
+		if err != nil {
+			continue
+		}
+		mib := float64(rss) / (1 << 20)
+		e := m.mem[g.Name]
+		if e == nil {
+			e = &Memory{}
+			m.mem[g.Name] = e
+		}
+		if first {
+			e.StartMiB = mib
+		}
+		if last {
+			e.EndMiB = mib
+		}
+		e.PeakMiB = max(e.PeakMiB, mib)
+	}
+}
+
+func (m *memSampler) start() {
+	m.sample(true, false)
+	go func() {
+		defer close(m.done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.quit:
+				return
+			case <-t.C:
+				m.sample(false, false)
+			}
+		}
+	}()
+}
+
+func (m *memSampler) stop() map[string]Memory {
+	close(m.quit)
+	<-m.done
+	m.sample(false, true)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]Memory{}
+	for k, v := range m.mem {
+		out[k] = *v
+	}
+	return out
+}

@@ -1,0 +1,107 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// tracker follows the tasks of one phase: when each was submitted and when
+// it completed (reached a sink, or its result became readable). Task ids are
+// prefix + index, so completion costs no map and no lock.
+type tracker struct {
+	prefix    string
+	sent      []atomic.Int64 // Unix ns
+	done      []atomic.Int64 // Unix ns; 0 = not yet
+	remaining atomic.Int64
+	failed    atomic.Int64 // completed, but not successfully (mlsched results)
+	foreign   atomic.Int64 // completions of ids not of this phase
+	all       chan struct{}
+}
+
+func newTracker(prefix string, n int) *tracker {
+	t := &tracker{prefix: prefix, sent: make([]atomic.Int64, n), done: make([]atomic.Int64, n), all: make(chan struct{})}
+	t.remaining.Store(int64(n))
+	if n == 0 {
+		close(t.all)
+	}
+	return t
+}
+
+// id names task i.
+func (t *tracker) id(i int) string { return t.prefix + strconv.Itoa(i) }
+
+// complete records the first completion of id; later ones (redeliveries)
+// and ids of other phases are ignored.
+func (t *tracker) complete(id string, ok bool, at time.Time) {
+	s, found := strings.CutPrefix(id, t.prefix)
+	i, err := strconv.Atoi(s)
+	if !found || err != nil || i < 0 || i >= len(t.done) {
+		t.foreign.Add(1)
+		return
+	}
+	if !t.done[i].CompareAndSwap(0, at.UnixNano()) {
+		return
+	}
+	if !ok {
+		t.failed.Add(1)
+	}
+	if t.remaining.Add(-1) == 0 {
+		close(t.all)
+	}
+}
+
+// span is the phase's extent: first submission, last submission, last
+// completion (Unix ns).
+func (t *tracker) span() (firstSent, lastSent, lastDone int64) {
+	firstSent = math.MaxInt64
+	for i := range t.sent {
+		s, d := t.sent[i].Load(), t.done[i].Load()
+		firstSent, lastSent, lastDone = min(firstSent, s), max(lastSent, s), max(lastDone, d)
+	}
+	return firstSent, lastSent, lastDone
+}
+
+// Latency summarises submit-to-completion latencies in milliseconds.
+type Latency struct {
+	P50  float64 `json:"p50_ms"`
+	P90  float64 `json:"p90_ms"`
+	P99  float64 `json:"p99_ms"`
+	P999 float64 `json:"p999_ms"`
+	Max  float64 `json:"max_ms"`
+	Mean float64 `json:"mean_ms"`
+}
+
+// latency computes the summary over the completed tasks.
+func (t *tracker) latency() Latency {
+	l := make([]int64, 0, len(t.done))
+	for i := range t.done {
+		if d := t.done[i].Load(); d != 0 {
+			l = append(l, d-t.sent[i].Load())
+		}
+	}
+	return summarize(l)
+}
+
+func summarize(ns []int64) Latency {
+	if len(ns) == 0 {
+		return Latency{}
+	}
+	slices.Sort(ns)
+	var sum float64
+	for _, v := range ns {
+		sum += float64(v)
+	}
+	ms := func(v int64) float64 { return float64(v) / 1e6 }
+	// Nearest rank: the smallest value with at least q of the samples at or
+	// below it.
+	q := func(q float64) float64 {
+		r := int(math.Ceil(q*float64(len(ns)))) - 1
+		return ms(ns[max(0, min(r, len(ns)-1))])
+	}
+	return Latency{P50: q(0.50), P90: q(0.90), P99: q(0.99), P999: q(0.999), Max: ms(ns[len(ns)-1]),
+		Mean: sum / float64(len(ns)) / 1e6}
+}

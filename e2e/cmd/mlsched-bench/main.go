@@ -1,0 +1,154 @@
+// Command mlsched-bench measures mlsched end to end against a pass-through
+// relay on the same JetStream streams, in one run (`make bench`). It starts
+// its own nats-server (file storage, sync_interval always) and
+// redis-server on free loopback ports, prints a table and writes JSON.
+//
+//	mlsched-bench [flags]       run the benchmark (see -h)
+//	mlsched-bench relay ...     the relay process it starts (internal)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/e2e/bench"
+	"github.com/mlsched/mlsched/e2e/bench/relay"
+	"github.com/mlsched/mlsched/e2e/harness"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "relay" {
+		os.Exit(relayMain(os.Args[2:]))
+	}
+	os.Exit(benchMain(os.Args[1:]))
+}
+
+func benchMain(args []string) int {
+	fs := flag.NewFlagSet("mlsched-bench", flag.ContinueOnError)
+	var o bench.Options
+	fs.IntVar(&o.Tasks, "tasks", 20000, "tasks in the throughput phase")
+	fs.IntVar(&o.LatencyTasks, "latency-tasks", 0, "tasks in the fixed-rate latency phase (0: as -tasks)")
+	fs.IntVar(&o.Warmup, "warmup", 1000, "unmeasured warm-up tasks (-1: none)")
+	fs.IntVar(&o.Payload, "payload", 256, "payload bytes per task")
+	fs.IntVar(&o.Nodes, "nodes", 4, "worker nodes (relay: sinks)")
+	fs.IntVar(&o.Models, "models", 4, "no-op models per node")
+	fs.StringVar(&o.Policy, "policy", "reliability", "dispatcher policy")
+	fs.IntVar(&o.Rate, "rate", 5000, "offered load of the latency phase, tasks/s")
+	fs.IntVar(&o.Concurrency, "concurrency", 64, "worker concurrency and sink MaxAckPending")
+	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order")
+	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
+	profile := fs.Bool("profile", false, "take a CPU profile of the dispatcher during the mlsched phases")
+	fs.StringVar(&o.ProfilePath, "profile-out", ".bench/dispatcher.cpu.pprof", "where -profile saves the profile")
+	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 20, "length of the -profile profile")
+	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
+	dir := fs.String("dir", "", "keep the servers' stores and process logs here (empty: a temporary directory, removed)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if !*profile {
+		o.ProfilePath = ""
+	}
+	o.Scenarios = strings.Split(*scenarios, ",")
+	o.Dir = *dir
+	o.Progress = os.Stderr
+	if *bin != "" {
+		abs, err := filepath.Abs(*bin)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
+			return 2
+		}
+		os.Setenv(harness.EnvBin, abs)
+	}
+	defer harness.RemoveBuilds()
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
+		return 1
+	}
+	o.RelayCommand = []string{self, "relay"}
+	for _, p := range []string{*jsonPath, o.ProfilePath} {
+		if p != "" {
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
+				return 1
+			}
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, err := bench.Run(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
+		return 1
+	}
+	rep.Command = "mlsched-bench " + strings.Join(args, " ")
+	if err := rep.WriteTable(os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
+		return 1
+	}
+	if *jsonPath != "" {
+		if err := rep.WriteJSON(*jsonPath); err != nil {
+			fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "wrote %s\n", *jsonPath)
+	}
+	return 0
+}
+
+// relayMain runs the relay until SIGTERM or SIGINT.
+func relayMain(args []string) int {
+	fs := flag.NewFlagSet("mlsched-bench relay", flag.ContinueOnError)
+	url := fs.String("nats", "", "NATS server URL (required)")
+	nodes := fs.String("nodes", "", "comma-separated node ids (required)")
+	maxInFlight := fs.Int("max-in-flight", 1024, "republished tasks awaiting their JetStream ack (the dispatcher's default)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *url == "" || *nodes == "" {
+		fmt.Fprintln(os.Stderr, "relay: -nats and -nodes are required")
+		return 2
+	}
+	nc, err := nats.Connect(*url, nats.Name("mlsched-bench-relay"), nats.MaxReconnects(-1))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		return 1
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(*maxInFlight),
+		jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		return 1
+	}
+	r, err := relay.New(js, relay.Config{Nodes: strings.Split(*nodes, ","), MaxInFlight: *maxInFlight})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = r.Start(sctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "relay: relaying to %s\n", *nodes)
+	<-ctx.Done()
+	r.Stop()
+	fmt.Fprintf(os.Stderr, "relay: stopped after %d tasks (%d failed republishes)\n", r.Relayed(), r.Failed())
+	return 0
+}

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -15,10 +16,12 @@ import (
 
 // Report is the outcome of running a scenario under several policies.
 type Report struct {
-	Scenario    string   `json:"scenario"`
-	Description string   `json:"description,omitempty"`
-	Seed        uint64   `json:"seed"`
-	Tasks       int      `json:"tasks"`
+	Scenario    string `json:"scenario"`
+	Description string `json:"description,omitempty"`
+	Seed        uint64 `json:"seed"`
+	Tasks       int    `json:"tasks"`
+	// Runs is the number of seeds averaged (Seed, Seed+1, ...).
+	Runs        int      `json:"runs"`
 	MaxAttempts int      `json:"max_attempts"`
 	ChangeAtS   *float64 `json:"change_at_s,omitempty"`
 	// RecoveryWindow and RecoveryPoints define Result.RecoveryTasks.
@@ -54,6 +57,9 @@ type Result struct {
 	// after it, of the expected first-attempt success is within
 	// RecoveryPoints of the oracle's; -1 if never.
 	RecoveryTasks *int `json:"recovery_tasks,omitempty"`
+	// Recoveries are the RecoveryTasks of each run when several seeds are
+	// averaged (RecoveryTasks is then their median, -1 counting as never).
+	Recoveries []int `json:"recoveries,omitempty"`
 	// Curve is the rolling first-attempt success rate over time, for plots.
 	Curve []Point `json:"-"`
 }
@@ -82,25 +88,76 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 		v := sc.ChangeAt.D().Seconds()
 		rep.ChangeAtS = &v
 	}
-	runs := map[string][]taskResult{}
 	order := append([]string{Oracle}, slices.DeleteFunc(slices.Clone(names), func(s string) bool { return s == Oracle })...)
-	for _, name := range order {
-		s, err := newSim(sc, opt, name)
-		if err != nil {
-			return nil, err
+	per := map[string][]Result{}
+	for i := range opt.Runs {
+		o := opt
+		o.Seed = opt.Seed + uint64(i)
+		runs := map[string][]taskResult{}
+		for _, name := range order {
+			s, err := newSim(sc, o, name)
+			if err != nil {
+				return nil, err
+			}
+			if err := s.run(ctx, o.Tasks); err != nil {
+				return nil, fmt.Errorf("policy %s, seed %d: %w", name, o.Seed, err)
+			}
+			runs[name] = s.tasks
 		}
-		if err := s.run(ctx, opt.Tasks); err != nil {
-			return nil, fmt.Errorf("policy %s: %w", name, err)
+		oracleFailed := countFailedFirst(runs[Oracle])
+		for _, name := range names {
+			r := summarize(name, runs[name], sc, o)
+			r.ExtraFailedFirst = r.FailedFirst - oracleFailed
+			per[name] = append(per[name], r)
 		}
-		runs[name] = s.tasks
 	}
-	oracleFailed := countFailedFirst(runs[Oracle])
+	rep.Runs = opt.Runs
 	for _, name := range names {
-		r := summarize(name, runs[name], sc, opt)
-		r.ExtraFailedFirst = r.FailedFirst - oracleFailed
-		rep.Results = append(rep.Results, r)
+		rep.Results = append(rep.Results, aggregate(per[name]))
 	}
 	return rep, nil
+}
+
+// aggregate averages the runs of one policy over seeds; recovery is the
+// median (a run that never recovers counts as the longest), and the curve
+// is the first run's.
+func aggregate(rs []Result) Result {
+	if len(rs) == 1 {
+		return rs[0]
+	}
+	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve}
+	n := float64(len(rs))
+	var failed, extra float64
+	for _, r := range rs {
+		out.FirstSuccess += r.FirstSuccess / n
+		out.FinalSuccess += r.FinalSuccess / n
+		failed += float64(r.FailedFirst) / n
+		extra += float64(r.ExtraFailedFirst) / n
+		out.Regret += r.Regret / n
+		out.RegretPoints += r.RegretPoints / n
+		out.MeanLatencyMs += r.MeanLatencyMs / n
+		out.P95LatencyMs += r.P95LatencyMs / n
+		out.MeanAttempts += r.MeanAttempts / n
+		if r.RecoveryTasks != nil {
+			out.Recoveries = append(out.Recoveries, *r.RecoveryTasks)
+		}
+	}
+	out.FailedFirst, out.ExtraFailedFirst = int(math.Round(failed)), int(math.Round(extra))
+	if len(out.Recoveries) > 0 {
+		sorted := slices.Clone(out.Recoveries)
+		slices.SortFunc(sorted, func(a, b int) int {
+			if a < 0 {
+				a = math.MaxInt
+			}
+			if b < 0 {
+				b = math.MaxInt
+			}
+			return cmp.Compare(a, b)
+		})
+		med := sorted[(len(sorted)-1)/2]
+		out.RecoveryTasks = &med
+	}
+	return out
 }
 
 func countFailedFirst(ts []taskResult) int {
@@ -230,8 +287,15 @@ func (r *Result) row(prec int) []string {
 // WriteTable writes an aligned text table with a one-line heading.
 func (r *Report) WriteTable(w io.Writer) error {
 	head := fmt.Sprintf("scenario %s, %d tasks, seed %d, max attempts %d", r.Scenario, r.Tasks, r.Seed, r.MaxAttempts)
+	if r.Runs > 1 {
+		head = fmt.Sprintf("scenario %s, %d tasks, mean of %d runs (seeds %d..%d), max attempts %d", r.Scenario, r.Tasks, r.Runs, r.Seed, r.Seed+uint64(r.Runs)-1, r.MaxAttempts)
+	}
 	if r.ChangeAtS != nil {
-		head += fmt.Sprintf(", change at %gs (recovery: tasks until within %g pts of the oracle over %d tasks)", *r.ChangeAtS, r.RecoveryPoints, r.RecoveryWindow)
+		head += fmt.Sprintf(", change at %gs (recovery: tasks until within %g pts of the oracle over %d tasks", *r.ChangeAtS, r.RecoveryPoints, r.RecoveryWindow)
+		if r.Runs > 1 {
+			head += "; median of the runs"
+		}
+		head += ")"
 	}
 	if _, err := fmt.Fprintln(w, head); err != nil {
 		return err

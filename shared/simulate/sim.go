@@ -34,6 +34,9 @@ type Options struct {
 	Tasks int
 	// Seed of every random stream (default 1).
 	Seed uint64
+	// Runs repeats the simulation with seeds Seed, Seed+1, ... and averages
+	// the figures (default 1).
+	Runs int
 	// Policies to run, in order (default: all of Policies()). The oracle is
 	// always run as well, since regret is measured against it.
 	Policies []string
@@ -54,6 +57,9 @@ func (o Options) withDefaults(sc *Scenario) Options {
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
+	}
+	if o.Runs <= 0 {
+		o.Runs = 1
 	}
 	if len(o.Policies) == 0 {
 		o.Policies = Policies()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -229,5 +230,34 @@ func TestOutputFormats(t *testing.T) {
 	}
 	if polylines != 3 {
 		t.Errorf("svg has %d polylines, want one per policy (3)", polylines)
+	}
+}
+
+// Several seeds average the figures and take the median recovery.
+func TestRunsAverageSeeds(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	multi := run(t, "cold-start", Options{Tasks: n, Seed: 4, Runs: 3, Policies: []string{policy.Thompson}})
+	var first float64
+	var recs []int
+	for seed := uint64(4); seed < 7; seed++ {
+		r := run(t, "cold-start", Options{Tasks: n, Seed: seed, Policies: []string{policy.Thompson}}).Get(policy.Thompson)
+		first += r.FirstSuccess / 3
+		recs = append(recs, *r.RecoveryTasks)
+	}
+	got := multi.Get(policy.Thompson)
+	if multi.Runs != 3 || math.Abs(got.FirstSuccess-first) > 1e-9 {
+		t.Fatalf("runs %d, mean first success %.6f, want 3 and %.6f", multi.Runs, got.FirstSuccess, first)
+	}
+	if len(got.Recoveries) != 3 || got.Recoveries[0] != recs[0] || got.Recoveries[2] != recs[2] {
+		t.Fatalf("recoveries %v, want %v", got.Recoveries, recs)
+	}
+	slices.Sort(recs)
+	if recs[0] >= 0 && *got.RecoveryTasks != recs[1] {
+		t.Fatalf("median recovery %d, want %d of %v", *got.RecoveryTasks, recs[1], recs)
+	}
+	var b bytes.Buffer
+	if err := multi.WriteTable(&b); err != nil || !strings.Contains(b.String(), "mean of 3 runs (seeds 4..6)") {
+		t.Fatalf("table heading: %v\n%s", err, b.String())
 	}
 }

@@ -34,6 +34,7 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	pol := fs.String("policy", "all", "policy to run: "+strings.Join(simulate.Policies(), ", ")+", a comma-separated list, or all (the oracle always runs)")
 	tasks := fs.Int("tasks", 0, "number of tasks (default: the scenario's)")
 	seed := fs.Uint64("seed", 1, "seed of every random stream; the same seed gives the same output")
+	runs := fs.Int("runs", 1, "average over this many seeds (seed, seed+1, ...); recovery is their median")
 	format := fs.String("format", "table", "output format: table, csv or json")
 	svg := fs.String("svg", "", "also write an SVG plot of the rolling first-attempt success rate to this file")
 	list := fs.Bool("list", false, "list the built-in scenarios and exit")
@@ -43,7 +44,7 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	latWeight := fs.Float64("latency-weight", 0, "policy LatencyWeight of thompson (default 0)")
 	window := fs.Duration("window", 0, "statistics window, in 10 buckets (default: the scenario's)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S]
+		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S] [-runs N]
                         [-format table|csv|json] [-svg FILE] [-list] [-show]
 
 Replays a scenario on a simulated clock against the real policy engine and
@@ -96,6 +97,9 @@ Flags:
 	if *tasks < 0 {
 		return bad("-tasks %d is negative", *tasks)
 	}
+	if *runs < 1 || *runs > 1000 {
+		return bad("-runs %d is outside 1..1000", *runs)
+	}
 	if *window < 0 || (*window > 0 && *window < 10*time.Millisecond) {
 		return bad("-window %v: want at least 10ms", *window)
 	}
@@ -119,7 +123,7 @@ Flags:
 	if *window > 0 {
 		sc.Window = simulate.WindowSpec{Size: simulate.Duration(*window), Bucket: simulate.Duration(*window / 10)}
 	}
-	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Policies: policies,
+	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Runs: *runs, Policies: policies,
 		Engine: policy.Config{MinSamples: *minSamples, ExploreShare: *explore, LatencyWeight: *latWeight}}
 	if _, err := policy.NewEngine(opt.Engine); err != nil {
 		return bad("%v", err)
@@ -137,7 +141,7 @@ Flags:
 			return err
 		}
 	}
-	fmt.Fprintf(stderr, "simulated %d tasks x %d policies in %v\n", rep.Tasks, len(rep.Results), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(stderr, "simulated %d tasks x %d policies x %d runs in %v\n", rep.Tasks, len(rep.Results), rep.Runs, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

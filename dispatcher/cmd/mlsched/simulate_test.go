@@ -51,6 +51,10 @@ func TestSimulateCommand(t *testing.T) {
 	if err != nil || !strings.Contains(tab, "scenario stationary, 2000 tasks, seed 1") || strings.Count(tab, "\n") != 9 {
 		t.Fatalf("table: %v\n%s", err, tab)
 	}
+	tab, _, err = simulateCLI(t, "-scenario", "drift", "-policy", "thompson", "-tasks", "2000", "-runs", "2", "-seed", "5")
+	if err != nil || !strings.Contains(tab, "mean of 2 runs (seeds 5..6)") || !strings.Contains(tab, "median of the runs") {
+		t.Fatalf("runs: %v\n%s", err, tab)
+	}
 }
 
 func TestSimulateScenarioFileAndListing(t *testing.T) {
@@ -90,6 +94,7 @@ func TestSimulateBadInput(t *testing.T) {
 		{[]string{"-tasks", "-5"}, "negative"},
 		{[]string{"-explore-share", "2"}, "invalid policy config"},
 		{[]string{"-window", "1ms"}, "at least 10ms"},
+		{[]string{"-runs", "0"}, "outside 1..1000"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-seed", "x"}, "invalid value"},
 	} {

@@ -88,7 +88,7 @@ type Config struct {
 	// PprofAddr, when set, serves net/http/pprof there (default empty: off).
 	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6060 (empty: off)"`
 
-	Log config.Log
+	config.Log
 }
 
 // LoadConfig reads the environment.

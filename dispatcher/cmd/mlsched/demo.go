@@ -1,6 +1,197 @@
 package main
 
-import "errors"
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
 
-// runDemo is a placeholder; the dispatcher engineer replaces this file.
-func runDemo(args []string) error { return errors.New("demo: not built yet") }
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/natstest"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/worker"
+	"github.com/mlsched/mlsched/worker/model"
+)
+
+// runDemo is `make run`: an embedded NATS server with JetStream, one
+// dispatcher (in-memory statistics, or Redis when MLSCHED_REDIS_URL is set),
+// three worker nodes whose simulated models differ in reliability and
+// latency, and a producer submitting a steady stream of tasks. It prints a
+// live per-model table; Ctrl-C stops everything and prints a summary.
+func runDemo(args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	rate := fs.Int("rate", 100, "tasks submitted per second")
+	duration := fs.Duration("duration", 0, "stop after this long (0: run until Ctrl-C)")
+	every := fs.Duration("every", 2*time.Second, "table refresh interval")
+	policy := fs.String("policy", "reliability", "dispatcher policy")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if *duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *duration)
+		defer cancel()
+	}
+	return demo(ctx, os.Stdout, demoOptions{rate: *rate, every: *every, policy: *policy, redisURL: os.Getenv("MLSCHED_REDIS_URL")})
+}
+
+type demoOptions struct {
+	rate     int
+	every    time.Duration
+	policy   string
+	redisURL string
+}
+
+// demoNodes: "fast-flaky" answers in ~5ms but fails 25% of the time,
+// "steady" takes ~30ms and fails 1%, "balanced" ~15ms and 6%.
+func demoNodes() map[string][]model.Spec {
+	sim := func(name string, median time.Duration, fail float64) model.Spec {
+		return model.Spec{Name: name, Types: []string{"classify"}, Executor: "sim", Timeout: model.Duration(2 * time.Second),
+			Sim: &model.SimSpec{FailureRate: fail,
+				Latency: model.Latency{Dist: "lognormal", Median: model.Duration(median), Sigma: 0.3}}}
+	}
+	flaky, steady, balanced := sim("fast-flaky", 5*time.Millisecond, 0.25), sim("steady", 30*time.Millisecond, 0.01),
+		sim("balanced", 15*time.Millisecond, 0.06)
+	return map[string][]model.Spec{
+		"node-1": {flaky, steady},
+		"node-2": {steady, balanced},
+		"node-3": {flaky, balanced},
+	}
+}
+
+func demo(ctx context.Context, out io.Writer, o demoOptions) error {
+	srv, err := natstest.Start("")
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	quiet := zerolog.New(os.Stderr).Level(zerolog.ErrorLevel).With().Timestamp().Logger()
+
+	cfg := dispatcher.DefaultConfig()
+	cfg.NATSURL, cfg.RedisURL, cfg.Name, cfg.Policy = srv.ClientURL(), o.redisURL, "demo", o.policy
+	cfg.StatsWindow, cfg.StatsBucket = time.Minute, 2*time.Second
+	d, err := dispatcher.New(cfg, dispatcher.WithLogger(quiet.With().Str("component", "dispatcher").Logger()))
+	if err != nil {
+		return err
+	}
+	runCtx, stopAll := context.WithCancel(context.Background())
+	defer stopAll()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	wg.Add(1)
+	go func() { defer wg.Done(); errs <- d.Run(runCtx) }()
+	for node, specs := range demoNodes() {
+		w, err := worker.New(worker.Config{NATSURL: srv.ClientURL(), NodeID: node, Concurrency: 16},
+			worker.WithModels(specs), worker.WithLogger(quiet.With().Str("component", "worker").Logger()))
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- w.Run(runCtx) }()
+	}
+
+	// count results as they are published
+	var counts sync.Map // status → *atomic.Int64
+	var finished atomic.Int64
+	sub, err := nc.Subscribe("mlsched.results.>", func(m *nats.Msg) {
+		var r protocol.Result
+		if json.Unmarshal(m.Data, &r) != nil {
+			return
+		}
+		v, _ := counts.LoadOrStore(string(r.Status), new(atomic.Int64))
+		v.(*atomic.Int64).Add(1)
+		finished.Add(1)
+	})
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+
+	c := client.New(js)
+	fmt.Fprintf(out, "mlsched demo: 3 nodes, models fast-flaky (5ms, 25%% failures), balanced (15ms, 6%%), steady (30ms, 1%%); policy %s; %d tasks/s. Ctrl-C to stop.\n",
+		o.policy, o.rate)
+	var submitted int64
+	tick := time.NewTicker(time.Second / time.Duration(max(o.rate, 1)))
+	defer tick.Stop()
+	show := time.NewTicker(o.every)
+	defer show.Stop()
+	started := time.Now()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errs:
+			return fmt.Errorf("demo component stopped: %w", err)
+		case <-tick.C:
+			submitted++
+			t := protocol.Task{ID: fmt.Sprintf("demo-%d", submitted), Type: "classify", Payload: json.RawMessage(`{"text":"hello"}`)}
+			if _, err := c.Submit(ctx, t); err != nil && ctx.Err() == nil {
+				fmt.Fprintln(os.Stderr, "submit:", err)
+			}
+		case <-show.C:
+			printDemoTable(out, d.Report(), submitted, finished.Load(), &counts, time.Since(started))
+		}
+	}
+	// let the tasks in flight finish, bounded
+	deadline := time.Now().Add(10 * time.Second)
+	for finished.Load() < submitted && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Fprintln(out, "\nsummary")
+	printDemoTable(out, d.Report(), submitted, finished.Load(), &counts, time.Since(started))
+	stopAll()
+	wg.Wait()
+	return nil
+}
+
+func printDemoTable(out io.Writer, r *protocol.StatsReport, submitted, finished int64, counts *sync.Map, elapsed time.Duration) {
+	status := func(s protocol.Status) int64 {
+		if v, ok := counts.Load(string(s)); ok {
+			return v.(*atomic.Int64).Load()
+		}
+		return 0
+	}
+	fmt.Fprintf(out, "\n%s  submitted %d  results %d (succeeded %d, failed %d, rejected %d)  store %s\n",
+		elapsed.Round(time.Second), submitted, finished, status(protocol.StatusSucceeded), status(protocol.StatusFailed),
+		status(protocol.StatusRejected), r.Store)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "model\ttraffic\tsuccess\tp50 ms\tp95 ms\tin flight\tbreaker\t")
+	for _, m := range r.Models {
+		fmt.Fprintf(tw, "%s\t%.1f%%\t%.1f%%\t%.1f\t%.1f\t%d\t%s\t\n", m.Name, 100*m.TrafficShare, 100*m.SuccessRate,
+			m.P50Ms, m.P95Ms, m.InFlight, m.Breaker)
+	}
+	_ = tw.Flush()
+	if r.Degraded {
+		fmt.Fprintln(out, "DEGRADED:", strings.TrimSpace(r.DegradedReason))
+	}
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}

@@ -28,6 +28,12 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	for k, v := range d.cfg.PolicyConfig().PerType {
 		r.Policies[k] = v
 	}
+	c := &d.counters
+	r.Counters = map[string]int64{
+		"dispatched": c.Dispatched.Load(), "redispatched": c.Redispatched.Load(), "results": c.Results.Load(),
+		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
+		"late": c.Late.Load(), "lost": c.Lost.Load(),
+	}
 	if reason := d.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}

@@ -25,6 +25,11 @@ type StatsReport struct {
 	Buffered int64         `json:"buffered"`
 	Dropped  int64         `json:"dropped"`
 	Models   []ModelReport `json:"models"`
+	// Counters are this replica's cumulative counts since it started:
+	// dispatched, redispatched, results, rejected, dead_lettered,
+	// suppressed (second results refused), late (outcomes of superseded
+	// attempts), lost (attempts found unanswered at their deadline).
+	Counters map[string]int64 `json:"counters"`
 	Nodes    []Heartbeat   `json:"nodes"`
 }
 

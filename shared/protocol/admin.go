@@ -30,7 +30,7 @@ type StatsReport struct {
 	// suppressed (second results refused), late (outcomes of superseded
 	// attempts), lost (attempts found unanswered at their deadline).
 	Counters map[string]int64 `json:"counters"`
-	Nodes    []Heartbeat   `json:"nodes"`
+	Nodes    []Heartbeat      `json:"nodes"`
 }
 
 // ModelReport is one model's line in a StatsReport.

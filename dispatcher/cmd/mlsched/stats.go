@@ -130,10 +130,16 @@ func ms(v float64) string {
 	if v <= 0 {
 		return "-"
 	}
-	if v >= 1000 {
+	switch {
+	case v >= 1000:
 		return fmt.Sprintf("%.2fs", v/1000)
+	case v >= 100:
+		return fmt.Sprintf("%.0fms", v)
+	case v >= 1:
+		return fmt.Sprintf("%.1fms", v)
+	default:
+		return fmt.Sprintf("%.3fms", v)
 	}
-	return fmt.Sprintf("%.0fms", v)
 }
 
 func policies(p map[string]string) string {

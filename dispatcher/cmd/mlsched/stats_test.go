@@ -31,7 +31,7 @@ var sampleReport = protocol.StatsReport{
 	Window: 5 * time.Minute, Buffered: 12, Dropped: 3,
 	Models: []protocol.ModelReport{
 		{Name: "tesseract", Dispatched: 900, Successes: 880, SuccessRate: 0.9777, P50Ms: 42, P95Ms: 1250, InFlight: 7, Breaker: "closed", TrafficShare: 0.75},
-		{Name: "flaky", Dispatched: 300, SuccessRate: 0.4, P50Ms: 10, P95Ms: 20, Breaker: "open", TrafficShare: 0.25},
+		{Name: "flaky", Dispatched: 300, SuccessRate: 0.4, P50Ms: 0.25, P95Ms: 120, Breaker: "open", TrafficShare: 0.25},
 	},
 	Nodes: []protocol.Heartbeat{{Node: "n1"}, {Node: "n2"}},
 }
@@ -48,7 +48,7 @@ func TestStatsTable(t *testing.T) {
 	for _, want := range []string{
 		"dispatcher disp-a", "store=redis", "mode=DEGRADED (redis: connection refused)", "buffered=12", "dropped=3",
 		"nodes=2", "policies=*:reliability,ocr:latency", "window=5m0s",
-		"MODEL", "BREAKER", "tesseract", "97.8%", "42ms", "1.25s", "75.0%", "open", "40.0%",
+		"MODEL", "BREAKER", "tesseract", "97.8%", "42.0ms", "1.25s", "0.250ms", "75.0%", "open", "40.0%",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

@@ -116,12 +116,12 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 	}
 	if *wait && len(ids) > 0 {
 		werr := a.waitAndPrint(ctx, ids, *waitTimeout, &sum)
-		a.printSummary(sum)
+		a.printSummary(sum, false)
 		if werr != nil {
 			return werr
 		}
 	} else if *file != "" || sum.Bad > 0 {
-		a.printSummary(sum)
+		a.printSummary(sum, false)
 	}
 	if err != nil {
 		return errPartial
@@ -252,9 +252,14 @@ func (a *app) waitAndPrint(ctx context.Context, ids []string, timeout time.Durat
 	return nil
 }
 
-func (a *app) printSummary(s summary) {
-	fmt.Fprintf(a.stderr, "summary: submitted=%d duplicates=%d bad_lines=%d unsent=%d", s.Submitted, s.Duplicates, s.Bad, s.Unsent)
-	if s.Waited > 0 || s.Succeeded+s.Failed+s.Rejected > 0 {
+// printSummary prints the counts on stderr; waitOnly leaves out the
+// submission counts (for the wait command).
+func (a *app) printSummary(s summary, waitOnly bool) {
+	fmt.Fprint(a.stderr, "summary:")
+	if !waitOnly {
+		fmt.Fprintf(a.stderr, " submitted=%d duplicates=%d bad_lines=%d unsent=%d", s.Submitted, s.Duplicates, s.Bad, s.Unsent)
+	}
+	if waitOnly || s.Waited > 0 {
 		fmt.Fprintf(a.stderr, " results=%d succeeded=%d failed=%d rejected=%d", s.Waited, s.Succeeded, s.Failed, s.Rejected)
 	}
 	fmt.Fprintln(a.stderr)

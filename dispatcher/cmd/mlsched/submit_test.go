@@ -215,7 +215,7 @@ func TestResultAndWaitCommands(t *testing.T) {
 		t.Fatalf("result: code %d, out %q", code, out)
 	}
 	code, out, errs = cli(t, srv.URL, "", "wait", "r1", "r2")
-	if code != exitPartial || strings.Count(out, "\n") != 2 || !strings.Contains(errs, "succeeded=1 failed=0 rejected=1") {
+	if code != exitPartial || strings.Count(out, "\n") != 2 || !strings.Contains(errs, "summary: results=2 succeeded=1 failed=0 rejected=1") {
 		t.Fatalf("wait: code %d, out %q, err %q", code, out, errs)
 	}
 	code, _, errs = cli(t, srv.URL, "", "wait", "-wait-timeout", "100ms", "never")

@@ -20,7 +20,7 @@ func runWait(ctx context.Context, a *app, args []string) error {
 	}
 	var sum summary
 	err := a.waitAndPrint(ctx, fs.Args(), *timeout, &sum)
-	a.printSummary(sum)
+	a.printSummary(sum, true)
 	if err != nil {
 		return err
 	}

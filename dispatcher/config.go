@@ -34,6 +34,11 @@ type Config struct {
 	// ExploreShare of decisions spent on under-sampled models (default 0.05).
 	ExploreShare float64 `envconfig:"EXPLORE_SHARE" default:"0.05"`
 
+	// LatencyWeight makes thompson prefer faster models among similar ones
+	// (default 0: success only).
+	LatencyWeight float64 `envconfig:"LATENCY_WEIGHT" default:"0"`
+	// BreakerProbes: tasks a half-open breaker lets through (default 3).
+	BreakerProbes int `envconfig:"BREAKER_PROBES" default:"3"`
 	// BreakerFailures: consecutive failures that open a breaker (default 5).
 	BreakerFailures int `envconfig:"BREAKER_FAILURES" default:"5"`
 	// BreakerFailureRate opens a breaker above it (default 0.5).
@@ -146,9 +151,10 @@ func (c *Config) PolicyConfig() policy.Config {
 	}
 	return policy.Config{
 		Default: c.Policy, PerType: per, MinSamples: c.MinSamples, ExploreShare: c.ExploreShare,
+		LatencyWeight: c.LatencyWeight,
 		Breaker: policy.BreakerConfig{
 			ConsecutiveFailures: c.BreakerFailures, FailureRate: c.BreakerFailureRate,
-			MinRequests: c.BreakerMinRequests, Cooldown: c.BreakerCooldown,
+			MinRequests: c.BreakerMinRequests, Cooldown: c.BreakerCooldown, HalfOpenProbes: c.BreakerProbes,
 		},
 	}
 }

@@ -253,3 +253,6 @@ func (d *Dispatcher) goRun(f func()) {
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); f() }()
 }
+
+// Config returns the dispatcher's configuration (defaults applied).
+func (d *Dispatcher) Config() Config { return d.cfg }

@@ -450,3 +450,45 @@ func TestBadInputIsRejectedOrDeadLettered(t *testing.T) {
 		t.Errorf("unknown-model error %q does not name the model", res.Error)
 	}
 }
+
+// A hung node that answers after its attempt was declared lost: the late
+// outcome counts in the statistics but does not change the final result.
+func TestLateOutcomeOfSupersededAttemptIsNotFinal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	hung := e.startNode("hung", []string{"z"}, map[string]behavior{"h": succeed})
+	hung.silent.Store(true)
+	e.submit(protocol.Task{ID: "late1", Type: "z", TimeoutMs: 200})
+	e.waitFor("dispatch to the hung node", func() bool { return len(hung.attempts()) == 1 })
+	e.startNode("ok", []string{"z"}, map[string]behavior{"g": func(protocol.Task, int) (protocol.OutcomeStatus, string) {
+		return protocol.OutcomeModelError, "g failed"
+	}})
+	// attempt 2 on g fails, attempt 3 may go anywhere; wait for the final result
+	res := e.result("late1")
+	if res.History[0].Status != protocol.OutcomeLost {
+		t.Fatalf("history = %+v", res.History)
+	}
+	// now the hung node wakes up and reports attempt 1 as a success
+	hung.mu.Lock()
+	h := hung.headers[0]
+	hung.mu.Unlock()
+	o := protocol.Outcome{TaskID: "late1", Type: "z", Attempt: 1, Model: "h", Node: "hung", Status: protocol.OutcomeSuccess,
+		Output: json.RawMessage(`"late"`), LatencyMs: 5000}
+	data, _ := json.Marshal(o)
+	m := &nats.Msg{Subject: topology.OutcomeSubject("hung"), Data: data, Header: nats.Header{}}
+	for k, v := range h {
+		if k != protocol.HdrMsgID {
+			m.Header[k] = v
+		}
+	}
+	if _, err := e.ns.JS.PublishMsg(e.ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("late outcome counted", func() bool { return e.d.Counters().Late.Load() == 1 })
+	if got := e.result("late1"); got.Status != res.Status || string(got.Output) != string(res.Output) || got.Attempts != res.Attempts {
+		t.Fatalf("final result changed: %+v → %+v", res, got)
+	}
+	if c := e.resultCount("late1"); c != 1 {
+		t.Fatalf("late1 has %d stored results", c)
+	}
+}

@@ -73,6 +73,19 @@ test: redis-server ## vet and test (-race) every module, then a short fuzz run; 
 	if [ $$failed -gt 0 ]; then echo "$$failed step(s) FAILED"; exit 1; fi; \
 	echo "all steps passed"
 
+# `make bench` flags, e.g. BENCH_FLAGS='-tasks 100000 -profile -nats-sync 2m';
+# see bin/mlsched-bench -h. Results go to .bench/ (git-ignored).
+BENCH_FLAGS   ?=
+# Hot-path go benchmarks run after the end-to-end one (in shared/).
+BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/...
+
+.PHONY: bench
+bench: build redis-server ## relay baseline vs mlsched end to end (tasks/s, latency, CPU, RSS), then the hot-path go benchmarks
+	@mkdir -p .bench
+	$(GO) build -o $(BIN)/mlsched-bench ./e2e/cmd/mlsched-bench
+	$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json $(BENCH_FLAGS) | tee .bench/bench-table.txt
+	cd shared && $(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee ../.bench/go-bench.txt
+
 .PHONY: docker-build
 docker-build: ## build the dispatcher, worker and mlsched images (needs a Docker daemon)
 	for t in dispatcher worker mlsched; do \

@@ -49,6 +49,9 @@ type Options struct {
 	// Concurrency is each worker's MLSCHED_CONCURRENCY and each sink's
 	// MaxAckPending (default 64).
 	Concurrency int `json:"concurrency"`
+	// SyncInterval is nats-server's jetstream sync_interval (default
+	// "always", as in production: an fsync per write).
+	SyncInterval string `json:"sync_interval"`
 	// Scenarios to run, in order (default relay then mlsched).
 	Scenarios []string `json:"scenarios"`
 	// ProfilePath, when set, receives a CPU profile of the dispatcher taken
@@ -85,6 +88,9 @@ func (o Options) withDefaults() Options {
 	def(&o.Rate, 5000)
 	def(&o.Concurrency, 64)
 	def(&o.ProfileSeconds, 20)
+	if o.SyncInterval == "" {
+		o.SyncInterval = "always"
+	}
 	if o.Policy == "" {
 		o.Policy = "reliability"
 	}
@@ -124,6 +130,8 @@ type Machine struct {
 	CPU   string `json:"cpu"`
 	Go    string `json:"go"`
 	OS    string `json:"os"`
+	// LoadAvg is /proc/loadavg at the start: the machine may be shared.
+	LoadAvg string `json:"loadavg"`
 }
 
 // Scenario is one system under test.
@@ -136,6 +144,9 @@ type Scenario struct {
 	Latency          Phase `json:"latency"`
 	// Memory of the long-lived processes over the measured phases.
 	Memory map[string]Memory `json:"memory"`
+	// Dispatched counts attempts per model over the whole scenario, from
+	// the dispatcher's stats report (mlsched only).
+	Dispatched map[string]int64 `json:"dispatched,omitempty"`
 }
 
 // Phase is one batch of tasks.
@@ -191,7 +202,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		dir = d
 	}
 	rep := &Report{Date: time.Now().UTC(), Machine: machine(), Options: o,
-		Storage: "file (nats-server sync_interval: always, an fsync per write, as in production)"}
+		Storage: "file, nats-server sync_interval: " + o.SyncInterval}
+	if o.SyncInterval == "always" {
+		rep.Storage += " (an fsync per write, as in production)"
+	} else {
+		rep.Storage += " (NOT production: acknowledged writes can be lost if the machine dies)"
+	}
 	for _, name := range o.Scenarios {
 		fmt.Fprintf(o.Progress, "== scenario %s\n", name)
 		s, prof, err := runScenario(ctx, o, name, filepath.Join(dir, name))
@@ -226,6 +242,11 @@ func (r *Report) Scenario(name string) *Scenario {
 
 func machine() Machine {
 	m := Machine{NProc: runtime.NumCPU(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			m.LoadAvg = strings.Join(f[:3], " ")
+		}
+	}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {

@@ -28,8 +28,8 @@ func (r *Report) WriteJSON(path string) error {
 // WriteTable prints the report as text tables.
 func (r *Report) WriteTable(w io.Writer) error {
 	o := r.Options
-	fmt.Fprintf(w, "mlsched-bench %s, %d CPUs (%s), %s %s\n", r.Date.Format("2006-01-02 15:04 MST"),
-		r.Machine.NProc, r.Machine.CPU, r.Machine.Go, r.Machine.OS)
+	fmt.Fprintf(w, "mlsched-bench %s, %d CPUs (%s), %s %s, load average at start %s\n", r.Date.Format("2006-01-02 15:04 MST"),
+		r.Machine.NProc, r.Machine.CPU, r.Machine.Go, r.Machine.OS, r.Machine.LoadAvg)
 	if r.Command != "" {
 		fmt.Fprintf(w, "command: %s\n", r.Command)
 	}
@@ -82,6 +82,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, s := range r.Scenarios {
+		if s.Latency.Throughput < 0.95*float64(o.Rate) {
+			fmt.Fprintf(w, "note: %s is overloaded at %d/s (it completed %.0f tasks/s in that phase): its latencies are mostly queueing\n",
+				s.Name, o.Rate, s.Latency.Throughput)
+		}
+	}
 
 	for _, ph := range []struct {
 		title string
@@ -113,6 +119,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 			c = append(c, cpuCell(totals[i], ph.get(&r.Scenarios[i]).Tasks))
 		}
 		row("total", c...)
+		c = c[:0]
+		for i := range r.Scenarios {
+			p := ph.get(&r.Scenarios[i])
+			busy := 0.0
+			if p.Seconds > 0 {
+				busy = 100 * totals[i] / (p.Seconds * float64(r.Machine.NProc))
+			}
+			c = append(c, fmt.Sprintf("%.0f%%", busy))
+		}
+		row(fmt.Sprintf("share of %d CPUs over the phase", r.Machine.NProc), c...)
 		if err := tw.Flush(); err != nil {
 			return err
 		}
@@ -133,6 +149,21 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, s := range r.Scenarios {
+		if len(s.Dispatched) == 0 {
+			continue
+		}
+		names := make([]string, 0, len(s.Dispatched))
+		for k := range s.Dispatched {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		fmt.Fprintf(w, "\n%s attempts per model (whole run):", s.Name)
+		for _, k := range names {
+			fmt.Fprintf(w, " %s %d", k, s.Dispatched[k])
+		}
+		fmt.Fprintln(w)
 	}
 	if r.Profile != nil {
 		fmt.Fprintf(w, "\ndispatcher CPU profile (%ds during the mlsched phases): %s\n", r.Profile.Seconds, r.Profile.Path)
@@ -159,7 +190,7 @@ func cpuCell(sec float64, tasks int) string {
 
 // processes lists the CPU groups of every scenario, servers first.
 func (r *Report) processes() []string {
-	order := []string{"nats-server", "redis-server", "dispatcher", "relay"}
+	order := []string{"nats-server", "redis-server", "dispatcher", "relay", "bench driver"}
 	seen := map[string]bool{}
 	var out []string
 	add := func(n string) {
@@ -177,15 +208,21 @@ func (r *Report) processes() []string {
 		}
 	}
 	slices.Sort(rest)
-	for _, n := range order {
-		for _, s := range r.Scenarios {
-			if _, ok := s.Throughput.CPU[n]; ok {
-				add(n)
-			}
+	has := func(n string) bool {
+		return slices.ContainsFunc(r.Scenarios, func(s Scenario) bool { _, ok := s.Throughput.CPU[n]; return ok })
+	}
+	for _, n := range order[:3] { // servers and dispatcher, workers, relay, us
+		if has(n) {
+			add(n)
 		}
 	}
 	for _, n := range rest {
 		add(n)
+	}
+	for _, n := range order[3:] {
+		if has(n) {
+			add(n)
+		}
 	}
 	return out
 }

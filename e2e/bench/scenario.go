@@ -56,7 +56,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 	defer g.Stop()
 	r := &run{o: o, name: name, g: g}
 	defer r.close()
-	if r.nats, err = g.StartNATS("nats"); err != nil {
+	if r.nats, err = g.StartNATS("nats", o.SyncInterval); err != nil {
 		return Scenario{}, nil, err
 	}
 	r.cpu = append(r.cpu, procGroup{"nats-server", []int{r.nats.Pid()}}, procGroup{"bench driver", []int{os.Getpid()}})
@@ -95,6 +95,14 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 		return res, nil, err
 	}
 	res.Memory = mem.stop()
+	if name == ScenarioMlsched {
+		if rep, err := r.adminStats(); err == nil {
+			res.Dispatched = map[string]int64{}
+			for _, m := range rep.Models {
+				res.Dispatched[m.Name] = m.Dispatched
+			}
+		}
+	}
 	var p *Profile
 	if prof != nil {
 		r.log("waiting for the %ds CPU profile", o.ProfileSeconds)

@@ -45,6 +45,7 @@ func benchMain(args []string) int {
 	fs.StringVar(&o.Policy, "policy", "reliability", "dispatcher policy")
 	fs.IntVar(&o.Rate, "rate", 5000, "offered load of the latency phase, tasks/s")
 	fs.IntVar(&o.Concurrency, "concurrency", 64, "worker concurrency and sink MaxAckPending")
+	fs.StringVar(&o.SyncInterval, "nats-sync", "always", "nats-server jetstream sync_interval (always = production; e.g. 2m to measure the fsync cost)")
 	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order")
 	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
 	profile := fs.Bool("profile", false, "take a CPU profile of the dispatcher during the mlsched phases")

@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func sampleReport() *Report {
+	o := Options{Scenarios: []string{ScenarioRelay, ScenarioMlsched}}.withDefaults()
+	return &Report{Machine: Machine{NProc: 2, CPU: "test cpu"}, Options: o, Storage: "file",
+		Scenarios: []Scenario{
+			{Name: ScenarioRelay, PublishesPerTask: 2,
+				Throughput: Phase{Tasks: 100, Seconds: 1, Throughput: 1000, CPU: map[string]float64{"nats-server": 0.5, "relay": 0.1}},
+				Latency:    Phase{Tasks: 100, Seconds: 1, Throughput: 5000, Latency: Latency{P99: 2}, CPU: map[string]float64{"nats-server": 0.5, "relay": 0.1}}},
+			{Name: ScenarioMlsched, PublishesPerTask: 4,
+				Throughput: Phase{Tasks: 100, Seconds: 2, Throughput: 400, CPU: map[string]float64{"nats-server": 1, "dispatcher": 0.2, "workers (4)": 0.3}},
+				Latency:    Phase{Tasks: 100, Seconds: 1, Throughput: 4000, Latency: Latency{P99: 6}, CPU: map[string]float64{"nats-server": 1}},
+				Dispatched: map[string]int64{"m1": 60, "m2": 40}},
+		},
+		ThroughputRatio: 0.4, P99Ratio: 3}
+}
+
+// TestWriteTable checks the verdicts and the CPU accounting of the table.
+func TestWriteTable(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	if err := sampleReport().WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"0.40x (target >= 0.5x: MISSED)",
+		"3.00x (target <= 2.5x: MISSED)",
+		"0.50 (5000)", // nats-server in the relay's throughput phase: 0.5 s over 100 tasks
+		"30%",         // relay: 0.6 CPU s over 1 s on 2 CPUs
+		"note: mlsched is overloaded at 5000/s",
+		"m1 60 m2 40",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "note: relay is overloaded") {
+		t.Errorf("relay reported overloaded:\n%s", out)
+	}
+}
+
+func TestWriteJSON(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := sampleReport().WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Report
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if s := got.Scenario(ScenarioMlsched); s == nil || s.Throughput.Throughput != 400 || got.ThroughputRatio != 0.4 {
+		t.Errorf("round trip lost data: %+v", got)
+	}
+	if got.Scenario("nope") != nil {
+		t.Error("Scenario of an unknown name is not nil")
+	}
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	t.Parallel()
+	if _, err := Run(t.Context(), Options{Scenarios: []string{"nope"}}); !errors.Is(err, ErrUnknownScenario) {
+		t.Errorf("unknown scenario: err = %v", err)
+	}
+	if _, err := Run(t.Context(), Options{Scenarios: []string{ScenarioRelay}}); err == nil {
+		t.Error("relay scenario without a relay command accepted")
+	}
+}

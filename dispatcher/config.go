@@ -30,63 +30,63 @@ type Config struct {
 	// PolicyByType overrides the policy per task type: "type:policy,...".
 	PolicyByType map[string]string `envconfig:"POLICY_BY_TYPE" desc:"per-type policies, e.g. fraud:thompson,ocr:latency"`
 	// MinSamples below which a model is explored (default 20).
-	MinSamples int `envconfig:"MIN_SAMPLES" default:"20"`
+	MinSamples int `envconfig:"MIN_SAMPLES" default:"20" desc:"judged outcomes below which a model is explored, not excluded"`
 	// ExploreShare of decisions spent on under-sampled models (default 0.05).
-	ExploreShare float64 `envconfig:"EXPLORE_SHARE" default:"0.05"`
+	ExploreShare float64 `envconfig:"EXPLORE_SHARE" default:"0.05" desc:"share of decisions spent exploring under-sampled models"`
 
 	// LatencyWeight makes thompson prefer faster models among similar ones
 	// (default 0: success only).
-	LatencyWeight float64 `envconfig:"LATENCY_WEIGHT" default:"0"`
+	LatencyWeight float64 `envconfig:"LATENCY_WEIGHT" default:"0" desc:"thompson: weight of latency against success (0: success only)"`
 	// BreakerProbes: tasks a half-open breaker lets through (default 3).
-	BreakerProbes int `envconfig:"BREAKER_PROBES" default:"3"`
+	BreakerProbes int `envconfig:"BREAKER_PROBES" default:"3" desc:"tasks a half-open breaker lets through per cooldown"`
 	// BreakerFailures: consecutive failures that open a breaker (default 5).
-	BreakerFailures int `envconfig:"BREAKER_FAILURES" default:"5"`
+	BreakerFailures int `envconfig:"BREAKER_FAILURES" default:"5" desc:"consecutive failures that open a breaker"`
 	// BreakerFailureRate opens a breaker above it (default 0.5).
-	BreakerFailureRate float64 `envconfig:"BREAKER_FAILURE_RATE" default:"0.5"`
+	BreakerFailureRate float64 `envconfig:"BREAKER_FAILURE_RATE" default:"0.5" desc:"failure rate in the window that opens a breaker"`
 	// BreakerMinRequests before the rate rule applies (default 20).
-	BreakerMinRequests int `envconfig:"BREAKER_MIN_REQUESTS" default:"20"`
+	BreakerMinRequests int `envconfig:"BREAKER_MIN_REQUESTS" default:"20" desc:"outcomes needed before the failure-rate rule applies"`
 	// BreakerCooldown before half-open (default 10s).
-	BreakerCooldown time.Duration `envconfig:"BREAKER_COOLDOWN" default:"10s"`
+	BreakerCooldown time.Duration `envconfig:"BREAKER_COOLDOWN" default:"10s" desc:"time an open breaker waits before going half-open"`
 
 	// StatsWindow is the rolling window (default 5m).
-	StatsWindow time.Duration `envconfig:"STATS_WINDOW" default:"5m"`
+	StatsWindow time.Duration `envconfig:"STATS_WINDOW" default:"5m" desc:"rolling statistics window"`
 	// StatsBucket is the window's granularity (default 10s).
-	StatsBucket time.Duration `envconfig:"STATS_BUCKET" default:"10s"`
+	StatsBucket time.Duration `envconfig:"STATS_BUCKET" default:"10s" desc:"granularity of the window"`
 	// SnapshotInterval between statistics refreshes (default 250ms).
-	SnapshotInterval time.Duration `envconfig:"SNAPSHOT_INTERVAL" default:"250ms"`
+	SnapshotInterval time.Duration `envconfig:"SNAPSHOT_INTERVAL" default:"250ms" desc:"how often statistics and the decision table are refreshed"`
 	// StatsBuffer bounds statistics updates buffered while Redis is down;
 	// beyond it the oldest are dropped (default 100000).
-	StatsBuffer int `envconfig:"STATS_BUFFER" default:"100000"`
+	StatsBuffer int `envconfig:"STATS_BUFFER" default:"100000" desc:"statistics updates buffered while Redis is down (oldest dropped beyond)"`
 
 	// TaskTimeout is the per-attempt timeout when neither the task nor the
 	// model sets one (default 30s).
-	TaskTimeout time.Duration `envconfig:"TASK_TIMEOUT" default:"30s"`
+	TaskTimeout time.Duration `envconfig:"TASK_TIMEOUT" default:"30s" desc:"per-attempt timeout when neither task nor model sets one"`
 	// DeadlineSlack is added to the timeout to form the dispatch deadline,
 	// covering queueing on the node (default 10s).
-	DeadlineSlack time.Duration `envconfig:"DEADLINE_SLACK" default:"10s"`
+	DeadlineSlack time.Duration `envconfig:"DEADLINE_SLACK" default:"10s" desc:"added to the timeout to form the dispatch deadline (queueing on the node)"`
 	// MaxAttempts when the task sets none (default 3).
-	MaxAttempts int `envconfig:"MAX_ATTEMPTS" default:"3"`
+	MaxAttempts int `envconfig:"MAX_ATTEMPTS" default:"3" desc:"attempts per task when the task sets none"`
 	// RetryBackoff is the first retry's delay, doubled per attempt up to
 	// RetryBackoffMax (defaults 100ms, 5s).
-	RetryBackoff    time.Duration `envconfig:"RETRY_BACKOFF" default:"100ms"`
-	RetryBackoffMax time.Duration `envconfig:"RETRY_BACKOFF_MAX" default:"5s"`
+	RetryBackoff    time.Duration `envconfig:"RETRY_BACKOFF" default:"100ms" desc:"delay before the first retry, doubled per attempt"`
+	RetryBackoffMax time.Duration `envconfig:"RETRY_BACKOFF_MAX" default:"5s" desc:"cap of the retry delay"`
 	// NoNodeWait is how long a task whose type no live node serves waits
 	// for one before it is rejected (default 30s).
-	NoNodeWait time.Duration `envconfig:"NO_NODE_WAIT" default:"30s"`
+	NoNodeWait time.Duration `envconfig:"NO_NODE_WAIT" default:"30s" desc:"how long a task no live node serves waits before it is rejected"`
 	// SweepInterval between scans for lost attempts (default 1s).
-	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"1s"`
+	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"1s" desc:"how often the stored dispatches are scanned for lost attempts"`
 
 	// MaxPayloadBytes bounds a task message (default 1048576).
-	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576"`
+	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576" desc:"largest task message accepted"`
 	// MaxInFlight bounds tasks being dispatched but not yet acknowledged by
 	// JetStream, and the consumers' MaxAckPending (default 1024).
-	MaxInFlight int `envconfig:"MAX_IN_FLIGHT" default:"1024"`
+	MaxInFlight int `envconfig:"MAX_IN_FLIGHT" default:"1024" desc:"publishes awaiting acknowledgement; consumers pull at most this many"`
 	// AckWait of the dispatcher's consumers (default 30s).
-	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s"`
+	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"ack wait of the dispatcher consumers"`
 	// NodeTTL expires a node without heartbeats (default 10s).
-	NodeTTL time.Duration `envconfig:"NODE_TTL" default:"10s"`
+	NodeTTL time.Duration `envconfig:"NODE_TTL" default:"10s" desc:"a node without heartbeat for this long is dead (as the workers)"`
 	// ResultsMaxAge is how long results are kept (default 24h).
-	ResultsMaxAge time.Duration `envconfig:"RESULTS_MAX_AGE" default:"24h"`
+	ResultsMaxAge time.Duration `envconfig:"RESULTS_MAX_AGE" default:"24h" desc:"how long results are kept"`
 	// Storage of the streams: file or memory (default file).
 	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage: file or memory"`
 

@@ -19,11 +19,16 @@ import (
 func runStats(ctx context.Context, a *app, args []string) error {
 	fs := a.newFlags("stats", "stats [-json] [-all]")
 	raw := fs.Bool("json", false, "print the raw StatsReport JSON, one line per dispatcher")
-	all := fs.Bool("all", false, "collect the answer of every dispatcher replica until -timeout, not just the first")
+	all := fs.Bool("all", false, "collect the answer of every dispatcher replica, not just the first")
+	gather := fs.Duration("gather", time.Second, "with -all, how long to collect answers")
 	if err := a.parseAndConnect(fs, args); err != nil {
 		return err
 	}
-	reports, err := a.requestStats(ctx, *all)
+	wait := a.timeout
+	if *all {
+		wait = min(wait, *gather)
+	}
+	reports, err := a.requestStats(ctx, *all, wait)
 	if err != nil {
 		return err
 	}
@@ -53,8 +58,8 @@ type statsReply struct {
 }
 
 // requestStats sends one request on SubjectAdminStats and gathers the first
-// reply, or with all every reply that arrives before the timeout.
-func (a *app) requestStats(ctx context.Context, all bool) ([]statsReply, error) {
+// reply, or with all every reply that arrives within wait.
+func (a *app) requestStats(ctx context.Context, all bool, wait time.Duration) ([]statsReply, error) {
 	inbox := a.nc.NewRespInbox()
 	sub, err := a.nc.SubscribeSync(inbox)
 	if err != nil {
@@ -64,7 +69,7 @@ func (a *app) requestStats(ctx context.Context, all bool) ([]statsReply, error) 
 	if err := a.nc.PublishRequest(protocol.SubjectAdminStats, inbox, nil); err != nil {
 		return nil, fmt.Errorf("stats request: %w", err)
 	}
-	cx, cancel := a.reqCtx(ctx)
+	cx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var out []statsReply
 	for {
@@ -77,7 +82,7 @@ func (a *app) requestStats(ctx context.Context, all bool) ([]statsReply, error) 
 				return out, nil
 			}
 			if errors.Is(err, context.DeadlineExceeded) {
-				return nil, fmt.Errorf("no dispatcher answered on %s within %s", protocol.SubjectAdminStats, a.timeout)
+				return nil, fmt.Errorf("no dispatcher answered on %s within %s", protocol.SubjectAdminStats, wait)
 			}
 			return out, err
 		}

@@ -109,7 +109,7 @@ func TestStatsAllReplicas(t *testing.T) {
 		body, _ := json.Marshal(protocol.StatsReport{Dispatcher: name})
 		respond(t, srv, body)
 	}
-	code, out, errs := cli(t, "", "", "-nats", srv.URL, "-timeout", "300ms", "stats", "-all", "-json")
+	code, out, errs := cli(t, srv.URL, "", "stats", "-all", "-gather", "300ms", "-json")
 	if code != exitOK || strings.Count(out, "\n") != 2 || !strings.Contains(out, `"r1"`) || !strings.Contains(out, `"r2"`) {
 		t.Fatalf("code %d, out %q, err %q", code, out, errs)
 	}

@@ -80,3 +80,28 @@ func BenchmarkWaitAll(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/result")
 }
+
+// BenchmarkSubmitMany is a pipelined batch of 1000 tasks; per-op figures are
+// for the batch.
+func BenchmarkSubmitMany(b *testing.B) {
+	_, c := benchSetup(b)
+	ctx := context.Background()
+	const n = 1000
+	payload := json.RawMessage(`{"text":"is this spam?"}`)
+	batch := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		batch++
+		tasks := make([]protocol.Task, n)
+		for i := range tasks {
+			tasks[i] = protocol.Task{ID: fmt.Sprintf("b%d-%d", batch, i), Type: "classify", Payload: payload}
+		}
+		_, errs := c.SubmitMany(ctx, tasks, 0)
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/task")
+}

@@ -78,23 +78,32 @@ func New(js jetstream.JetStream, opts ...Option) *Client {
 // re-submission within the duplicate window is acknowledged as Duplicate
 // and not queued twice.
 func (c *Client) Submit(ctx context.Context, t protocol.Task) (SubmitAck, error) {
+	data, err := c.encode(t)
+	if err != nil {
+		return SubmitAck{}, err
+	}
+	return c.publish(ctx, topology.TaskSubject(t.Type), data, t.ID)
+}
+
+// encode validates and marshals a task, with the dispatcher's verdict.
+func (c *Client) encode(t protocol.Task) ([]byte, error) {
 	v := t // Validate clears an invalid ID; keep the caller's copy intact
 	if err := v.Validate(c.limits); err != nil {
-		return SubmitAck{}, err
+		return nil, err
 	}
 	data, err := json.Marshal(t)
 	if err != nil {
 		// The only way Marshal fails here is a Payload that is not JSON.
-		return SubmitAck{}, protocol.Errorf(protocol.CodeMalformedJSON, "payload is not valid JSON: %v", err)
+		return nil, protocol.Errorf(protocol.CodeMalformedJSON, "payload is not valid JSON: %v", err)
 	}
 	lim := c.limits
 	if lim.MaxPayloadBytes <= 0 {
 		lim.MaxPayloadBytes = protocol.DefaultLimits.MaxPayloadBytes
 	}
 	if len(data) > lim.MaxPayloadBytes {
-		return SubmitAck{}, protocol.Errorf(protocol.CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
+		return nil, protocol.Errorf(protocol.CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
 	}
-	return c.publish(ctx, topology.TaskSubject(t.Type), data, t.ID)
+	return data, nil
 }
 
 // SubmitRaw publishes data as a task of taskType without validating it, with

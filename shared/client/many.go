@@ -1,0 +1,96 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// DefaultWindow is how many submissions SubmitMany keeps unacknowledged.
+const DefaultWindow = 256
+
+// SubmitMany submits tasks like Submit, but pipelined: up to window publishes
+// (DefaultWindow when window <= 0) await their acknowledgement at once, so a
+// batch of thousands costs little more than its bytes. It returns one ack
+// and one error per task, in order: errs[i] is nil when tasks[i] was
+// accepted (possibly as a duplicate). Invalid tasks fail locally and do not
+// stop the others. When ctx ends, the tasks not yet acknowledged get ctx's
+// error; they may or may not have been queued, and re-submitting them is
+// safe (Nats-Msg-Id).
+func (c *Client) SubmitMany(ctx context.Context, tasks []protocol.Task, window int) ([]SubmitAck, []error) {
+	if window <= 0 {
+		window = DefaultWindow
+	}
+	acks := make([]SubmitAck, len(tasks))
+	errs := make([]error, len(tasks))
+	if len(tasks) == 0 {
+		return acks, errs
+	}
+	if err := c.ensureTasksStream(ctx); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return acks, errs
+	}
+	type inflight struct {
+		i   int
+		fut jetstream.PubAckFuture
+	}
+	queue := make([]inflight, 0, window)
+	settle := func(f inflight) {
+		subj := topology.TaskSubject(tasks[f.i].Type)
+		select {
+		case ack := <-f.fut.Ok():
+			acks[f.i] = SubmitAck{Seq: ack.Sequence, Duplicate: ack.Duplicate}
+		case err := <-f.fut.Err():
+			errs[f.i] = fmt.Errorf("submit to %s: %w", subj, err)
+		case <-ctx.Done():
+			errs[f.i] = fmt.Errorf("submit to %s: %w", subj, ctx.Err())
+		}
+	}
+	for i, t := range tasks {
+		if len(queue) == window {
+			settle(queue[0])
+			queue = queue[1:]
+		}
+		if ctx.Err() != nil {
+			errs[i] = ctx.Err()
+			continue
+		}
+		data, err := c.encode(t)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		m := &nats.Msg{Subject: topology.TaskSubject(t.Type), Data: data, Header: nats.Header{}}
+		fut, err := c.js.PublishMsgAsync(m, jetstream.WithMsgID(t.ID), jetstream.WithExpectStream(topology.StreamTasks))
+		if err != nil {
+			errs[i] = fmt.Errorf("submit to %s: %w", m.Subject, err)
+			continue
+		}
+		queue = append(queue, inflight{i, fut})
+	}
+	for _, f := range queue {
+		settle(f)
+	}
+	return acks, errs
+}
+
+// ensureTasksStream creates the streams when the task stream is missing, so
+// that asynchronous publishes do not fail one by one.
+func (c *Client) ensureTasksStream(ctx context.Context) error {
+	_, err := c.js.Stream(ctx, topology.StreamTasks)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		err = topology.Ensure(ctx, c.js, c.topo)
+	}
+	if err != nil {
+		return fmt.Errorf("task stream: %w", err)
+	}
+	return nil
+}

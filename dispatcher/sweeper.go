@@ -61,8 +61,11 @@ func (d *Dispatcher) sweep(ctx context.Context, now time.Time) (int, error) {
 			return lost, nil
 		}
 		seq = raw.Sequence + 1
+		// A worker may be reporting a timeout right at the deadline: give it
+		// a sweep interval (at least a second) before declaring the attempt lost.
+		grace := max(d.cfg.SweepInterval, time.Second).Milliseconds()
 		deadline, err := strconv.ParseInt(raw.Header.Get(protocol.HdrDeadline), 10, 64)
-		if err == nil && now.UnixMilli() <= deadline {
+		if err == nil && now.UnixMilli() <= deadline+grace {
 			continue
 		}
 		if err := d.reportLost(ctx, raw); err != nil {

@@ -61,12 +61,35 @@ func (c *Cluster) cleanup() {
 	for i := len(procs) - 1; i >= 0; i-- {
 		procs[i].Kill()
 	}
-	if c.t.Failed() || os.Getenv("MLSCHED_E2E_LOGS") == "all" {
+	if c.t.Failed() || os.Getenv(EnvLogs) == "all" {
 		for _, p := range procs {
 			c.t.Logf("---- log of %s (%s) ----\n%s", p.Name, p.LogPath, tail(p.Logs(), 48<<10))
 		}
 	}
+	if dir := os.Getenv(EnvLogDir); dir != "" {
+		dst := filepath.Join(dir, strings.NewReplacer("/", "_", " ", "_").Replace(c.t.Name()))
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			c.t.Logf("keep logs: %v", err)
+			return
+		}
+		for _, p := range procs {
+			if err := os.WriteFile(filepath.Join(dst, p.Name+".log"), []byte(p.Logs()), 0o644); err != nil {
+				c.t.Logf("keep logs: %v", err)
+			}
+		}
+		c.t.Logf("process logs kept in %s", dst)
+	}
 }
+
+// Environment variables read by the harness itself (never passed on).
+const (
+	// EnvLogs=all prints every process log even when the test passed
+	// (by default only on failure).
+	EnvLogs = "MLSCHED_E2E_LOGS"
+	// EnvLogDir names a directory where the full process logs of every
+	// test are kept (e.g. as CI artefacts).
+	EnvLogDir = "MLSCHED_E2E_LOG_DIR"
+)
 
 func (c *Cluster) newProcess(name, path string, args, env []string) *Process {
 	dir := filepath.Join(c.Dir, name)
@@ -365,7 +388,7 @@ func (c *Cluster) StartDispatcher(o DispatcherOptions) *Dispatcher {
 	}
 	env := map[string]string{
 		"MLSCHED_NATS_URL":   c.NATS.URL,
-		"MLSCHED_LOG_FORMAT": "console",
+		"MLSCHED_LOG_FORMAT": "json",
 		"MLSCHED_LOG_LEVEL":  "info",
 	}
 	if c.Redis != nil && !o.NoRedis {
@@ -522,7 +545,7 @@ func (c *Cluster) StartWorker(o WorkerOptions) *Worker {
 	env := map[string]string{
 		"MLSCHED_NATS_URL":   c.NATS.URL,
 		"MLSCHED_NODE_ID":    o.NodeID,
-		"MLSCHED_LOG_FORMAT": "console",
+		"MLSCHED_LOG_FORMAT": "json",
 		"MLSCHED_LOG_LEVEL":  "info",
 	}
 	if o.ModelsFile != "" {

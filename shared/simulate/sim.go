@@ -187,6 +187,8 @@ type sim struct {
 
 	arrived, finished int
 	tasks             []taskResult
+	free              []*event       // processed events, for reuse
+	rec               [1]stats.Event // Record's batch, reused
 }
 
 // taskResult is what the metrics need of one task.
@@ -204,9 +206,23 @@ type taskResult struct {
 
 func (s *sim) clock() time.Time { return epoch.Add(s.now) }
 
+func (s *sim) eventFor(sc *Event) *event { e := s.newEvent(); e.sc = sc; return e }
+func (s *sim) eventA(a *attempt) *event  { e := s.newEvent(); e.a = a; return e }
+func (s *sim) eventT(t *task) *event     { e := s.newEvent(); e.t = t; return e }
+
+// newEvent returns a cleared event, reusing processed ones.
+func (s *sim) newEvent() *event {
+	if n := len(s.free); n > 0 {
+		e := s.free[n-1]
+		s.free = s.free[:n-1]
+		return e
+	}
+	return &event{}
+}
+
 func (s *sim) push(at time.Duration, k evKind, e *event) {
 	if e == nil {
-		e = &event{}
+		e = s.newEvent()
 	}
 	e.at, e.kind, e.seq = at, k, s.seq
 	s.seq++
@@ -229,11 +245,11 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 		switch e.Kind {
 		case EventModelJoin:
 			s.joined[e.Model] = false
-			s.push(e.At.D(), evScenario, &event{sc: e})
+			s.push(e.At.D(), evScenario, s.eventFor(e))
 		case EventFailureBurst:
 			s.bursts = append(s.bursts, e)
 		default:
-			s.push(e.At.D(), evScenario, &event{sc: e})
+			s.push(e.At.D(), evScenario, s.eventFor(e))
 		}
 	}
 	for t := range sc.Arrival.Types {
@@ -306,6 +322,8 @@ func (s *sim) run(ctx context.Context, n int) error {
 				err = s.outcome(ctx, e.a, protocol.OutcomeLost, s.now-e.a.dispatched)
 			}
 		}
+		*e = event{}
+		s.free = append(s.free, e)
 		if err != nil {
 			return err
 		}
@@ -381,7 +399,7 @@ func (s *sim) lose(a *attempt) {
 	if at < s.now {
 		at = s.now
 	}
-	s.push(at, evDeadline, &event{a: a})
+	s.push(at, evDeadline, s.eventA(a))
 }
 
 // heartbeats is what the node bucket holds now: live nodes, and crashed
@@ -464,12 +482,13 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 			s.finish(t, false)
 			return nil
 		}
-		s.push(s.now+s.sc.Refresh.D(), evRedecide, &event{t: t})
+		s.push(s.now+s.sc.Refresh.D(), evRedecide, s.eventT(t))
 		return nil
 	}
 	t.waitFrom = -1
 	a := &attempt{t: t, n: n, model: d.Model, node: nd, dispatched: s.now}
-	if err := s.store.Record(ctx, []stats.Event{{Model: a.model, Node: nd.spec.Name, Kind: stats.KindDispatched, At: s.clock()}}); err != nil {
+	s.rec[0] = stats.Event{Model: a.model, Node: nd.spec.Name, Kind: stats.KindDispatched, At: s.clock()}
+	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record dispatch: %w", err)
 	}
 	switch {
@@ -502,7 +521,7 @@ func (s *sim) start(a *attempt) {
 	if a.latency > s.sc.Timeout.D() {
 		a.timeout, a.latency = true, s.sc.Timeout.D()
 	}
-	s.push(s.now+a.latency, evDone, &event{a: a})
+	s.push(s.now+a.latency, evDone, s.eventA(a))
 }
 
 func (s *sim) complete(ctx context.Context, a *attempt) error {
@@ -549,7 +568,8 @@ var kindOf = map[protocol.OutcomeStatus]stats.Kind{
 // outcome records how an attempt ended and fails over or finishes the task.
 func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus, lat time.Duration) error {
 	a.state = stFinished
-	if err := s.store.Record(ctx, []stats.Event{{Model: a.model, Node: a.node.spec.Name, Kind: kindOf[st], Latency: lat, At: s.clock()}}); err != nil {
+	s.rec[0] = stats.Event{Model: a.model, Node: a.node.spec.Name, Kind: kindOf[st], Latency: lat, At: s.clock()}
+	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record outcome: %w", err)
 	}
 	t := a.t

@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -51,7 +50,7 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 	minRate := fs.Float64("min-success-rate", 0, "exclude models below this success rate (0: none)")
 	wait := fs.Bool("wait", false, "wait for every result, print each as a JSON line, then a summary; exit 3 unless all succeeded")
 	waitTimeout := fs.Duration("wait-timeout", 0, "give up waiting after this long (0: wait until interrupted)")
-	parallel := fs.Int("parallel", 32, "concurrent submissions")
+	window := fs.Int("window", 256, "submissions awaiting their acknowledgement at once")
 	if err := a.parseAndConnect(fs, args); err != nil {
 		return err
 	}
@@ -107,7 +106,7 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 		return errUsage
 	}
 
-	ids, err := a.submitAll(ctx, tasks, *parallel, !*wait, &sum)
+	ids, err := a.submitAll(ctx, tasks, *window, !*wait, &sum)
 	if err != nil && len(ids) == 0 {
 		return err
 	}
@@ -166,60 +165,38 @@ func decodeLine(line []byte, lim protocol.Limits) (protocol.Task, error) {
 	return t, err
 }
 
-// submitAll submits tasks with up to parallel publishers and returns the
-// ids the stream accepted (duplicates included: they still get a result).
-func (a *app) submitAll(ctx context.Context, tasks []submitLine, parallel int, printAcks bool, sum *summary) ([]string, error) {
-	parallel = max(1, min(parallel, len(tasks)))
-	var (
-		mu       sync.Mutex
-		ids      = make([]string, 0, len(tasks))
-		firstErr error
-		wg       sync.WaitGroup
-		work     = make(chan submitLine)
-	)
-	for range parallel {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for sl := range work {
-				cx, cancel := a.reqCtx(ctx)
-				ack, err := a.client.Submit(cx, sl.task)
-				cancel()
-				mu.Lock()
-				if err != nil {
-					sum.Unsent++
-					where := sl.task.ID
-					if sl.line > 0 {
-						where = fmt.Sprintf("line %d (%s)", sl.line, sl.task.ID)
-					}
-					fmt.Fprintf(a.stderr, "%s: %v\n", where, err)
-					if firstErr == nil {
-						firstErr = err
-					}
-				} else {
-					sum.Submitted++
-					if ack.Duplicate {
-						sum.Duplicates++
-					}
-					ids = append(ids, sl.task.ID)
-					if printAcks {
-						writeJSON(a.stdout, submitAck{ID: sl.task.ID, Line: sl.line, Seq: ack.Seq, Duplicate: ack.Duplicate})
-					}
-				}
-				mu.Unlock()
+// submitAll submits tasks pipelined, window at a time, reports each failure
+// on stderr with its line, and returns the ids the stream accepted
+// (duplicates included: they still have one result).
+func (a *app) submitAll(ctx context.Context, tasks []submitLine, window int, printAcks bool, sum *summary) ([]string, error) {
+	batch := make([]protocol.Task, len(tasks))
+	for i, sl := range tasks {
+		batch[i] = sl.task
+	}
+	acks, errs := a.client.SubmitMany(ctx, batch, window)
+	ids := make([]string, 0, len(tasks))
+	var firstErr error
+	for i, sl := range tasks {
+		if err := errs[i]; err != nil {
+			sum.Unsent++
+			where := sl.task.ID
+			if sl.line > 0 {
+				where = fmt.Sprintf("line %d (%s)", sl.line, sl.task.ID)
 			}
-		}()
-	}
-	for _, sl := range tasks {
-		if ctx.Err() != nil {
-			break
+			fmt.Fprintf(a.stderr, "%s: %v\n", where, err)
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
 		}
-		work <- sl
-	}
-	close(work)
-	wg.Wait()
-	if firstErr == nil && ctx.Err() != nil {
-		firstErr = ctx.Err()
+		sum.Submitted++
+		if acks[i].Duplicate {
+			sum.Duplicates++
+		}
+		ids = append(ids, sl.task.ID)
+		if printAcks {
+			writeJSON(a.stdout, submitAck{ID: sl.task.ID, Line: sl.line, Seq: acks[i].Seq, Duplicate: acks[i].Duplicate})
+		}
 	}
 	if firstErr != nil {
 		return ids, fmt.Errorf("%d of %d tasks not submitted: %w", len(tasks)-len(ids), len(tasks), firstErr)

@@ -90,6 +90,13 @@ type Scenario struct {
 	// Timeout of one attempt, as the worker enforces it (default 5s). An
 	// attempt whose drawn latency exceeds it is a timeout.
 	Timeout Duration `json:"timeout,omitempty"`
+	// DeadlineSlack is added to the timeout to form the dispatch deadline
+	// (default 10s, the dispatcher's MLSCHED_DEADLINE_SLACK): a queued
+	// attempt not started by then expires.
+	DeadlineSlack Duration `json:"deadline_slack,omitempty"`
+	// LostGrace is how long after the deadline the dispatcher's sweeper
+	// declares an unanswered attempt lost (default 1s, its sweep interval).
+	LostGrace Duration `json:"lost_grace,omitempty"`
 	// Refresh is how often the dispatcher rebuilds its table (default
 	// 250ms).
 	Refresh Duration `json:"refresh,omitempty"`
@@ -298,6 +305,8 @@ func (sc *Scenario) validate() error {
 	}{
 		{"timeout", &sc.Timeout, 5 * time.Second},
 		{"refresh", &sc.Refresh, 250 * time.Millisecond},
+		{"deadline_slack", &sc.DeadlineSlack, 10 * time.Second},
+		{"lost_grace", &sc.LostGrace, time.Second},
 		{"node_ttl", &sc.NodeTTL, 10 * time.Second},
 		{"window.size", &sc.Window.Size, 5 * time.Minute},
 		{"window.bucket", &sc.Window.Bucket, 10 * time.Second},

@@ -21,7 +21,7 @@ func TestParseScenarioDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sc.Tasks != 20000 || sc.MaxAttempts != 3 || sc.Timeout.D() != 5*time.Second || sc.Refresh.D() != 250*time.Millisecond ||
+	if sc.Tasks != 20000 || sc.MaxAttempts != 3 || sc.Timeout.D() != 5*time.Second || sc.Refresh.D() != 250*time.Millisecond || sc.DeadlineSlack.D() != 10*time.Second || sc.LostGrace.D() != time.Second ||
 		sc.NodeTTL.D() != 10*time.Second || sc.Window.Size.D() != 5*time.Minute || sc.Window.Bucket.D() != 10*time.Second || sc.Nodes[0].Capacity != 16 {
 		t.Fatalf("defaults not filled: %+v", sc)
 	}

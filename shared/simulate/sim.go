@@ -393,9 +393,15 @@ func (s *sim) runningOn(n *node) []*attempt {
 	return out
 }
 
+// deadline is how long after its dispatch an attempt may still start: the
+// dispatcher's dispatch deadline, timeout plus slack.
+func (s *sim) deadline() time.Duration { return s.sc.Timeout.D() + s.sc.DeadlineSlack.D() }
+
+// lose marks an attempt that will never answer; the dispatcher's sweeper
+// declares it lost once its deadline and the sweep grace have passed.
 func (s *sim) lose(a *attempt) {
 	a.state = stLost
-	at := a.dispatched + s.sc.Timeout.D()
+	at := a.dispatched + s.deadline() + s.sc.LostGrace.D()
 	if at < s.now {
 		at = s.now
 	}
@@ -533,7 +539,7 @@ func (s *sim) complete(ctx context.Context, a *attempt) error {
 	for len(nd.queue) > 0 && nd.running < nd.spec.Capacity {
 		next := nd.queue[0]
 		nd.queue = nd.queue[1:]
-		if s.now-next.dispatched > s.sc.Timeout.D() {
+		if s.now-next.dispatched > s.deadline() {
 			expired = append(expired, next)
 			continue
 		}

@@ -18,11 +18,12 @@ IMAGE_TAG    ?= dev
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
+# bin/nats-server is built at the version pinned in e2e/go.mod (kept there by
+# e2e/tools.go), for running a real server outside the tests.
 .PHONY: build
 build: ## build bin/dispatcher, bin/worker, bin/mlsched and bin/nats-server
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./dispatcher/cmd/dispatcher ./dispatcher/cmd/mlsched ./worker/cmd/worker
-	# nats-server at the version pinned in e2e/go.mod (kept there by e2e/tools.go)
 	cd e2e && $(GO) build -o ../$(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 .PHONY: run

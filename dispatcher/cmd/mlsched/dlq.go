@@ -294,6 +294,10 @@ func (a *app) dlqReplay(ctx context.Context, args []string) error {
 	return nil
 }
 
+// dedupeSlack is added to the duplicate window: the server drops expired
+// message ids on a timer, not exactly at the window's end.
+const dedupeSlack = time.Second
+
 // errTooEarly: the task's earlier messages are still inside the streams'
 // duplicate window.
 var errTooEarly = errors.New("too early to replay")
@@ -337,7 +341,8 @@ func (a *app) replay(ctx context.Context, dlq jetstream.Stream, e dlqEntry, forc
 			return 0, fmt.Errorf("read the old result of %s: %w", id, err)
 		}
 		window := results.CachedInfo().Config.Duplicates
-		if ready := last.Add(window); time.Now().Before(ready) {
+		// The server forgets ids on a timer, a little after the window.
+		if ready := last.Add(window + dedupeSlack); time.Now().Before(ready) {
 			return 0, fmt.Errorf("%w: task %s's last messages are inside the %s duplicate window; retry after %s (or -force)",
 				errTooEarly, id, window, ready.UTC().Format(time.RFC3339))
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/worker/model"
 )
 
 // The pipeline test's shape: four simulated models, named by how often they
@@ -132,6 +133,7 @@ func runPipeline(t *testing.T, policy string) {
 	for _, m := range pipelineModels {
 		want[m] = &protocol.ModelReport{Name: m}
 	}
+	hosts := nodeModels(t)
 	late := map[string]int{} // attempts per model after warm-up
 	var failed int
 	for i, task := range tasks {
@@ -153,6 +155,9 @@ func runPipeline(t *testing.T, policy string) {
 			t.Errorf("%s: status %q (%s: %s)", r.ID, r.Status, r.ErrorCode, r.Error)
 		}
 		for _, a := range attempts(r) {
+			if !hosts[a.Node][a.Model] {
+				t.Errorf("%s: attempt %d ran %s on %q, which does not host it", r.ID, a.Attempt, a.Model, a.Node)
+			}
 			mr := want[a.Model]
 			if mr == nil {
 				t.Errorf("%s: attempt %d on unknown model %q", r.ID, a.Attempt, a.Model)
@@ -249,6 +254,21 @@ func runPipeline(t *testing.T, policy string) {
 		t.Errorf("in-flight gauges are not back to 0 after every task finished: %v", err)
 	}
 
+	if r, err := d.Stats(ctx); err != nil {
+		t.Error(err)
+	} else if r.Store != "redis" || r.Degraded || r.Dropped != 0 {
+		t.Errorf("dispatcher store %q degraded=%v (%s) dropped=%d: want redis, healthy, nothing dropped",
+			r.Store, r.Degraded, r.DegradedReason, r.Dropped)
+	}
+	// Nothing was malformed, so nothing may be dead-lettered.
+	if dlq, err := js.Stream(ctx, topology.StreamDLQ); err != nil {
+		t.Error(err)
+	} else if info, err := dlq.Info(ctx); err != nil {
+		t.Error(err)
+	} else if info.State.Msgs != 0 {
+		t.Errorf("%d dead letters for well-formed tasks", info.State.Msgs)
+	}
+
 	// Only now, after everything settled: no task got a second result.
 	if dups := seen.duplicates(); len(dups) > 0 {
 		t.Errorf("%d tasks got more than one result message, e.g. %v", len(dups), dups[:min(5, len(dups))])
@@ -277,6 +297,23 @@ func runPipeline(t *testing.T, policy string) {
 	if share := float64(late[model00]+late[model02]) / float64(total); share < 0.75 {
 		t.Errorf("after warm-up the two reliable models got %.1f%% of the attempts, want at least 75%%", 100*share)
 	}
+}
+
+// nodeModels reads which node hosts which model from testdata.
+func nodeModels(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	out := map[string]map[string]bool{}
+	for _, node := range []string{"node-1", "node-2", "node-3"} {
+		specs, err := model.LoadFile("testdata/" + node + ".yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[node] = map[string]bool{}
+		for _, s := range specs {
+			out[node][s.Name] = true
+		}
+	}
+	return out
 }
 
 // attempts returns a result's attempts: its history, which ends with the

@@ -1,0 +1,305 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/worker/model"
+)
+
+// This file holds the pure parts of the chaos test: the seeded fault schedule
+// and the verdict on the results. They are unit-tested on their own
+// (chaos_unit_test.go) so that the invariants the chaos run relies on are
+// known to catch violations.
+
+// faultKind is one kind of fault the chaos test injects.
+type faultKind string
+
+const (
+	faultKillWorker     faultKind = "kill-worker"     // kill -9 one worker, restart it after Down
+	faultKillDispatcher faultKind = "kill-dispatcher" // kill -9 one dispatcher, restart it after Down
+	faultRestartNATS    faultKind = "restart-nats"    // stop nats-server, start it after Down (same port and store)
+	faultRestartRedis   faultKind = "restart-redis"   // stop redis-server, start it after Down (its data is lost)
+)
+
+var faultKinds = []faultKind{faultKillWorker, faultKillDispatcher, faultRestartNATS, faultRestartRedis}
+
+// fault is one entry of the schedule.
+type fault struct {
+	// At is when it starts, from the start of the run.
+	At   time.Duration
+	Kind faultKind
+	// Target indexes the workers or dispatchers (unused for servers).
+	Target int
+	// Down is how long the process stays down before it is started again.
+	Down time.Duration
+}
+
+func (f fault) String() string {
+	target := ""
+	switch f.Kind {
+	case faultKillWorker:
+		target = fmt.Sprintf(" worker#%d", f.Target)
+	case faultKillDispatcher:
+		target = fmt.Sprintf(" dispatcher#%d", f.Target)
+	}
+	return fmt.Sprintf("t+%.1fs %s%s down %.1fs", f.At.Seconds(), f.Kind, target, f.Down.Seconds())
+}
+
+// chaosSchedule draws the faults of a run from seed: rounds × the four kinds
+// (in a random order per round), one per equal slot of [10%, 85%] of window
+// at a random moment in its slot, so that faults follow each other and fall
+// while tasks are still being submitted. A worker stays down 1-6s: beyond
+// the 3s dispatch deadline (1s timeout + 2s slack), what was routed to it
+// before its heartbeat expired is lost and must be failed over.
+func chaosSchedule(seed int64, rounds int, window time.Duration, workers, dispatchers int) []fault {
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x63686130732d7363))
+	n := rounds * len(faultKinds)
+	from, span := window/10, window*3/4
+	slot := span / time.Duration(max(n, 1))
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	var out []fault
+	for r := 0; r < rounds; r++ {
+		kinds := append([]faultKind(nil), faultKinds...)
+		rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		for _, k := range kinds {
+			i := len(out)
+			f := fault{Kind: k, At: from + time.Duration(i)*slot + between(0, slot*3/4)}
+			switch k {
+			case faultKillWorker:
+				f.Target, f.Down = rng.IntN(workers), between(time.Second, 6*time.Second)
+			case faultKillDispatcher:
+				f.Target, f.Down = rng.IntN(dispatchers), between(500*time.Millisecond, 4*time.Second)
+			case faultRestartNATS:
+				f.Down = between(200*time.Millisecond, 2*time.Second)
+			case faultRestartRedis:
+				f.Down = between(300*time.Millisecond, 2000*time.Millisecond)
+			}
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// healthyMaxFailure is the definition of a healthy model: one whose attempts
+// fail (model error or hang) at most this often by its models file, and that
+// has at least one hosting node up (see outage).
+const healthyMaxFailure = 0.10
+
+// chaosModel is a model of the chaos cluster as the models files define it.
+type chaosModel struct {
+	Name string
+	// FailRate is the share of attempts that fail: model errors plus hangs.
+	FailRate float64
+	// TaskErrorRate is the share of attempts ending in a task error.
+	TaskErrorRate float64
+	Nodes         []string
+}
+
+// loadChaosModels reads testdata/chaos/<node>.yaml of every node.
+func loadChaosModels(dir string, nodes []string) (map[string]*chaosModel, error) {
+	out := map[string]*chaosModel{}
+	for _, node := range nodes {
+		specs, err := model.LoadFile(filepath.Join(dir, node+".yaml"))
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range specs {
+			if s.Sim == nil {
+				return nil, fmt.Errorf("%s: model %s is not simulated", node, s.Name)
+			}
+			fail := s.Sim.FailureRate + s.Sim.TimeoutRate
+			m := out[s.Name]
+			if m == nil {
+				m = &chaosModel{Name: s.Name, FailRate: fail, TaskErrorRate: s.Sim.TaskErrorRate}
+				out[s.Name] = m
+			} else if m.FailRate != fail || m.TaskErrorRate != s.Sim.TaskErrorRate {
+				return nil, fmt.Errorf("model %s behaves differently on %s", s.Name, node)
+			}
+			m.Nodes = append(m.Nodes, node)
+		}
+	}
+	return out, nil
+}
+
+// outage is a worker node being down: from its kill until its restarted
+// worker's first heartbeat.
+type outage struct {
+	Node     string
+	From, To time.Time
+}
+
+// healthyModels returns the healthy models at t other than except: failure
+// rate at most healthyMaxFailure and a hosting node that is not in an outage.
+func healthyModels(models map[string]*chaosModel, outages []outage, t time.Time, except string) []string {
+	down := map[string]bool{}
+	for _, o := range outages {
+		if !t.Before(o.From) && !t.After(o.To) {
+			down[o.Node] = true
+		}
+	}
+	var out []string
+	for name, m := range models {
+		if name == except || m.FailRate > healthyMaxFailure {
+			continue
+		}
+		for _, n := range m.Nodes {
+			if !down[n] {
+				out = append(out, name)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// taskKind says what a submission is and so which final state it must reach.
+type taskKind int
+
+const (
+	kindGood     taskKind = iota // a valid task: succeeded, or failed by the rules
+	kindRejected                 // valid JSON with an id, published on the wrong type's subject: rejected
+	kindNoID                     // no id: cannot have a result, must be dead-lettered
+)
+
+// chaosTask is one submission of the chaos run.
+type chaosTask struct {
+	ID   string // "" for kindNoID
+	Type string // the task's type (kindRejected is published on the other type's subject)
+	Kind taskKind
+	// MsgID is the Nats-Msg-Id of the submission (the id, or a made-up one
+	// for a task without id) so that a retried submit is deduplicated.
+	MsgID string
+	// Raw is the published body of a bad submission.
+	Raw []byte
+}
+
+// verdict summarises the results and lists every broken rule.
+type verdict struct {
+	Succeeded, Failed, FailedExhausted, FailedTaskError, Rejected int
+	// Attempts counts attempts per final-attempt status over all results.
+	Attempts map[protocol.OutcomeStatus]int
+	Problems []string
+}
+
+func (v *verdict) problem(format string, a ...any) {
+	v.Problems = append(v.Problems, fmt.Sprintf(format, a...))
+}
+
+// verifyResults checks the final result of every task with an id:
+//   - it exists and names the task;
+//   - a good task succeeded or failed, never rejected;
+//   - its history is the chain of its attempts: numbered 1..Attempts, on
+//     known models, every attempt but the last a retryable failure, the last
+//     one matching the result's status;
+//   - a failed result either ran all maxAttempts attempts (attempts
+//     exhausted) or ended in a task error; failing with attempts left is
+//     tolerated only if no other model was healthy when it failed;
+//   - a bad task was rejected with type_mismatch, without attempts.
+func verifyResults(tasks []chaosTask, results map[string]*protocol.Result, models map[string]*chaosModel,
+	outages []outage, maxAttempts int) verdict {
+	v := verdict{Attempts: map[protocol.OutcomeStatus]int{}}
+	for _, task := range tasks {
+		if task.Kind == kindNoID {
+			continue
+		}
+		r := results[task.ID]
+		if r == nil {
+			v.problem("%s: no final result", task.ID)
+			continue
+		}
+		if r.ID != task.ID || r.Type != task.Type {
+			v.problem("%s/%s: result names %s/%s", task.ID, task.Type, r.ID, r.Type)
+		}
+		if task.Kind == kindRejected {
+			if r.Status != protocol.StatusRejected || r.ErrorCode != protocol.CodeTypeMismatch || len(r.History) > 0 {
+				v.problem("%s: bad input got %s (%s) with %d attempts, want rejected (%s) without attempts",
+					task.ID, r.Status, r.ErrorCode, len(r.History), protocol.CodeTypeMismatch)
+			} else {
+				v.Rejected++
+			}
+			continue
+		}
+		for _, a := range r.History {
+			v.Attempts[a.Status]++
+		}
+		switch r.Status {
+		case protocol.StatusSucceeded:
+			v.Succeeded++
+			checkHistory(&v, r, models, protocol.OutcomeSuccess)
+		case protocol.StatusFailed:
+			v.Failed++
+			last := lastAttempt(r)
+			switch {
+			case r.ErrorCode == protocol.CodeTaskError:
+				v.FailedTaskError++
+				checkHistory(&v, r, models, protocol.OutcomeTaskError)
+			case r.ErrorCode == protocol.CodeAttemptsExhausted && r.Attempts == maxAttempts:
+				v.FailedExhausted++
+				checkHistory(&v, r, models, "")
+			default:
+				// Failed with attempts left, without a task error: only
+				// acceptable when no other model could have taken it.
+				if h := healthyModels(models, outages, r.FinishedAt, last.Model); len(h) > 0 {
+					v.problem("%s: failed (%s: %s) after %d of %d attempts while %v were healthy; history %s",
+						r.ID, r.ErrorCode, r.Error, r.Attempts, maxAttempts, h, historyString(r))
+				}
+			}
+		default:
+			v.problem("%s: a valid task got %s (%s: %s); history %s", r.ID, r.Status, r.ErrorCode, r.Error, historyString(r))
+		}
+	}
+	return v
+}
+
+// checkHistory checks the chain of attempts. final is the status the last
+// attempt must have ("" for any retryable failure).
+func checkHistory(v *verdict, r *protocol.Result, models map[string]*chaosModel, final protocol.OutcomeStatus) {
+	h := r.History
+	if len(h) != r.Attempts || len(h) == 0 {
+		v.problem("%s: %s after %d attempts but its history has %d: %s", r.ID, r.Status, r.Attempts, len(h), historyString(r))
+		return
+	}
+	for i, a := range h {
+		if a.Attempt != i+1 {
+			v.problem("%s: history entry %d is attempt %d: %s", r.ID, i+1, a.Attempt, historyString(r))
+			return
+		}
+		if models[a.Model] == nil {
+			v.problem("%s: attempt %d on unknown model %q", r.ID, a.Attempt, a.Model)
+		}
+		if i < len(h)-1 || final == "" {
+			if !a.Status.Retryable() {
+				v.problem("%s: attempt %d ended %s yet the task went on: %s", r.ID, a.Attempt, a.Status, historyString(r))
+			}
+			continue
+		}
+		if a.Status != final {
+			v.problem("%s: %s but its last attempt ended %s: %s", r.ID, r.Status, a.Status, historyString(r))
+		}
+		if final == protocol.OutcomeSuccess && (a.Model != r.Model || a.Node != r.Node) {
+			v.problem("%s: result names %s@%s, its last attempt ran %s@%s", r.ID, r.Model, r.Node, a.Model, a.Node)
+		}
+	}
+}
+
+func lastAttempt(r *protocol.Result) protocol.Attempt {
+	if len(r.History) == 0 {
+		return protocol.Attempt{}
+	}
+	return r.History[len(r.History)-1]
+}
+
+func historyString(r *protocol.Result) string {
+	parts := make([]string, len(r.History))
+	for i, a := range r.History {
+		parts[i] = fmt.Sprintf("#%d %s@%s %s", a.Attempt, a.Model, a.Node, a.Status)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}

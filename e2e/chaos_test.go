@@ -1,0 +1,775 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// Environment variables of the chaos test (read by the test, not passed to
+// the processes).
+const (
+	// EnvChaosTasks is how many tasks to submit (default 2000; make chaos: 20000).
+	EnvChaosTasks = "MLSCHED_CHAOS_TASKS"
+	// EnvChaosSeed replays a run's fault schedule and simulated models
+	// (default: a random seed, printed).
+	EnvChaosSeed = "MLSCHED_CHAOS_SEED"
+	// EnvChaosRate is the submission rate in tasks/s (default 100): the run
+	// submits for Tasks/Rate seconds and the faults fall in that window.
+	EnvChaosRate = "MLSCHED_CHAOS_RATE"
+	// EnvChaosRounds is how many times each of the four faults is injected
+	// (default Tasks/4000, at least 1).
+	EnvChaosRounds = "MLSCHED_CHAOS_ROUNDS"
+)
+
+var chaosNodes = []string{"chaos-1", "chaos-2", "chaos-3", "chaos-4"}
+
+const chaosMaxAttempts = 3
+
+// Short timeouts so that lost attempts are found fast.
+var (
+	chaosDispatcherEnv = map[string]string{
+		"MLSCHED_TASK_TIMEOUT":      "1s",
+		"MLSCHED_DEADLINE_SLACK":    "2s",
+		"MLSCHED_SWEEP_INTERVAL":    "250ms",
+		"MLSCHED_NODE_TTL":          "3s",
+		"MLSCHED_MAX_ATTEMPTS":      strconv.Itoa(chaosMaxAttempts),
+		"MLSCHED_ACK_WAIT":          "5s", // a killed dispatcher's messages come back after 5s
+		"MLSCHED_SNAPSHOT_INTERVAL": "100ms",
+	}
+	chaosWorkerEnv = map[string]string{
+		"MLSCHED_NODE_TTL":           "3s",
+		"MLSCHED_HEARTBEAT_INTERVAL": "500ms",
+		"MLSCHED_ACK_WAIT":           "4s",
+		"MLSCHED_SHUTDOWN_GRACE":     "2s",
+	}
+)
+
+type chaosParams struct {
+	Tasks  int
+	Seed   int64
+	Rate   float64
+	Rounds int
+}
+
+func chaosParamsFromEnv(t *testing.T) chaosParams {
+	t.Helper()
+	p := chaosParams{Tasks: 2000, Seed: int64(rand.Uint32()), Rate: 100}
+	num := func(name string, set func(string) error) {
+		if v := os.Getenv(name); v != "" {
+			if err := set(v); err != nil {
+				t.Fatalf("%s=%q: %v", name, v, err)
+			}
+		}
+	}
+	num(EnvChaosTasks, func(v string) (err error) { p.Tasks, err = strconv.Atoi(v); return })
+	num(EnvChaosSeed, func(v string) (err error) { p.Seed, err = strconv.ParseInt(v, 10, 64); return })
+	num(EnvChaosRate, func(v string) (err error) { p.Rate, err = strconv.ParseFloat(v, 64); return })
+	num(EnvChaosRounds, func(v string) (err error) { p.Rounds, err = strconv.Atoi(v); return })
+	if p.Tasks < 100 || p.Rate <= 0 || p.Rounds < 0 {
+		t.Fatalf("chaos parameters out of range: %+v", p)
+	}
+	if p.Rounds == 0 {
+		p.Rounds = max(1, p.Tasks/4000)
+	}
+	return p
+}
+
+// TestChaos runs the whole system as processes (nats-server on file storage,
+// redis-server, 2 dispatchers, 4 workers hosting 5 simulated models of 0-30%
+// failure) under a seeded schedule of faults: kill -9 of a worker and of a
+// dispatcher (each restarted), restarts of nats-server and of redis-server,
+// while a producer submits tasks through the SDK, re-submitting with the
+// same id whatever failed. It then checks that every task has exactly one
+// final result that never changed, that no task failed while a healthy model
+// and attempts remained, and that bad input was rejected or dead-lettered.
+//
+// The short run (2000 tasks) is part of `make test`; `make chaos` runs
+// 20000. MLSCHED_CHAOS_SEED replays a schedule.
+func TestChaos(t *testing.T) {
+	requireBinaries(t, "dispatcher", "worker", "nats-server")
+	t.Parallel()
+	p := chaosParamsFromEnv(t)
+	window := time.Duration(float64(p.Tasks) / p.Rate * float64(time.Second))
+	schedule := chaosSchedule(p.Seed, p.Rounds, window, len(chaosNodes), 2)
+	t.Logf("chaos: seed %d (replay with %s=%d), %d tasks at %.0f/s over %v, %d faults",
+		p.Seed, EnvChaosSeed, p.Seed, p.Tasks, p.Rate, window, len(schedule))
+	for _, f := range schedule {
+		t.Logf("chaos: scheduled %v", f)
+	}
+	models, err := loadChaosModels("testdata/chaos", chaosNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c := harness.New(t)
+	c.StartNATS()
+	c.StartRedis()
+	var disps []*harness.Dispatcher
+	for range 2 {
+		disps = append(disps, c.StartDispatcher(harness.DispatcherOptions{Env: chaosDispatcherEnv}))
+	}
+	var workers []*harness.Worker
+	for i, node := range chaosNodes {
+		workers = append(workers, c.StartWorker(harness.WorkerOptions{NodeID: node,
+			ModelsFile: "testdata/chaos/" + node + ".yaml", Concurrency: 8,
+			SimSeed: p.Seed*10 + int64(i) + 1, Env: chaosWorkerEnv}))
+	}
+	// Budget: submission window, the faults' down times, then the tail.
+	budget := window + 3*time.Minute
+	for _, f := range schedule {
+		budget += f.Down
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	for _, d := range disps {
+		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees every node", func() error {
+			r, err := d.Stats(ctx)
+			if err != nil {
+				return err
+			}
+			if len(r.Nodes) != len(chaosNodes) {
+				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
+			}
+			return nil
+		})
+	}
+
+	nc, js := c.Connect(nats.Name("chaos-producer"))
+	cl := client.New(js)
+	tasks := chaosTasks(p.Tasks)
+	var ids []string
+	for _, task := range tasks {
+		if task.ID != "" {
+			ids = append(ids, task.ID)
+		}
+	}
+
+	// Observers, started before the first task: every stored result in
+	// order (JetStream), every result publish on the wire (core NATS, which
+	// also sees publishes the stream refused), the dispatchers' counters.
+	audit := newResultAudit()
+	auditCons, err := js.OrderedConsumer(ctx, topology.StreamResults, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	auditCC, err := auditCons.Consume(func(m jetstream.Msg) { audit.observe(m.Subject(), m.Data()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer auditCC.Stop()
+	var wire atomic.Int64
+	wireSub, err := nc.Subscribe(topology.SubjectResultsAll, func(*nats.Msg) { wire.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wireSub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	counters := newCounterTotals()
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	var pollDone sync.WaitGroup
+	pollDone.Go(func() { counters.poll(pollCtx, c, len(disps)) })
+
+	// Run: producer, faults and the SDK's WaitAll at once.
+	start := time.Now()
+	prod := &chaosProducer{cl: cl}
+	chaos := &chaosRunner{c: c, workers: workers, disps: disps, counters: counters, start: start}
+	var wg sync.WaitGroup
+	var submitErr error
+	wg.Go(func() { submitErr = prod.run(ctx, tasks, p.Rate, start) })
+	wg.Go(func() { chaos.run(ctx, schedule) })
+	results, waitErrs := waitAllResults(ctx, cl, ids)
+	resultsAt := time.Since(start)
+	wg.Wait()
+	if submitErr != nil {
+		t.Fatalf("producer: %v", submitErr)
+	}
+	for _, e := range chaos.errs {
+		t.Errorf("fault injection: %v", e)
+	}
+	if len(results) != len(ids) {
+		t.Fatalf("only %d of %d tasks have a result after %v (ctx %v)", len(results), len(ids), time.Since(start), ctx.Err())
+	}
+	if len(chaos.done) != len(schedule) {
+		t.Errorf("%d of %d faults were injected", len(chaos.done), len(schedule))
+	}
+
+	// Quiescence: nothing left in flight anywhere (the work-queue streams
+	// are empty), so any late or duplicate result would have been written.
+	harness.Eventually(t, 2*time.Minute, "work-queue streams drained", func() error {
+		for _, s := range []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes} {
+			st, err := js.Stream(ctx, s)
+			if err != nil {
+				return err
+			}
+			info, err := st.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.State.Msgs != 0 {
+				return fmt.Errorf("%s holds %d messages", s, info.State.Msgs)
+			}
+		}
+		return nil
+	})
+	elapsed := time.Since(start)
+
+	// Exactly one final result per id, never changed: the stream holds one
+	// message per id and never deleted one (MaxMsgsPerSubject=1 would have
+	// deleted the first result had a second been stored), the ordered
+	// consumer saw each id once, and what the SDK delivered is what is stored.
+	rs, err := js.Stream(ctx, topology.StreamResults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rinfo *jetstream.StreamInfo
+	harness.Eventually(t, time.Minute, "the audit consumer read the results stream", func() error {
+		if rinfo, err = rs.Info(ctx); err != nil {
+			return err
+		}
+		if n := audit.messages(); uint64(n) < rinfo.State.Msgs {
+			return fmt.Errorf("audit saw %d of %d results", n, rinfo.State.Msgs)
+		}
+		return nil
+	})
+	if rinfo.State.Msgs != uint64(len(ids)) || rinfo.State.NumDeleted != 0 {
+		t.Errorf("results stream: %d messages, %d deleted; want %d and 0", rinfo.State.Msgs, rinfo.State.NumDeleted, len(ids))
+	}
+	for _, problem := range audit.check(ids, results) {
+		t.Error(problem)
+	}
+
+	v := verifyResults(tasks, results, models, chaos.outages, chaosMaxAttempts)
+	for i, problem := range v.Problems {
+		if i == 50 {
+			t.Errorf("… and %d more problems", len(v.Problems)-50)
+			break
+		}
+		t.Error(problem)
+	}
+	good := v.Succeeded + v.Failed
+	// With three attempts, failover and a model that never fails, only a few
+	// tasks may fail (those whose attempts all met failures or faults).
+	if v.Failed > good/50 {
+		t.Errorf("%d of %d valid tasks failed: more than 2%%", v.Failed, good)
+	}
+
+	// Bad input is never dropped: every task without id is in the DLQ with
+	// its bytes, and every exhausted task has its dead letter.
+	dlq := readDLQ(ctx, t, js)
+	noID := 0
+	for _, task := range tasks {
+		if task.Kind != kindNoID {
+			continue
+		}
+		noID++
+		if !dlq.hasOriginal("invalid", task.Raw) {
+			t.Errorf("task without id %s is not in %s: %s", task.MsgID, topology.StreamDLQ, task.Raw)
+		}
+	}
+	for id, r := range results {
+		if r.ErrorCode == protocol.CodeAttemptsExhausted && !dlq.tasks[id] {
+			t.Errorf("%s exhausted its attempts but has no dead letter", id)
+		}
+	}
+
+	stopPoll()
+	pollDone.Wait()
+	tot := counters.totals()
+	logSuppressed, logLate := 0, 0
+	for _, d := range disps {
+		logs := d.Logs()
+		logSuppressed += strings.Count(logs, "task already has a final result: suppressed a second one")
+		logLate += strings.Count(logs, "late outcome of a superseded attempt")
+	}
+	if dups := audit.duplicates(); len(dups) > 0 {
+		t.Errorf("stored results seen more than once: %v", dups[:min(10, len(dups))])
+	}
+
+	// The figures of the run.
+	lines := []string{
+		fmt.Sprintf("seed %d, %d tasks at %.0f/s, %d faults, all results after %.1fs, drained after %.1fs",
+			p.Seed, p.Tasks, p.Rate, len(chaos.done), resultsAt.Seconds(), elapsed.Seconds()),
+		fmt.Sprintf("submitted %d (%d with id: %d valid, %d bad; %d without id); submit retries %d, acknowledged as duplicates %d; WaitAll restarts %d",
+			len(tasks), len(ids), good, v.Rejected, noID, prod.retries.Load(), prod.dupAcks.Load(), waitErrs),
+		fmt.Sprintf("results: succeeded %d, failed %d (attempts exhausted %d, task error %d), rejected %d",
+			v.Succeeded, v.Failed, v.FailedExhausted, v.FailedTaskError, v.Rejected),
+		fmt.Sprintf("dead-lettered %d (%s %d messages: invalid %d, exhausted %d, other %d)",
+			dlq.total, topology.StreamDLQ, dlq.total, dlq.bySubject["invalid"], dlq.bySubject["exhausted"],
+			dlq.total-dlq.bySubject["invalid"]-dlq.bySubject["exhausted"]),
+		fmt.Sprintf("attempts by outcome: %v", v.Attempts),
+		fmt.Sprintf("dispatchers (admin stats, summed over runs; a run's last ~250ms before kill -9 is not seen): %v", tot),
+		fmt.Sprintf("dispatcher logs: duplicates suppressed %d, late outcomes %d; result publishes on the wire %d for %d ids",
+			logSuppressed, logLate, wire.Load(), len(ids)),
+	}
+	for _, o := range chaos.done {
+		lines = append(lines, "fault "+o)
+	}
+	for _, l := range lines {
+		t.Log("chaos: " + l)
+	}
+}
+
+// chaosTasks builds the submissions: mostly valid tasks of two types, 1%
+// published on the wrong type's subject (rejected), 0.2% without id (dead
+// letters).
+func chaosTasks(n int) []chaosTask {
+	out := make([]chaosTask, n)
+	for i := range out {
+		typ := "classify"
+		if i%2 == 1 {
+			typ = "embed"
+		}
+		id := fmt.Sprintf("chaos-%05d", i)
+		switch {
+		case i%500 == 251:
+			raw := fmt.Sprintf(`{"type":%q,"payload":{"n":%d,"bad":"no id"}}`, typ, i)
+			out[i] = chaosTask{Type: typ, Kind: kindNoID, MsgID: "noid-" + id, Raw: []byte(raw)}
+		case i%100 == 37:
+			raw := fmt.Sprintf(`{"id":%q,"type":%q,"payload":{"n":%d}}`, id, typ, i)
+			out[i] = chaosTask{ID: id, Type: typ, Kind: kindRejected, MsgID: id, Raw: []byte(raw)}
+		default:
+			out[i] = chaosTask{ID: id, Type: typ, Kind: kindGood, MsgID: id}
+		}
+	}
+	return out
+}
+
+// chaosProducer submits at a fixed rate and retries every failed submit
+// with the same id until it is acknowledged: the deduplication by
+// Nats-Msg-Id makes a retry of a stored task a no-op.
+type chaosProducer struct {
+	cl               *client.Client
+	retries, dupAcks atomic.Int64
+}
+
+func (p *chaosProducer) run(ctx context.Context, tasks []chaosTask, rate float64, start time.Time) error {
+	jobs := make(chan int)
+	errc := make(chan error, 1)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for i := range jobs {
+				if err := p.submit(ctx, tasks[i]); err != nil {
+					select {
+					case errc <- fmt.Errorf("task %d (%s): %w", i, tasks[i].MsgID, err):
+					default:
+					}
+				}
+			}
+		})
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+feed:
+	for i := range tasks {
+		timer.Reset(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
+		select {
+		case <-ctx.Done():
+			break feed
+		case <-timer.C:
+		}
+		select {
+		case jobs <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return ctx.Err()
+	}
+}
+
+func (p *chaosProducer) submit(ctx context.Context, task chaosTask) error {
+	backoff := 50 * time.Millisecond
+	for try := 0; ; try++ {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var ack client.SubmitAck
+		var err error
+		switch task.Kind {
+		case kindGood:
+			ack, err = p.cl.Submit(actx, protocol.Task{ID: task.ID, Type: task.Type,
+				Payload: json.RawMessage(fmt.Sprintf(`{"id":%q}`, task.ID))})
+		case kindRejected: // a valid task on the other type's subject
+			other := map[string]string{"classify": "embed", "embed": "classify"}[task.Type]
+			ack, err = p.cl.SubmitRaw(actx, other, task.Raw, task.MsgID)
+		default:
+			ack, err = p.cl.SubmitRaw(actx, task.Type, task.Raw, task.MsgID)
+		}
+		cancel()
+		if err == nil {
+			if ack.Duplicate {
+				if try == 0 {
+					return fmt.Errorf("first submit acknowledged as a duplicate: ids collide")
+				}
+				p.dupAcks.Add(1)
+			}
+			return nil
+		}
+		var perr *protocol.Error
+		if errors.As(err, &perr) || ctx.Err() != nil {
+			return err // invalid in the SDK's eyes: a bug in this test
+		}
+		p.retries.Add(1)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// waitAllResults waits with the SDK for every id's result, calling WaitAll
+// again for the ids still missing when its consumer gives up (a server
+// restart longer than its reset attempts).
+func waitAllResults(ctx context.Context, cl *client.Client, ids []string) (map[string]*protocol.Result, int) {
+	results := make(map[string]*protocol.Result, len(ids))
+	restarts := 0
+	remaining := ids
+	for len(remaining) > 0 && ctx.Err() == nil {
+		err := cl.WaitAll(ctx, remaining, func(r *protocol.Result) {
+			if _, dup := results[r.ID]; !dup {
+				results[r.ID] = r
+			}
+		})
+		if err == nil {
+			break
+		}
+		restarts++
+		var left []string
+		for _, id := range remaining {
+			if results[id] == nil {
+				left = append(left, id)
+			}
+		}
+		remaining = left
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return results, restarts
+}
+
+// chaosRunner injects the scheduled faults one after the other.
+type chaosRunner struct {
+	c        *harness.Cluster
+	workers  []*harness.Worker
+	disps    []*harness.Dispatcher
+	counters *counterTotals
+	start    time.Time
+
+	// Set by run, read after it returned.
+	outages []outage
+	done    []string
+	errs    []error
+}
+
+func (r *chaosRunner) run(ctx context.Context, schedule []fault) {
+	for _, f := range schedule {
+		if !sleepCtx(ctx, time.Until(r.start.Add(f.At))) {
+			r.errs = append(r.errs, fmt.Errorf("%v: not injected: %w", f, ctx.Err()))
+			return
+		}
+		began := time.Now()
+		target, err := r.inject(ctx, f)
+		if err != nil {
+			r.errs = append(r.errs, fmt.Errorf("%v: %w", f, err))
+			return // a process that did not come back makes the rest meaningless
+		}
+		r.done = append(r.done, fmt.Sprintf("t+%.1fs %s %s: down %.1fs, back after %.1fs",
+			began.Sub(r.start).Seconds(), f.Kind, target, f.Down.Seconds(), time.Since(began).Seconds()))
+	}
+}
+
+func (r *chaosRunner) inject(ctx context.Context, f fault) (string, error) {
+	switch f.Kind {
+	case faultKillWorker:
+		w := r.workers[f.Target]
+		from := time.Now()
+		w.Kill()
+		sleepCtx(ctx, f.Down)
+		err := w.Start()
+		r.outages = append(r.outages, outage{Node: w.NodeID, From: from, To: time.Now()})
+		return w.NodeID, err
+	case faultKillDispatcher:
+		d := r.disps[f.Target]
+		d.Kill()
+		r.counters.fold(d.Name)
+		sleepCtx(ctx, f.Down)
+		return d.Name, d.Start()
+	case faultRestartNATS:
+		if err := r.c.NATS.Stop(); err != nil && !isExit(err) {
+			return "nats", err
+		}
+		sleepCtx(ctx, f.Down)
+		return "nats", r.c.NATS.Start()
+	case faultRestartRedis:
+		if err := r.c.Redis.Stop(); err != nil && !isExit(err) {
+			return "redis", err
+		}
+		sleepCtx(ctx, f.Down)
+		return "redis", r.c.Redis.Start()
+	}
+	return "", fmt.Errorf("unknown fault %q", f.Kind)
+}
+
+// isExit: a server stopped by SIGTERM may exit non-zero; that is a stop.
+func isExit(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee)
+}
+
+// sleepCtx waits d (the fault schedule's clock, not a synchronisation) and
+// reports whether ctx is still alive.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// resultAudit records every message of the results stream as an ordered
+// consumer delivers it.
+type resultAudit struct {
+	mu    sync.Mutex
+	n     int
+	count map[string]int
+	first map[string][]byte
+}
+
+func newResultAudit() *resultAudit {
+	return &resultAudit{count: map[string]int{}, first: map[string][]byte{}}
+}
+
+func (a *resultAudit) observe(subject string, data []byte) {
+	id := strings.TrimPrefix(subject, topology.ResultSubject(""))
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n++
+	a.count[id]++
+	if a.first[id] == nil {
+		a.first[id] = bytes.Clone(data)
+	}
+}
+
+func (a *resultAudit) messages() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
+}
+
+func (a *resultAudit) duplicates() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for id, n := range a.count {
+		if n > 1 {
+			out = append(out, fmt.Sprintf("%s×%d", id, n))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// check compares what the stream delivered with what the SDK delivered:
+// one stored result per id, identical content, nothing for unknown ids.
+func (a *resultAudit) check(ids []string, sdk map[string]*protocol.Result) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var problems []string
+	known := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		known[id] = true
+		if a.count[id] != 1 {
+			problems = append(problems, fmt.Sprintf("%s: the results stream delivered %d results, want 1", id, a.count[id]))
+			continue
+		}
+		var stored protocol.Result
+		if err := json.Unmarshal(a.first[id], &stored); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: stored result is not a Result: %v", id, err))
+			continue
+		}
+		x, _ := json.Marshal(stored)
+		y, _ := json.Marshal(sdk[id])
+		if !bytes.Equal(x, y) {
+			problems = append(problems, fmt.Sprintf("%s: result changed: first stored %s, the SDK got %s", id, x, y))
+		}
+	}
+	for id := range a.count {
+		if !known[id] {
+			problems = append(problems, fmt.Sprintf("result for a task never submitted: %s", id))
+		}
+	}
+	sort.Strings(problems)
+	return problems
+}
+
+// counterTotals sums the dispatchers' admin-stats counters over their runs:
+// a report replaces the run's last one; a kill folds the run's last report
+// into the total.
+type counterTotals struct {
+	mu   sync.Mutex
+	gen  map[string]int
+	last map[string]map[string]int64
+	sum  map[string]int64
+}
+
+func newCounterTotals() *counterTotals {
+	return &counterTotals{gen: map[string]int{}, last: map[string]map[string]int64{}, sum: map[string]int64{}}
+}
+
+func (c *counterTotals) poll(ctx context.Context, cl *harness.Cluster, want int) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		c.mu.Lock()
+		gens := make(map[string]int, len(c.gen))
+		for k, v := range c.gen {
+			gens[k] = v
+		}
+		c.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		reps, _ := cl.AdminStats(rctx, want)
+		cancel()
+		c.mu.Lock()
+		for _, r := range reps {
+			if c.gen[r.Dispatcher] == gens[r.Dispatcher] {
+				c.last[r.Dispatcher] = r.Counters
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (c *counterTotals) fold(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, v := range c.last[name] {
+		c.sum[k] += v
+	}
+	delete(c.last, name)
+	c.gen[name]++
+}
+
+func (c *counterTotals) totals() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int64{}
+	for k, v := range c.sum {
+		out[k] = v
+	}
+	for _, m := range c.last {
+		for k, v := range m {
+			out[k] += v
+		}
+	}
+	return out
+}
+
+// dlqContents is what MLSCHED_DLQ holds.
+type dlqContents struct {
+	total     int
+	bySubject map[string]int // by kind: the subject's last token
+	originals map[string][][]byte
+	tasks     map[string]bool
+}
+
+func (d dlqContents) hasOriginal(kind string, raw []byte) bool {
+	for _, o := range d.originals[kind] {
+		if bytes.Equal(o, raw) {
+			return true
+		}
+	}
+	return false
+}
+
+func readDLQ(ctx context.Context, t *testing.T, js jetstream.JetStream) dlqContents {
+	t.Helper()
+	out := dlqContents{bySubject: map[string]int{}, originals: map[string][][]byte{}, tasks: map[string]bool{}}
+	s, err := js.Stream(ctx, topology.StreamDLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs == 0 {
+		return out
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Stop()
+	for uint64(out.total) < info.State.Msgs {
+		nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		m, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		if err != nil {
+			t.Fatalf("reading %s: %v (after %d of %d)", topology.StreamDLQ, err, out.total, info.State.Msgs)
+		}
+		kind := strings.TrimPrefix(m.Subject(), topology.DLQSubject(""))
+		out.total++
+		out.bySubject[kind]++
+		var dl protocol.DeadLetter
+		if err := json.Unmarshal(m.Data(), &dl); err != nil {
+			t.Errorf("dead letter on %s is not a DeadLetter: %v", m.Subject(), err)
+			continue
+		}
+		out.originals[kind] = append(out.originals[kind], dl.Original)
+		if dl.TaskID != "" {
+			out.tasks[dl.TaskID] = true
+		}
+	}
+	return out
+}

@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// The schedule is a function of the seed: the same seed replays the same
+// faults, every round has each kind once, and faults follow each other
+// inside the window.
+func TestChaosSchedule(t *testing.T) {
+	t.Parallel()
+	const window = 100 * time.Second
+	a := chaosSchedule(42, 3, window, 4, 2)
+	if b := chaosSchedule(42, 3, window, 4, 2); !reflect.DeepEqual(a, b) {
+		t.Fatalf("same seed, different schedules:\n%v\n%v", a, b)
+	}
+	if c := chaosSchedule(43, 3, window, 4, 2); reflect.DeepEqual(a, c) {
+		t.Fatalf("seeds 42 and 43 drew the same schedule %v", a)
+	}
+	if len(a) != 12 {
+		t.Fatalf("%d faults, want 12", len(a))
+	}
+	for r := 0; r < 3; r++ {
+		seen := map[faultKind]int{}
+		for _, f := range a[4*r : 4*r+4] {
+			seen[f.Kind]++
+		}
+		for _, k := range faultKinds {
+			if seen[k] != 1 {
+				t.Errorf("round %d has %d × %s: %v", r, seen[k], k, a[4*r:4*r+4])
+			}
+		}
+	}
+	for i, f := range a {
+		if f.At < window/10 || f.At > window*85/100 {
+			t.Errorf("fault %v outside [10%%, 85%%] of the window", f)
+		}
+		if i > 0 && f.At <= a[i-1].At {
+			t.Errorf("fault %v not after %v", f, a[i-1])
+		}
+		if f.Down <= 0 || f.Down > 6*time.Second {
+			t.Errorf("fault %v: down time out of range", f)
+		}
+		if (f.Kind == faultKillWorker && f.Target >= 4) || (f.Kind == faultKillDispatcher && f.Target >= 2) || f.Target < 0 {
+			t.Errorf("fault %v: no such target", f)
+		}
+	}
+}
+
+// The models files give every model at least two nodes, and the healthy
+// models are the reliable ones.
+func TestChaosModels(t *testing.T) {
+	t.Parallel()
+	models, err := loadChaosModels("testdata/chaos", chaosNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(models) != 5 {
+		t.Fatalf("%d models, want 5", len(models))
+	}
+	for name, m := range models {
+		if len(m.Nodes) < 2 {
+			t.Errorf("model %s is on %v only: a worker kill would take it away", name, m.Nodes)
+		}
+	}
+	got := healthyModels(models, nil, time.Now(), "")
+	if want := []string{"m-fail00", "m-fail02", "m-fail05", "m-fail10"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("healthy models %v, want %v", got, want)
+	}
+}
+
+// The verdict catches each broken rule, and accepts what the rules allow.
+func TestChaosVerdict(t *testing.T) {
+	t.Parallel()
+	models := map[string]*chaosModel{
+		"good": {Name: "good", FailRate: 0, Nodes: []string{"n1", "n2"}},
+		"bad":  {Name: "bad", FailRate: 0.3, Nodes: []string{"n1"}},
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	both := []outage{{Node: "n1", From: t0.Add(-time.Second), To: t0.Add(time.Second)},
+		{Node: "n2", From: t0.Add(-time.Second), To: t0.Add(time.Second)}}
+	att := func(n int, model string, st protocol.OutcomeStatus) protocol.Attempt {
+		return protocol.Attempt{Attempt: n, Model: model, Node: "n1", Status: st}
+	}
+	ok := &protocol.Result{ID: "ok", Type: "x", Status: protocol.StatusSucceeded, Model: "good", Node: "n1", Attempts: 2,
+		History: []protocol.Attempt{att(1, "bad", protocol.OutcomeLost), att(2, "good", protocol.OutcomeSuccess)}}
+	exhausted := &protocol.Result{ID: "ex", Type: "x", Status: protocol.StatusFailed, ErrorCode: protocol.CodeAttemptsExhausted,
+		Attempts: 3, FinishedAt: t0, History: []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError),
+			att(2, "good", protocol.OutcomeTimeout), att(3, "bad", protocol.OutcomeExpired)}}
+	taskErr := &protocol.Result{ID: "te", Type: "x", Status: protocol.StatusFailed, ErrorCode: protocol.CodeTaskError,
+		Attempts: 1, History: []protocol.Attempt{att(1, "good", protocol.OutcomeTaskError)}}
+	early := &protocol.Result{ID: "early", Type: "x", Status: protocol.StatusFailed, ErrorCode: protocol.CodeNoModel,
+		Attempts: 1, FinishedAt: t0, History: []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError)}}
+	rejected := &protocol.Result{ID: "rej", Type: "x", Status: protocol.StatusRejected, ErrorCode: protocol.CodeTypeMismatch}
+	tasks := []chaosTask{{ID: "ok", Type: "x"}, {ID: "ex", Type: "x"}, {ID: "te", Type: "x"}, {ID: "early", Type: "x"},
+		{ID: "rej", Type: "x", Kind: kindRejected}, {Kind: kindNoID, Type: "x"}}
+	results := map[string]*protocol.Result{"ok": ok, "ex": exhausted, "te": taskErr, "early": early, "rej": rejected}
+
+	// Failing early while "good" had both nodes up breaks the rule; with both
+	// nodes down nothing else could have run it.
+	v := verifyResults(tasks, results, models, nil, 3)
+	if len(v.Problems) != 1 || !strings.Contains(v.Problems[0], "early: failed") || !strings.Contains(v.Problems[0], "[good]") {
+		t.Fatalf("problems %q, want exactly the early failure with [good] healthy", v.Problems)
+	}
+	v = verifyResults(tasks, results, models, both, 3)
+	if len(v.Problems) != 0 {
+		t.Fatalf("with every node of the healthy model down: problems %q, want none", v.Problems)
+	}
+	if v.Succeeded != 1 || v.Failed != 3 || v.FailedExhausted != 1 || v.FailedTaskError != 1 || v.Rejected != 1 {
+		t.Fatalf("counts %+v", v)
+	}
+
+	for _, tc := range []struct {
+		name string
+		edit func(r map[string]*protocol.Result)
+		want string
+	}{
+		{"missing result", func(r map[string]*protocol.Result) { delete(r, "ok") }, "ok: no final result"},
+		{"history gap", func(r map[string]*protocol.Result) {
+			c := *exhausted
+			c.History = []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError), att(3, "good", protocol.OutcomeTimeout), att(3, "bad", protocol.OutcomeLost)}
+			r["ex"] = &c
+		}, "ex: history entry 2 is attempt 3"},
+		{"exhausted too early", func(r map[string]*protocol.Result) {
+			c := *exhausted
+			c.Attempts, c.History = 1, c.History[:1]
+			r["ex"] = &c
+		}, "ex: failed (attempts_exhausted"},
+		{"went on after a success", func(r map[string]*protocol.Result) {
+			c := *ok
+			c.History = []protocol.Attempt{att(1, "bad", protocol.OutcomeSuccess), att(2, "good", protocol.OutcomeSuccess)}
+			r["ok"] = &c
+		}, "ok: attempt 1 ended success yet the task went on"},
+		{"good task rejected", func(r map[string]*protocol.Result) {
+			r["ok"] = &protocol.Result{ID: "ok", Type: "x", Status: protocol.StatusRejected, ErrorCode: protocol.CodeNoModel}
+		}, "ok: a valid task got rejected"},
+		{"bad input succeeded", func(r map[string]*protocol.Result) {
+			c := *ok
+			c.ID = "rej"
+			r["rej"] = &c
+		}, "rej: bad input got succeeded"},
+		{"result of another task", func(r map[string]*protocol.Result) {
+			c := *ok
+			c.ID = "other"
+			r["ok"] = &c
+		}, "ok/x: result names other/x"},
+	} {
+		res := map[string]*protocol.Result{}
+		for k, r := range results {
+			res[k] = r
+		}
+		tc.edit(res)
+		v := verifyResults(tasks, res, models, nil, 3)
+		found := false
+		for _, p := range v.Problems {
+			found = found || strings.Contains(p, tc.want)
+		}
+		if !found {
+			t.Errorf("%s: problems %q, want one containing %q", tc.name, v.Problems, tc.want)
+		}
+	}
+}

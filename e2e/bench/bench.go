@@ -54,10 +54,11 @@ type Options struct {
 	SyncInterval string `json:"sync_interval"`
 	// Scenarios to run, in order (default relay then mlsched).
 	Scenarios []string `json:"scenarios"`
-	// ProfilePath, when set, receives a CPU profile of the dispatcher taken
-	// during the mlsched scenario's measured phases (default: none).
+	// ProfilePath, when set, receives a CPU profile of the dispatcher over
+	// the mlsched scenario's measured phases: back-to-back windows of
+	// ProfileSeconds, merged (default: none).
 	ProfilePath string `json:"profile_path,omitempty"`
-	// ProfileSeconds is the profile's length (default 20).
+	// ProfileSeconds is the length of one profile window (default 20).
 	ProfileSeconds int `json:"profile_seconds,omitempty"`
 	// RelayCommand runs the relay process; "-nats URL -nodes a,b,..."
 	// is appended (required for the relay scenario).
@@ -175,8 +176,9 @@ type Memory struct {
 
 // Profile is the dispatcher's CPU profile.
 type Profile struct {
-	Path    string `json:"path"`
-	Seconds int    `json:"seconds"`
+	Path string `json:"path"`
+	// Seconds covered: the windows' total, which can exceed the phases.
+	Seconds int `json:"seconds"`
 	// Top is `go tool pprof -top` output (empty if the tool failed).
 	Top string `json:"top,omitempty"`
 }

@@ -166,7 +166,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintln(w)
 	}
 	if r.Profile != nil {
-		fmt.Fprintf(w, "\ndispatcher CPU profile (%ds during the mlsched phases): %s\n", r.Profile.Seconds, r.Profile.Path)
+		fmt.Fprintf(w, "\ndispatcher CPU profile (%ds covering the mlsched measured phases): %s\n", r.Profile.Seconds, r.Profile.Path)
 		if r.Profile.Top != "" {
 			fmt.Fprint(w, r.Profile.Top)
 		}

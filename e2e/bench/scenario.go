@@ -84,9 +84,10 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 	mem := newMemSampler(r.mem)
 	mem.start()
 	var prof chan profResult
+	stopProf := make(chan struct{})
 	if name == ScenarioMlsched && o.ProfilePath != "" {
 		prof = make(chan profResult, 1)
-		go func() { prof <- r.profile(ctx) }()
+		go func() { prof <- r.profile(ctx, stopProf) }()
 	}
 	if res.Throughput, err = r.phase(ctx, pub, "throughput", "t-", o.Tasks, 0); err != nil {
 		return res, nil, err
@@ -104,8 +105,9 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 		}
 	}
 	var p *Profile
+	close(stopProf)
 	if prof != nil {
-		r.log("waiting for the %ds CPU profile", o.ProfileSeconds)
+		r.log("waiting for the last %ds CPU profile window", o.ProfileSeconds)
 		pr := <-prof
 		if pr.err != nil {
 			return res, nil, pr.err
@@ -357,42 +359,70 @@ type profResult struct {
 	err error
 }
 
-// profile fetches a CPU profile from the dispatcher's net/http/pprof and
-// renders its top entries with go tool pprof.
-func (r *run) profile(ctx context.Context) profResult {
+// profile takes back-to-back CPU profiles of ProfileSeconds from the
+// dispatcher's net/http/pprof until stop is closed, so the measured phases
+// are covered whatever their length, merges them into ProfilePath and
+// renders the top entries with go tool pprof.
+func (r *run) profile(ctx context.Context, stop <-chan struct{}) profResult {
+	var windows []string
+	for i := 0; ; i++ {
+		path := fmt.Sprintf("%s.%d", r.o.ProfilePath, i)
+		if err := r.profileWindow(ctx, path); err != nil {
+			return profResult{err: err}
+		}
+		windows = append(windows, path)
+		select {
+		case <-stop:
+		default:
+			continue
+		}
+		break
+	}
+	p := &Profile{Path: r.o.ProfilePath, Seconds: r.o.ProfileSeconds * len(windows)}
+	merged, err := exec.CommandContext(ctx, "go", append([]string{"tool", "pprof", "-proto"}, windows...)...).Output()
+	if err != nil {
+		// Without the go tool the windows stay, unmerged.
+		p.Path = strings.Join(windows, " ")
+		return profResult{p: p}
+	}
+	if err := os.WriteFile(r.o.ProfilePath, merged, 0o644); err != nil {
+		return profResult{err: err}
+	}
+	for _, w := range windows {
+		os.Remove(w)
+	}
+	if out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=15", r.o.ProfilePath).Output(); err == nil {
+		p.Top = string(out)
+	}
+	return profResult{p: p}
+}
+
+func (r *run) profileWindow(ctx context.Context, path string) error {
 	secs := r.o.ProfileSeconds
 	cctx, cancel := context.WithTimeout(ctx, time.Duration(secs)*time.Second+30*time.Second)
 	defer cancel()
 	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.pprofAddr, secs)
 	req, err := http.NewRequestWithContext(cctx, http.MethodGet, url, nil)
 	if err != nil {
-		return profResult{err: err}
+		return err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return profResult{err: fmt.Errorf("profile: %w", err)}
+		return fmt.Errorf("profile: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return profResult{err: fmt.Errorf("profile: %s", resp.Status)}
+		return fmt.Errorf("profile: %s", resp.Status)
 	}
-	f, err := os.Create(r.o.ProfilePath)
+	f, err := os.Create(path)
 	if err != nil {
-		return profResult{err: err}
+		return err
 	}
 	if _, err := f.ReadFrom(resp.Body); err != nil {
 		f.Close()
-		return profResult{err: fmt.Errorf("profile: %w", err)}
+		return fmt.Errorf("profile: %w", err)
 	}
-	if err := f.Close(); err != nil {
-		return profResult{err: err}
-	}
-	p := &Profile{Path: r.o.ProfilePath, Seconds: secs}
-	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=15", r.o.ProfilePath).Output()
-	if err == nil {
-		p.Top = string(out)
-	}
-	return profResult{p: p}
+	return f.Close()
 }
 
 // memSampler records the resident set size of processes every 250ms.

@@ -48,9 +48,9 @@ func benchMain(args []string) int {
 	fs.StringVar(&o.SyncInterval, "nats-sync", "always", "nats-server jetstream sync_interval (always = production; e.g. 2m to measure the fsync cost)")
 	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order")
 	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
-	profile := fs.Bool("profile", false, "take a CPU profile of the dispatcher during the mlsched phases")
+	profile := fs.Bool("profile", false, "profile the dispatcher's CPU over the mlsched measured phases (back-to-back 20s windows, merged)")
 	fs.StringVar(&o.ProfilePath, "profile-out", ".bench/dispatcher.cpu.pprof", "where -profile saves the profile")
-	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 20, "length of the -profile profile")
+	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 20, "length of one -profile window")
 	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
 	dir := fs.String("dir", "", "keep the servers' stores and process logs here (empty: a temporary directory, removed)")
 	if err := fs.Parse(args); err != nil {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,16 @@ type heartbeat struct {
 	draining *atomic.Bool
 	started  time.Time
 	log      zerolog.Logger
+	// ensure recreates the bucket, which is memory-backed and so is gone
+	// after a server restart.
+	ensure func(context.Context) (jetstream.KeyValue, error)
+	mu     sync.Mutex // guards kv
+}
+
+func (h *heartbeat) bucket() jetstream.KeyValue {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.kv
 }
 
 // Run beats at once and then every interval until ctx ends.
@@ -31,9 +42,17 @@ func (h *heartbeat) Run(ctx context.Context) {
 	t := time.NewTicker(h.every)
 	defer t.Stop()
 	for {
-		bctx, cancel := context.WithTimeout(ctx, h.every)
+		bctx, cancel := context.WithTimeout(ctx, max(h.every, time.Second))
 		if err := h.Beat(bctx); err != nil && ctx.Err() == nil {
-			h.log.Warn().Err(err).Msg("heartbeat failed")
+			h.log.Warn().Err(err).Msg("heartbeat failed; re-creating the node bucket")
+			if kv, err := h.ensure(bctx); err == nil {
+				h.mu.Lock()
+				h.kv = kv
+				h.mu.Unlock()
+				if err := h.Beat(bctx); err == nil {
+					h.log.Info().Msg("heartbeat restored")
+				}
+			}
 		}
 		cancel()
 		select {
@@ -53,9 +72,9 @@ func (h *heartbeat) Beat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = h.kv.Put(ctx, h.node, b)
+	_, err = h.bucket().Put(ctx, h.node, b)
 	return err
 }
 
 // Remove deletes the node's entry, so dispatchers forget it at once.
-func (h *heartbeat) Remove(ctx context.Context) error { return h.kv.Delete(ctx, h.node) }
+func (h *heartbeat) Remove(ctx context.Context) error { return h.bucket().Delete(ctx, h.node) }

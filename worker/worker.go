@@ -203,7 +203,10 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.Models(),
 		capacity: w.cfg.Concurrency, inFlight: w.InFlight, draining: &w.draining,
-		started: time.Now().UTC(), log: w.log}
+		started: time.Now().UTC(), log: w.log,
+		ensure: func(ctx context.Context) (jetstream.KeyValue, error) {
+			return topology.EnsureNodesBucket(ctx, js, w.topology())
+		}}
 	hbCtx, hbStop := context.WithCancel(context.WithoutCancel(ctx))
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); hb.Run(hbCtx) }()

@@ -462,3 +462,36 @@ func TestTaskLogLinesCarryIDs(t *testing.T) {
 		t.Fatal("no task log line")
 	}
 }
+
+// A task longer than the ack wait is kept by in-progress signals, not
+// redelivered.
+func TestLongTaskIsNotRedelivered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-long")
+	var calls atomic.Int32
+	cfg := h.config()
+	cfg.AckWait = 600 * time.Millisecond
+	h.start(cfg, WithHandler("long", func(ctx context.Context, _ Task) (any, error) {
+		calls.Add(1)
+		select { // the work itself: three ack waits long
+		case <-time.After(1800 * time.Millisecond):
+			return "done", nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}), WithModels([]ModelSpec{goModel("m", "long")}))
+	h.dispatch("long-1", "m", dispatchOpts{})
+	if o := h.next(10 * time.Second); o.Status != protocol.OutcomeSuccess {
+		t.Fatalf("%+v", o.Outcome)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the task ran %d times", n)
+	}
+	cons, err := h.srv.JS.Consumer(context.Background(), topology.StreamDispatch, topology.NodeConsumer("n-long"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := cons.CachedInfo(); info.NumRedelivered != 0 {
+		t.Fatalf("%d redeliveries", info.NumRedelivered)
+	}
+}

@@ -38,6 +38,17 @@ func (d *Dist) validate(field string) error {
 		}
 		return nil
 	}
+	for _, f := range []struct {
+		name string
+		v    Duration
+	}{{"value", d.Value}, {"min", d.Min}, {"max", d.Max}, {"mean", d.Mean}, {"stddev", d.Stddev}, {"median", d.Median}} {
+		if f.v.D() > MaxDuration {
+			return invalid(field+"."+f.name, "%v is beyond %v", f.v.D(), MaxDuration)
+		}
+	}
+	if d.Sigma > 20 {
+		return invalid(field+".sigma", "%g is above 20", d.Sigma)
+	}
 	switch d.Dist {
 	case DistFixed:
 		return pos("value", d.Value)

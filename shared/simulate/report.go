@@ -73,6 +73,14 @@ type Point struct {
 // Run simulates sc under each policy of opt.Policies, and the oracle.
 func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 	opt = opt.withDefaults(sc)
+	if opt.Tasks > MaxTasks || opt.Runs > 1000 {
+		return nil, fmt.Errorf("%w: %d tasks (at most %d), %d runs (at most 1000)", ErrInvalidOptions, opt.Tasks, MaxTasks, opt.Runs)
+	}
+	// Table rebuilds dominate a sparse run: bound them.
+	if refreshes := float64(opt.Tasks) / sc.Arrival.Rate / sc.Refresh.D().Seconds(); refreshes > maxRefreshes {
+		return nil, fmt.Errorf("%w: %d tasks at %g/s would rebuild the table about %.3g times every %v (at most %g): raise refresh or the rate, or run fewer tasks",
+			ErrInvalidOptions, opt.Tasks, sc.Arrival.Rate, refreshes, sc.Refresh.D(), float64(maxRefreshes))
+	}
 	names := slices.Clone(opt.Policies)
 	for _, p := range names {
 		if !slices.Contains(Policies(), p) {

@@ -22,6 +22,23 @@ var builtinFS embed.FS
 // error, so a caller can tell a bad file from an I/O failure.
 var ErrInvalidScenario = errors.New("invalid scenario")
 
+// Bounds that keep a run finite and its arithmetic exact: simulated times
+// stay far below the int64 nanosecond range.
+const (
+	// MaxTasks bounds tasks per run.
+	MaxTasks = 10_000_000
+	// MaxDuration bounds every duration of a scenario.
+	MaxDuration = 1000 * time.Hour
+	maxRate     = 1e7
+	minRate     = 1e-3
+	maxCapacity = 1_000_000
+	// maxRefreshes bounds the table rebuilds of one run (Run checks it).
+	maxRefreshes = 5_000_000
+	maxModels    = 1000
+	maxNodes     = 10_000
+	maxEvents    = 100_000
+)
+
 // ErrUnknownScenario is returned by Load for a name that is neither a
 // built-in scenario nor a readable file.
 var ErrUnknownScenario = errors.New("unknown scenario")
@@ -283,8 +300,8 @@ func validProb(field string, p float64) error {
 }
 
 func (sc *Scenario) validate() error {
-	if sc.Tasks < 0 {
-		return invalid("tasks", "%d is negative", sc.Tasks)
+	if sc.Tasks < 0 || sc.Tasks > MaxTasks {
+		return invalid("tasks", "%d is outside 0..%d", sc.Tasks, MaxTasks)
 	}
 	if sc.Tasks == 0 {
 		sc.Tasks = 20000
@@ -311,8 +328,8 @@ func (sc *Scenario) validate() error {
 		{"window.size", &sc.Window.Size, 5 * time.Minute},
 		{"window.bucket", &sc.Window.Bucket, 10 * time.Second},
 	} {
-		if *d.v < 0 {
-			return invalid(d.field, "%v is negative", d.v.D())
+		if *d.v < 0 || d.v.D() > MaxDuration {
+			return invalid(d.field, "%v is outside 0..%v", d.v.D(), MaxDuration)
 		}
 		if *d.v == 0 {
 			*d.v = Duration(d.def)
@@ -324,11 +341,11 @@ func (sc *Scenario) validate() error {
 	if sc.Refresh.D() < time.Millisecond {
 		return invalid("refresh", "%v is below 1ms", sc.Refresh.D())
 	}
-	if sc.ChangeAt != nil && *sc.ChangeAt < 0 {
-		return invalid("change_at", "%v is negative", sc.ChangeAt.D())
+	if sc.ChangeAt != nil && (*sc.ChangeAt < 0 || sc.ChangeAt.D() > MaxDuration) {
+		return invalid("change_at", "%v is outside 0..%v", sc.ChangeAt.D(), MaxDuration)
 	}
-	if math.IsNaN(sc.Arrival.Rate) || math.IsInf(sc.Arrival.Rate, 0) || sc.Arrival.Rate <= 0 {
-		return invalid("arrival.rate", "%g: want tasks per second > 0", sc.Arrival.Rate)
+	if math.IsNaN(sc.Arrival.Rate) || sc.Arrival.Rate < minRate || sc.Arrival.Rate > maxRate {
+		return invalid("arrival.rate", "%g: want tasks per second > 0, in %g..%g", sc.Arrival.Rate, minRate, maxRate)
 	}
 	if len(sc.Arrival.Types) == 0 {
 		return invalid("arrival.types", "no task types")
@@ -348,6 +365,15 @@ func (sc *Scenario) validate() error {
 	}
 	if len(sc.Models) == 0 {
 		return invalid("models", "no models")
+	}
+	if len(sc.Models) > maxModels {
+		return invalid("models", "%d models, at most %d", len(sc.Models), maxModels)
+	}
+	if len(sc.Nodes) > maxNodes {
+		return invalid("nodes", "%d nodes, at most %d", len(sc.Nodes), maxNodes)
+	}
+	if len(sc.Events) > maxEvents {
+		return invalid("events", "%d events, at most %d", len(sc.Events), maxEvents)
 	}
 	models := map[string]*Model{}
 	served := map[string]bool{}
@@ -387,6 +413,9 @@ func (sc *Scenario) validate() error {
 					return invalid(sf+".latency", "required in the first step")
 				}
 			} else {
+				if s.At.D() > MaxDuration {
+					return invalid(sf+".at", "%v is beyond %v", s.At.D(), MaxDuration)
+				}
 				if s.At <= m.Profile[j-1].At {
 					return invalid(sf+".at", "%v is not after the previous step (%v)", s.At.D(), m.Profile[j-1].At.D())
 				}
@@ -425,8 +454,8 @@ func (sc *Scenario) validate() error {
 			return invalid(f+".name", "duplicate node %q", n.Name)
 		}
 		nodes[n.Name] = true
-		if n.Capacity < 0 {
-			return invalid(f+".capacity", "%d is negative", n.Capacity)
+		if n.Capacity < 0 || n.Capacity > maxCapacity {
+			return invalid(f+".capacity", "%d is outside 1..%d", n.Capacity, maxCapacity)
 		}
 		if n.Capacity == 0 {
 			n.Capacity = 16
@@ -449,8 +478,11 @@ func (sc *Scenario) validate() error {
 	for i := range sc.Events {
 		e := &sc.Events[i]
 		f := fmt.Sprintf("events[%d]", i)
-		if e.At < 0 {
-			return invalid(f+".at", "%v is negative", e.At.D())
+		if e.At < 0 || e.At.D() > MaxDuration {
+			return invalid(f+".at", "%v is outside 0..%v", e.At.D(), MaxDuration)
+		}
+		if e.Until.D() > MaxDuration {
+			return invalid(f+".until", "%v is beyond %v", e.Until.D(), MaxDuration)
 		}
 		switch e.Kind {
 		case EventNodeCrash, EventNodeRecover:

@@ -28,9 +28,12 @@ func Policies() []string {
 // ErrUnknownPolicy is returned for a policy name Policies does not list.
 var ErrUnknownPolicy = errors.New("unknown policy")
 
+// ErrInvalidOptions is returned for out-of-range Options.
+var ErrInvalidOptions = errors.New("invalid simulation options")
+
 // Options configures a run. Zero fields take the defaults shown.
 type Options struct {
-	// Tasks to simulate (default: the scenario's tasks).
+	// Tasks to simulate, at most MaxTasks (default: the scenario's tasks).
 	Tasks int
 	// Seed of every random stream (default 1).
 	Seed uint64

@@ -175,6 +175,14 @@ func TestUnknownPolicyAndScenario(t *testing.T) {
 	if _, err := Run(context.Background(), sc, Options{Policies: []string{"fastest"}}); !errors.Is(err, ErrUnknownPolicy) {
 		t.Errorf("unknown policy: got %v", err)
 	}
+	if _, err := Run(context.Background(), sc, Options{Tasks: MaxTasks + 1}); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("too many tasks: got %v", err)
+	}
+	sparse := *sc
+	sparse.Arrival.Rate = 0.001
+	if _, err := Run(context.Background(), &sparse, Options{Tasks: 2000}); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "raise refresh") {
+		t.Errorf("sparse run: got %v", err)
+	}
 	if _, err := Load("no-such-scenario"); !errors.Is(err, ErrUnknownScenario) {
 		t.Errorf("unknown scenario: got %v", err)
 	}

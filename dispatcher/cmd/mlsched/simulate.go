@@ -130,7 +130,10 @@ Flags:
 	}
 	start := time.Now()
 	rep, err := simulate.Run(ctx, sc, opt)
-	if err != nil {
+	switch {
+	case errors.Is(err, simulate.ErrInvalidOptions):
+		return bad("%v", err)
+	case err != nil:
 		return err
 	}
 	if err := rep.Write(stdout, *format); err != nil {

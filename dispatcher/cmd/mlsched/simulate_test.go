@@ -95,6 +95,7 @@ func TestSimulateBadInput(t *testing.T) {
 		{[]string{"-explore-share", "2"}, "invalid policy config"},
 		{[]string{"-window", "1ms"}, "at least 10ms"},
 		{[]string{"-runs", "0"}, "outside 1..1000"},
+		{[]string{"-tasks", "20000000"}, "at most 10000000"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-seed", "x"}, "invalid value"},
 	} {

@@ -53,12 +53,17 @@ redis-server: ## make sure redis-server is installed (installs it with apt-get w
 	(service redis-server stop || systemctl stop redis-server || true) >/dev/null 2>&1; \
 	command -v redis-server >/dev/null
 
+# The e2e tests run the binaries `make build` just made (MLSCHED_E2E_BIN),
+# instead of building them again in every test package; if the build fails
+# they build (and report) it themselves.
 .PHONY: test
 test: redis-server ## vet and test (-race) every module, then a short fuzz run; prints a summary
 	@declare -a summary=(); failed=0; \
 	step() { local name=$$1; shift; local t0=$$SECONDS; echo ">> $$name"; \
-		if "$$@"; then summary+=("PASS  $$name ($$((SECONDS-t0))s)"); \
-		else summary+=("FAIL  $$name ($$((SECONDS-t0))s)"); failed=$$((failed+1)); fi; }; \
+		if "$$@"; then summary+=("PASS  $$name ($$((SECONDS-t0))s)"); last=0; \
+		else summary+=("FAIL  $$name ($$((SECONDS-t0))s)"); failed=$$((failed+1)); last=1; fi; }; \
+	step "make build" $(MAKE) --no-print-directory build; \
+	if [ $$last = 0 ]; then export MLSCHED_E2E_BIN=$(CURDIR)/$(BIN); fi; \
 	for m in $(MODULES); do \
 		step "go vet $$m" bash -c "cd $$m && $(GO) vet ./..."; \
 		step "go test -race $$m" bash -c "cd $$m && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./..."; \

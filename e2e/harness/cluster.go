@@ -474,6 +474,12 @@ func (c *Cluster) AdminStats(ctx context.Context, want int) ([]protocol.StatsRep
 	for len(seen) < want {
 		select {
 		case m := <-ch:
+			if m.Header.Get("Status") == "503" { // the server says: no responders
+				if len(seen) == 0 {
+					return nil, fmt.Errorf("no dispatcher answers %s: %w", protocol.SubjectAdminStats, nats.ErrNoResponders)
+				}
+				continue
+			}
 			var r protocol.StatsReport
 			if err := json.Unmarshal(m.Data, &r); err != nil {
 				decodeErr = fmt.Errorf("bad stats report %q: %w", truncate(m.Data), err)

@@ -17,10 +17,14 @@ import (
 	"github.com/mlsched/mlsched/shared/policy"
 )
 
-// tasksFor keeps -race -short runs quick while exercising every scenario.
+// tasksFor keeps -short and -race runs quick while exercising every
+// scenario.
 func tasksFor(t *testing.T, n int) int {
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		return n / 4
+	case raceEnabled:
+		return n / 2
 	}
 	return n
 }

@@ -80,16 +80,27 @@ func (r *Registry) Run(ctx context.Context) error {
 }
 
 func (r *Registry) consume(ctx context.Context, w jetstream.KeyWatcher, tick <-chan time.Time) {
+	last := r.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick:
 			r.expire()
+			// Heartbeats come more often than the TTL, so a silent TTL means
+			// no node is left or the watch went blind: a watch resumes at its
+			// old stream sequence, and a re-created bucket (the memory bucket
+			// does not survive a NATS restart) starts again at 1, so every new
+			// heartbeat would be skipped until the sequence caught up. A
+			// fresh watch reads the bucket as it is.
+			if r.now().Sub(last) > r.ttl {
+				return
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
 			}
+			last = r.now()
 			if e == nil { // initial values delivered
 				r.once.Do(func() { close(r.ready) })
 				continue

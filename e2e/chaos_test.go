@@ -58,6 +58,10 @@ var (
 		"MLSCHED_SNAPSHOT_INTERVAL": "100ms",
 	}
 	chaosWorkerEnv = map[string]string{
+		// The worker announces its default timeout for models that set
+		// none, and the dispatcher prefers an announced timeout to its own
+		// MLSCHED_TASK_TIMEOUT: both must say 1s.
+		"MLSCHED_DEFAULT_TIMEOUT":    "1s",
 		"MLSCHED_NODE_TTL":           "3s",
 		"MLSCHED_HEARTBEAT_INTERVAL": "500ms",
 		"MLSCHED_ACK_WAIT":           "4s",
@@ -218,22 +222,16 @@ func TestChaos(t *testing.T) {
 
 	// Quiescence: nothing left in flight anywhere (the work-queue streams
 	// are empty), so any late or duplicate result would have been written.
-	harness.Eventually(t, 2*time.Minute, "work-queue streams drained", func() error {
-		for _, s := range []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes} {
-			st, err := js.Stream(ctx, s)
-			if err != nil {
-				return err
-			}
-			info, err := st.Info(ctx)
-			if err != nil {
-				return err
-			}
-			if info.State.Msgs != 0 {
-				return fmt.Errorf("%s holds %d messages", s, info.State.Msgs)
-			}
+	dctx, dcancel := context.WithTimeout(ctx, 2*time.Minute)
+	drainErr := harness.WaitFor(dctx, func() error { return drained(ctx, js) })
+	dcancel()
+	if drainErr != nil {
+		t.Errorf("work-queue streams not drained: %v", drainErr)
+		for _, l := range inFlightReport(ctx, js) {
+			t.Log("chaos: left over: " + l)
 		}
-		return nil
-	})
+		t.FailNow()
+	}
 	elapsed := time.Since(start)
 
 	// Exactly one final result per id, never changed: the stream holds one
@@ -323,13 +321,95 @@ func TestChaos(t *testing.T) {
 		fmt.Sprintf("dispatchers (admin stats, summed over runs; a run's last ~250ms before kill -9 is not seen): %v", tot),
 		fmt.Sprintf("dispatcher logs: duplicates suppressed %d, late outcomes %d; result publishes on the wire %d for %d ids",
 			logSuppressed, logLate, wire.Load(), len(ids)),
+		fmt.Sprintf("longest time a dispatcher saw no live node: %.1fs", counters.longestNoNode().Seconds()),
 	}
+	lines = append(lines, latencyLines(results)...)
 	for _, o := range chaos.done {
 		lines = append(lines, "fault "+o)
 	}
 	for _, l := range lines {
 		t.Log("chaos: " + l)
 	}
+}
+
+var workQueues = []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes}
+
+// drained reports whether nothing is left in flight: the work-queue streams
+// keep a message until it is acknowledged, after its effects are stored.
+func drained(ctx context.Context, js jetstream.JetStream) error {
+	for _, name := range workQueues {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 0 {
+			return fmt.Errorf("%s holds %d messages", name, info.State.Msgs)
+		}
+	}
+	return nil
+}
+
+// inFlightReport describes what is left in the work-queue streams and their
+// consumers, as evidence when the system does not settle.
+func inFlightReport(ctx context.Context, js jetstream.JetStream) []string {
+	var out []string
+	for _, name := range workQueues {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		st := info.State
+		out = append(out, fmt.Sprintf("%s: %d messages, seq %d..%d", name, st.Msgs, st.FirstSeq, st.LastSeq))
+		shown := 0
+		for seq := st.FirstSeq; st.Msgs > 0 && seq <= st.LastSeq && shown < 5; seq++ {
+			m, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				continue
+			}
+			shown++
+			out = append(out, fmt.Sprintf("  seq %d at %s on %s headers %v: %.300s", m.Sequence,
+				m.Time.UTC().Format("15:04:05.000"), m.Subject, m.Header, m.Data))
+		}
+		for cl := s.ListConsumers(ctx); ; {
+			ci, ok := <-cl.Info()
+			if !ok {
+				break
+			}
+			out = append(out, fmt.Sprintf("  consumer %s: delivered stream seq %d, ack floor %d, ack pending %d, redelivered %d, pending %d, waiting %d",
+				ci.Name, ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumAckPending, ci.NumRedelivered, ci.NumPending, ci.NumWaiting))
+		}
+	}
+	return out
+}
+
+// latencyLines summarises submit-to-result latency and shows the slowest
+// tasks, whose histories tell where a run spent its tail.
+func latencyLines(results map[string]*protocol.Result) []string {
+	rs := make([]*protocol.Result, 0, len(results))
+	for _, r := range results {
+		rs = append(rs, r)
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].LatencyMs < rs[j].LatencyMs })
+	q := func(f float64) float64 { return rs[min(len(rs)-1, int(f*float64(len(rs))))].LatencyMs / 1000 }
+	out := []string{fmt.Sprintf("submit-to-result latency: p50 %.3fs, p99 %.2fs, max %.2fs", q(0.5), q(0.99), q(1))}
+	for _, r := range rs[max(0, len(rs)-3):] {
+		out = append(out, fmt.Sprintf("slow: %s %s after %.2fs, finished %s: %s", r.ID, r.Status, r.LatencyMs/1000,
+			r.FinishedAt.Format("15:04:05.000"), historyString(r)))
+	}
+	return out
 }
 
 // chaosTasks builds the submissions: mostly valid tasks of two types, 1%
@@ -647,15 +727,27 @@ func (a *resultAudit) check(ids []string, sdk map[string]*protocol.Result) []str
 // counterTotals sums the dispatchers' admin-stats counters over their runs:
 // a report replaces the run's last one; a kill folds the run's last report
 // into the total.
+// It also measures the longest time a dispatcher saw no live node at all.
 type counterTotals struct {
 	mu   sync.Mutex
 	gen  map[string]int
 	last map[string]map[string]int64
 	sum  map[string]int64
+
+	noNodeSince map[string]time.Time
+	noNodeMax   time.Duration
 }
 
 func newCounterTotals() *counterTotals {
-	return &counterTotals{gen: map[string]int{}, last: map[string]map[string]int64{}, sum: map[string]int64{}}
+	return &counterTotals{gen: map[string]int{}, last: map[string]map[string]int64{}, sum: map[string]int64{},
+		noNodeSince: map[string]time.Time{}}
+}
+
+// longestNoNode is the longest time a dispatcher reported no live node.
+func (c *counterTotals) longestNoNode() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.noNodeMax
 }
 
 func (c *counterTotals) poll(ctx context.Context, cl *harness.Cluster, want int) {
@@ -671,10 +763,19 @@ func (c *counterTotals) poll(ctx context.Context, cl *harness.Cluster, want int)
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		reps, _ := cl.AdminStats(rctx, want)
 		cancel()
+		now := time.Now()
 		c.mu.Lock()
 		for _, r := range reps {
 			if c.gen[r.Dispatcher] == gens[r.Dispatcher] {
 				c.last[r.Dispatcher] = r.Counters
+			}
+			switch since, ok := c.noNodeSince[r.Dispatcher]; {
+			case len(r.Nodes) > 0:
+				delete(c.noNodeSince, r.Dispatcher)
+			case !ok:
+				c.noNodeSince[r.Dispatcher] = now
+			default:
+				c.noNodeMax = max(c.noNodeMax, now.Sub(since))
 			}
 		}
 		c.mu.Unlock()

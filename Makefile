@@ -92,6 +92,13 @@ bench: build redis-server ## relay baseline vs mlsched end to end (tasks/s, late
 	$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json $(BENCH_FLAGS) | tee .bench/bench-table.txt
 	cd shared && $(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee ../.bench/go-bench.txt
 
+# The full chaos run (e2e/chaos_test.go): 20000 tasks while worker and
+# dispatcher processes are kill -9'ed and nats-server and redis-server are
+# restarted. MLSCHED_CHAOS_SEED replays a run; figures in docs/chaos.md.
+.PHONY: chaos
+chaos: redis-server ## the full chaos test: 20000 tasks under kill -9 and server restarts (MLSCHED_CHAOS_SEED=n replays)
+	cd e2e && MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} $(GO) test -race=false -count=1 -run '^TestChaos$$' -v -timeout 30m ./
+
 .PHONY: docker-build
 docker-build: ## build the dispatcher, worker and mlsched images (needs a Docker daemon)
 	for t in dispatcher worker mlsched; do \

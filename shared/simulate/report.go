@@ -60,8 +60,20 @@ type Result struct {
 	// Recoveries are the RecoveryTasks of each run when several seeds are
 	// averaged (RecoveryTasks is then their median, -1 counting as never).
 	Recoveries []int `json:"recoveries,omitempty"`
+	// Timeline splits the run by submission time, to show when the regret
+	// was incurred (first run only when several seeds are averaged).
+	Timeline []Segment `json:"timeline,omitempty"`
 	// Curve is the rolling first-attempt success rate over time, for plots.
 	Curve []Point `json:"-"`
+}
+
+// Segment is the figures of the tasks submitted in [FromS, ToS).
+type Segment struct {
+	FromS        float64 `json:"from_s"`
+	ToS          float64 `json:"to_s"`
+	Tasks        int     `json:"tasks"`
+	FirstSuccess float64 `json:"first_attempt_success"`
+	RegretPoints float64 `json:"regret_pp"`
 }
 
 // Point is one sample of a rolling success rate.
@@ -133,7 +145,7 @@ func aggregate(rs []Result) Result {
 	if len(rs) == 1 {
 		return rs[0]
 	}
-	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve}
+	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve, Timeline: rs[0].Timeline}
 	n := float64(len(rs))
 	var failed, extra float64
 	for _, r := range rs {
@@ -209,7 +221,31 @@ func summarize(name string, ts []taskResult, sc *Scenario, opt Options) Result {
 		r.RecoveryTasks = &v
 	}
 	r.Curve = curve(ts)
+	r.Timeline = timeline(ts, opt.Segment)
 	return r
+}
+
+// timeline cuts the tasks into segments of submission time.
+func timeline(ts []taskResult, seg time.Duration) []Segment {
+	var out []Segment
+	var ok int
+	var regret float64
+	for _, t := range ts {
+		k := int(t.submit / seg)
+		if len(out) == 0 || out[len(out)-1].FromS != (time.Duration(k)*seg).Seconds() {
+			out = append(out, Segment{FromS: (time.Duration(k) * seg).Seconds(), ToS: (time.Duration(k+1) * seg).Seconds()})
+			ok, regret = 0, 0
+		}
+		g := &out[len(out)-1]
+		g.Tasks++
+		if t.firstOK {
+			ok++
+		}
+		regret += t.pFirst - t.pBest
+		g.FirstSuccess = float64(ok) / float64(g.Tasks)
+		g.RegretPoints = regret / float64(g.Tasks) * 100
+	}
+	return out
 }
 
 // recovery counts the tasks submitted after the change until the mean gap

@@ -49,6 +49,8 @@ type Options struct {
 	// RecoveryWindow is the rolling window, in tasks, of the recovery
 	// measure (default 50).
 	RecoveryWindow int
+	// Segment is the span of each Result.Timeline entry (default 10s).
+	Segment time.Duration
 	// RecoveryPoints is how close to the oracle, in percentage points of
 	// expected first-attempt success, counts as recovered (default 2).
 	RecoveryPoints float64
@@ -69,6 +71,9 @@ func (o Options) withDefaults(sc *Scenario) Options {
 	}
 	if o.RecoveryWindow <= 0 {
 		o.RecoveryWindow = 50
+	}
+	if o.Segment <= 0 {
+		o.Segment = 10 * time.Second
 	}
 	if o.RecoveryPoints <= 0 {
 		o.RecoveryPoints = 2

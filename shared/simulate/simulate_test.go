@@ -273,3 +273,27 @@ func TestRunsAverageSeeds(t *testing.T) {
 		t.Fatalf("table heading: %v\n%s", err, b.String())
 	}
 }
+
+// The timeline partitions the tasks by submission time and its regret adds
+// up to the run's.
+func TestTimelineAddsUp(t *testing.T) {
+	t.Parallel()
+	rep := run(t, "drift", Options{Tasks: 9000, Seed: 2, Policies: []string{policy.Reliability}, Segment: 15 * time.Second})
+	r := rep.Get(policy.Reliability)
+	tasks, regret, first := 0, 0.0, 0.0
+	for i, g := range r.Timeline {
+		if g.ToS-g.FromS != 15 || (i > 0 && g.FromS != r.Timeline[i-1].ToS) {
+			t.Fatalf("segment %d: %+v", i, g)
+		}
+		tasks += g.Tasks
+		regret += g.RegretPoints / 100 * float64(g.Tasks)
+		first += g.FirstSuccess * float64(g.Tasks)
+	}
+	if tasks != 9000 || math.Abs(regret-r.Regret) > 1e-6 || math.Abs(first/9000-r.FirstSuccess) > 1e-9 {
+		t.Fatalf("timeline sums: %d tasks, regret %.3f vs %.3f, first %.5f vs %.5f", tasks, regret, r.Regret, first/9000, r.FirstSuccess)
+	}
+	// The drift starts at 60s: the segment [60s, 75s) carries regret.
+	if g := r.Timeline[4]; g.FromS != 60 || g.RegretPoints <= 0 {
+		t.Errorf("segment at the change: %+v", g)
+	}
+}

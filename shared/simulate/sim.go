@@ -25,8 +25,9 @@ func Policies() []string {
 	return []string{policy.Reliability, policy.Thompson, policy.Latency, policy.LeastLoaded, policy.RoundRobin, policy.Random, Oracle}
 }
 
-// ErrUnknownPolicy is returned for a policy name Policies does not list.
-var ErrUnknownPolicy = errors.New("unknown policy")
+// ErrUnknownPolicy is returned for a policy name Policies does not list;
+// it is policy.ErrUnknownPolicy, so either matches with errors.Is.
+var ErrUnknownPolicy = policy.ErrUnknownPolicy
 
 // ErrInvalidOptions is returned for out-of-range Options.
 var ErrInvalidOptions = errors.New("invalid simulation options")

@@ -23,7 +23,9 @@
 //
 // Windowed: the Counts, the success latency Histogram and FailLatencySumUs.
 // Not windowed (gauges): InFlight (+1 per dispatch, -1 per outcome of any
-// kind, never below 0), ConsecutiveFailures (+1 per model error or timeout,
+// kind except a late one; a signed sum read clamped at 0, because an
+// attempt's outcome may be recorded before its dispatch and the two must
+// cancel out in either order), ConsecutiveFailures (+1 per model error or timeout,
 // 0 on a success; task errors and expired dispatches leave it alone) and
 // LastOutcome (the latest At of an outcome). Every event counts for its
 // model and, when it names a node, for its (model, node).
@@ -58,8 +60,8 @@
 //
 // Record aggregates a batch in Go and applies it with one Lua script
 // (EVALSHA, EVAL after a NOSCRIPT): HINCRBY per bucket field, and per series
-// a gauge update composed in event order (in-flight = max(cur+a, b), which
-// reproduces the clamp at 0 of each step), so a batch is atomic and costs
+// a gauge update composed in event order (in-flight = cur+a), so a batch is
+// atomic and costs
 // one round trip. Snapshot reads the window's buckets, the gauges and the
 // breakers in one MULTI/EXEC. Fields a store does not recognise are ignored.
 //

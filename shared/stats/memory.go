@@ -161,10 +161,14 @@ func (m *Memory) apply(s *memSeries, e *memEvent) {
 			}
 		}
 	}
+	// The in-flight gauge is a signed sum, read clamped at 0: an attempt's
+	// outcome may be recorded before its dispatch (replicas and batches race),
+	// and the pair must cancel out in either order. A late outcome does not
+	// finish its attempt again: the lost outcome already did.
 	switch {
 	case e.kind == KindDispatched:
 		s.inFlight++
-	case s.inFlight > 0:
+	case !e.late:
 		s.inFlight--
 	}
 	switch {
@@ -240,11 +244,11 @@ func (m *Memory) fill(out *Series, s *memSeries, key BreakerKey, first, last int
 		out.FailLatencySumUs += b.failUs
 		events++
 	}
-	out.InFlight = s.inFlight
+	out.InFlight = max(s.inFlight, 0)
 	out.ConsecutiveFailures = s.consec
 	out.LastOutcome = FromUnixNanos(s.lastOutcome)
 	out.Breaker = m.breakers[key]
-	return events > 0 || s.inFlight != 0 || s.consec != 0 || out.Breaker.State != BreakerClosed
+	return events > 0 || s.inFlight > 0 || s.consec != 0 || out.Breaker.State != BreakerClosed
 }
 
 // SetBreaker is a compare-and-set on (State, Since); a breaker never set is

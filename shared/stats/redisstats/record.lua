@@ -2,7 +2,8 @@
 -- KEYS[1]   gauges hash; KEYS[2..] bucket hashes
 -- ARGV      per bucket key: ttl_ms, nfields, nfields x (field, delta)
 --           then ngauges, ngauges x (series "<model> <node> ", if_add,
---           if_floor, cf_reset, cf_add, last_outcome or "")
+--           cf_reset, cf_add, last_outcome or ""); in-flight is a signed
+--           sum, read clamped at 0
 local g = KEYS[1]
 local a = 1
 for k = 2, #KEYS do
@@ -21,14 +22,13 @@ a = a + 1
 for _ = 1, ng do
   local base = ARGV[a]
   local ifAdd = tonumber(ARGV[a + 1])
-  local ifFloor = tonumber(ARGV[a + 2])
-  local reset = ARGV[a + 3]
-  local cfAdd = tonumber(ARGV[a + 4])
-  local lo = ARGV[a + 5]
-  a = a + 6
+  local reset = ARGV[a + 2]
+  local cfAdd = tonumber(ARGV[a + 3])
+  local lo = ARGV[a + 4]
+  a = a + 5
 
   local f = base .. 'if'
-  local v = math.max(tonumber(redis.call('HGET', g, f) or '0') + ifAdd, ifFloor)
+  local v = tonumber(redis.call('HGET', g, f) or '0') + ifAdd
   if v == 0 then redis.call('HDEL', g, f) else redis.call('HSET', g, f, v) end
 
   f = base .. 'cf'

@@ -112,22 +112,24 @@ type agg struct {
 
 // gaugeOp is the net effect of a batch on one series' gauges, composed in
 // event order so that one script call matches applying events one by one:
-// in-flight becomes max(cur+ifAdd, ifFloor) (each step clamps at 0), and
+// in-flight becomes cur+ifAdd (a signed sum, read clamped at 0, so that an
+// outcome recorded before its dispatch cancels out; late outcomes do not
+// count), and
 // consecutive failures become cfAdd if reset, else cur+cfAdd.
 type gaugeOp struct {
-	ifAdd, ifFloor int64
+	ifAdd int64
 	reset          bool
 	cfAdd          int64
 	lastOutcome    int64
 }
 
-func (g *gaugeOp) apply(k stats.Kind, at int64) {
-	d := int64(-1)
-	if k == stats.KindDispatched {
-		d = 1
+func (g *gaugeOp) apply(k stats.Kind, late bool, at int64) {
+	switch {
+	case k == stats.KindDispatched:
+		g.ifAdd++
+	case !late:
+		g.ifAdd--
 	}
-	g.ifAdd += d
-	g.ifFloor = max(g.ifFloor+d, 0)
 	switch {
 	case k == stats.KindSuccess:
 		g.reset, g.cfAdd = true, 0
@@ -194,7 +196,7 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 				gauges[k] = g
 				gaugeOrder = append(gaugeOrder, k)
 			}
-			g.apply(ev.Kind, atNs)
+			g.apply(ev.Kind, ev.Late, atNs)
 		}
 	}
 
@@ -226,7 +228,7 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 		if g.lastOutcome > 0 {
 			lo = fmt.Sprintf("%020d", g.lastOutcome) // compared as strings in Lua
 		}
-		args = append(args, k.model+" "+k.node+" ", g.ifAdd, g.ifFloor, reset, g.cfAdd, lo)
+		args = append(args, k.model+" "+k.node+" ", g.ifAdd, reset, g.cfAdd, lo)
 	}
 	if err := recordScript.Run(ctx, s.c, keys, args...).Err(); err != nil && err != redis.Nil {
 		return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
@@ -371,8 +373,8 @@ func (b *builder) gaugeField(f, v string) {
 	e := b.entry(k)
 	switch name {
 	case fInFlight:
-		e.InFlight = n
-		e.keep = e.keep || n != 0
+		e.InFlight = max(n, 0)
+		e.keep = e.keep || n > 0
 	case fConsecutive:
 		e.ConsecutiveFailures = n
 		e.keep = e.keep || n != 0

@@ -117,10 +117,10 @@ type agg struct {
 // count), and
 // consecutive failures become cfAdd if reset, else cur+cfAdd.
 type gaugeOp struct {
-	ifAdd int64
-	reset          bool
-	cfAdd          int64
-	lastOutcome    int64
+	ifAdd       int64
+	reset       bool
+	cfAdd       int64
+	lastOutcome int64
 }
 
 func (g *gaugeOp) apply(k stats.Kind, late bool, at int64) {

@@ -3,6 +3,31 @@
 // Parsing is strict (unknown fields, bad durations, duplicate names are
 // errors naming the model and the field), because a typo in a models file
 // would otherwise silently change what the node announces.
+//
+// Schema (durations are Go duration strings such as "250ms"):
+//
+//	models:
+//	  - name: fraud-fast          # required, a protocol token, unique
+//	    types: [fraud]            # required, task types served
+//	    executor: sim             # required: go | exec | http | sim
+//	    timeout: 2s               # per-task timeout when the dispatch gives none
+//	    sim:                      # only the section of the executor may be set
+//	      latency: {dist: lognormal, median: 5ms, sigma: 0.4}
+//	               # or {dist: fixed, value}, {dist: uniform, min, max},
+//	               #    {dist: normal, mean, stddev}
+//	      failure_rate: 0.3       # model errors
+//	      timeout_rate: 0.01      # hangs until the task times out
+//	      task_error_rate: 0      # bad-input errors
+//	      schedule: [{after: 60s, failure_rate: 0.05}]
+//	  - {name: echo, types: [echo], executor: go, go: {handler: echo}}
+//	  - name: script
+//	    types: [text]
+//	    executor: exec
+//	    exec: {command: [python3, model.py], dir: ".", env: ["K=V"]}
+//	  - name: remote
+//	    types: [classify]
+//	    executor: http
+//	    http: {url: "http://127.0.0.1:8000", mode: oip, model: resnet, headers: {Authorization: "Bearer x"}}
 package model
 
 import (

@@ -110,6 +110,12 @@ func (e *Exec) supervise() {
 			e.starts.Add(1)
 			began := time.Now()
 			e.mu.Lock()
+			if e.closed { // Close ran while the process started
+				e.mu.Unlock()
+				_ = p.cmd.Process.Kill()
+				_ = p.run()
+				return
+			}
 			e.proc = p
 			close(e.up)
 			e.mu.Unlock()

@@ -49,6 +49,9 @@ type Options struct {
 	// Concurrency is each worker's MLSCHED_CONCURRENCY and each sink's
 	// MaxAckPending (default 64).
 	Concurrency int `json:"concurrency"`
+	// Trace adds core-NATS observers of the dispatch, outcome and result
+	// subjects to time every hop (default off: the copies cost the server).
+	Trace bool `json:"trace"`
 	// SyncInterval is nats-server's jetstream sync_interval (default
 	// "always", as in production: an fsync per write).
 	SyncInterval string `json:"sync_interval"`
@@ -164,11 +167,23 @@ type Phase struct {
 	Failed int64 `json:"failed"`
 	// CPU seconds used during the phase, per process (workers summed).
 	CPU map[string]float64 `json:"cpu_seconds"`
+	// Hops splits the latency by hop (with Options.Trace).
+	Hops []Hop `json:"hops,omitempty"`
 }
 
-// Memory is a process's resident set size at the start of the measured
-// phases (after the warm-up), at its peak and at the end, in MiB.
+// Hop is the latency between two observation points of a task: when the
+// server received a message that carries it (core-NATS observer), or its
+// submission and completion.
+type Hop struct {
+	Name    string  `json:"name"`
+	Latency Latency `json:"latency"`
+}
+
+// Memory is a process's resident set size once ready (before the warm-up),
+// at the start of the measured phases (after the warm-up), at its peak and
+// at the end, in MiB.
 type Memory struct {
+	ReadyMiB float64 `json:"ready_mib"`
 	StartMiB float64 `json:"start_mib"`
 	PeakMiB  float64 `json:"peak_mib"`
 	EndMiB   float64 `json:"end_mib"`

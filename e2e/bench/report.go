@@ -89,6 +89,20 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 
+	for _, s := range r.Scenarios {
+		if len(s.Latency.Hops) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s latency phase by hop, ms (p50 / p90 / p99):\n", s.Name)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		for _, h := range s.Latency.Hops {
+			row("  "+h.Name, fmt.Sprintf("%.2f / %.2f / %.2f", h.Latency.P50, h.Latency.P90, h.Latency.P99))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
 	for _, ph := range []struct {
 		title string
 		get   func(s *Scenario) Phase
@@ -134,7 +148,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 
-	fmt.Fprintf(w, "\nresident memory over the measured phases, MiB (start / peak / end):\n")
+	fmt.Fprintf(w, "\nresident memory, MiB (ready / after warm-up / peak / end):\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for _, s := range r.Scenarios {
 		names := make([]string, 0, len(s.Memory))
@@ -144,7 +158,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		slices.Sort(names)
 		for _, k := range names {
 			m := s.Memory[k]
-			row(s.Name+": "+k, fmt.Sprintf("%.1f / %.1f / %.1f", m.StartMiB, m.PeakMiB, m.EndMiB))
+			row(s.Name+": "+k, fmt.Sprintf("%.1f / %.1f / %.1f / %.1f", m.ReadyMiB, m.StartMiB, m.PeakMiB, m.EndMiB))
 		}
 	}
 	if err := tw.Flush(); err != nil {

@@ -39,7 +39,12 @@ type run struct {
 	cpu []procGroup // CPU time is reported per group
 	mem []procGroup // memory is reported per group (first pid)
 
-	tr        atomic.Pointer[tracker] // the current phase's
+	tr atomic.Pointer[tracker] // the current phase's
+	// points are the traced subjects, in hop order, and hops the names of
+	// the hops from submission through each point to completion.
+	points    []string
+	hops      []string
+	traceNC   *nats.Conn
 	stopRcv   []func()
 	pprofAddr string
 }
@@ -76,8 +81,19 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 	if err != nil {
 		return res, nil, err
 	}
+	if o.Trace {
+		if err := r.trace(); err != nil {
+			return res, nil, err
+		}
+	}
 
 	pub := newPublisher(r.pubJS, o.Payload)
+	ready := map[string]float64{}
+	for _, g := range r.mem {
+		if rss, err := RSS(g.Pids[0]); err == nil {
+			ready[g.Name] = float64(rss) / (1 << 20)
+		}
+	}
 	if res.Warmup, err = r.phase(ctx, pub, "warmup", "w-", o.Warmup, 0); err != nil {
 		return res, nil, err
 	}
@@ -96,6 +112,10 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 		return res, nil, err
 	}
 	res.Memory = mem.stop()
+	for k, m := range res.Memory {
+		m.ReadyMiB = ready[k]
+		res.Memory[k] = m
+	}
 	if name == ScenarioMlsched {
 		if rep, err := r.adminStats(); err == nil {
 			res.Dispatched = map[string]int64{}
@@ -146,6 +166,9 @@ func (r *run) close() {
 	}
 	if r.rcvNC != nil {
 		r.rcvNC.Close()
+	}
+	if r.traceNC != nil {
+		r.traceNC.Close()
 	}
 }
 
@@ -324,7 +347,7 @@ func (r *run) adminStats() (protocol.StatsReport, error) {
 // phase submits n tasks (at rate tasks/s, or as fast as possible when rate
 // is 0) and waits until every one completed.
 func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n, rate int) (Phase, error) {
-	tr := newTracker(prefix, n)
+	tr := newTracker(prefix, n, len(r.points))
 	r.tr.Store(tr)
 	cpu0 := sampleCPU(r.cpu)
 	if err := pub.run(ctx, tr, rate); err != nil {
@@ -349,9 +372,66 @@ func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n
 			p.OfferedRate = float64(n-1) / (float64(lastSent-first) / 1e9)
 		}
 	}
+	if len(r.points) > 0 {
+		for k, name := range r.hops {
+			p.Hops = append(p.Hops, Hop{Name: name, Latency: tr.hop(k-1, k)})
+		}
+	}
 	r.log("%-18s %7d tasks in %6.2fs: %8.0f tasks/s, p50 %7.2fms p99 %7.2fms, failed %d",
 		label, n, p.Seconds, p.Throughput, p.Latency.P50, p.Latency.P99, p.Failed)
 	return p, nil
+}
+
+// trace subscribes, with core NATS on a connection of its own, to the
+// subjects every hop publishes to, and records when each task is first seen
+// on each. The server routes such a message to core subscribers as it hands
+// it to the stream, so a point marks the arrival of a publish, before it is
+// stored.
+func (r *run) trace() error {
+	nc, err := nats.Connect(r.nats.URL, nats.Name("bench-trace"))
+	if err != nil {
+		return err
+	}
+	r.traceNC = nc
+	byHeader := func(m *nats.Msg) string { return m.Header.Get(protocol.HdrTaskID) }
+	type point struct {
+		subject string
+		id      func(m *nats.Msg) string
+	}
+	var pts []point
+	switch r.name {
+	case ScenarioRelay:
+		pts = []point{{topology.SubjectDispatchAll, func(m *nats.Msg) string {
+			return strings.TrimPrefix(m.Header.Get(protocol.HdrMsgID), "r:")
+		}}}
+		r.hops = []string{"submit -> relayed (task stored, relay)", "relayed -> sink (dispatch stored, delivered)"}
+	case ScenarioMlsched:
+		prefix := len(topology.ResultSubject(""))
+		pts = []point{{topology.SubjectDispatchAll, byHeader}, {topology.SubjectOutcomesAll, byHeader},
+			{topology.SubjectResultsAll, func(m *nats.Msg) string {
+				if len(m.Subject) > prefix {
+					return m.Subject[prefix:]
+				}
+				return ""
+			}}}
+		r.hops = []string{"submit -> dispatched (task stored, dispatcher)", "dispatched -> outcome (dispatch stored, worker)",
+			"outcome -> result (outcome stored, dispatcher)", "result -> readable (result stored, read)"}
+	}
+	for k, p := range pts {
+		sub, err := nc.Subscribe(p.subject, func(m *nats.Msg) {
+			if id := p.id(m); id != "" {
+				r.tr.Load().observe(k, id, time.Now())
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if err := sub.SetPendingLimits(-1, -1); err != nil { // a dropped copy would only lose a sample, but keep them all
+			return err
+		}
+		r.points = append(r.points, p.subject)
+	}
+	return nc.Flush()
 }
 
 type profResult struct {

@@ -20,10 +20,55 @@ type tracker struct {
 	failed    atomic.Int64 // completed, but not successfully (mlsched results)
 	foreign   atomic.Int64 // completions of ids not of this phase
 	all       chan struct{}
+
+	// seen[k][i] is when the k-th traced subject (see Options.Trace) first
+	// carried task i, or 0.
+	seen [][]atomic.Int64
 }
 
-func newTracker(prefix string, n int) *tracker {
+// index returns the index of task id, or -1 for an id of another phase.
+func (t *tracker) index(id string) int {
+	s, found := strings.CutPrefix(id, t.prefix)
+	i, err := strconv.Atoi(s)
+	if !found || err != nil || i < 0 || i >= len(t.done) {
+		return -1
+	}
+	return i
+}
+
+// observe records that traced point k saw id.
+func (t *tracker) observe(k int, id string, at time.Time) {
+	if i := t.index(id); i >= 0 && k < len(t.seen) {
+		t.seen[k][i].CompareAndSwap(0, at.UnixNano())
+	}
+}
+
+// hop summarises the latency from point a to point b over the tasks that
+// have both; a -1 is the submission, len(seen) the completion.
+func (t *tracker) hop(a, b int) Latency {
+	at := func(k, i int) int64 {
+		switch {
+		case k < 0:
+			return t.sent[i].Load()
+		case k >= len(t.seen):
+			return t.done[i].Load()
+		}
+		return t.seen[k][i].Load()
+	}
+	var l []int64
+	for i := range t.done {
+		if x, y := at(a, i), at(b, i); x != 0 && y != 0 {
+			l = append(l, y-x)
+		}
+	}
+	return summarize(l)
+}
+
+func newTracker(prefix string, n, points int) *tracker {
 	t := &tracker{prefix: prefix, sent: make([]atomic.Int64, n), done: make([]atomic.Int64, n), all: make(chan struct{})}
+	for range points {
+		t.seen = append(t.seen, make([]atomic.Int64, n))
+	}
 	t.remaining.Store(int64(n))
 	if n == 0 {
 		close(t.all)
@@ -37,9 +82,8 @@ func (t *tracker) id(i int) string { return t.prefix + strconv.Itoa(i) }
 // complete records the first completion of id; later ones (redeliveries)
 // and ids of other phases are ignored.
 func (t *tracker) complete(id string, ok bool, at time.Time) {
-	s, found := strings.CutPrefix(id, t.prefix)
-	i, err := strconv.Atoi(s)
-	if !found || err != nil || i < 0 || i >= len(t.done) {
+	i := t.index(id)
+	if i < 0 {
 		t.foreign.Add(1)
 		return
 	}

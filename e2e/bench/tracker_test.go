@@ -7,7 +7,7 @@ import (
 
 func TestTracker(t *testing.T) {
 	t.Parallel()
-	tr := newTracker("x-", 3)
+	tr := newTracker("x-", 3, 1)
 	base := time.Unix(100, 0)
 	for i := range 3 {
 		tr.sent[i].Store(base.UnixNano())
@@ -34,6 +34,15 @@ func TestTracker(t *testing.T) {
 	l := tr.latency()
 	if l.P50 != 2 || l.Max != 3 || l.Mean != 2 {
 		t.Errorf("latency %+v, want p50 2, max 3, mean 2", l)
+	}
+	tr.observe(0, "x-0", base.Add(time.Millisecond/2))
+	tr.observe(0, "x-0", base.Add(time.Millisecond)) // later sightings do not count
+	tr.observe(0, "zz", base)
+	if h := tr.hop(-1, 0); h.Max != 0.5 {
+		t.Errorf("submit to point 0: %+v, want 0.5ms", h)
+	}
+	if h := tr.hop(0, 1); h.Max != 0.5 || h.P50 != 0.5 {
+		t.Errorf("point 0 to completion: %+v, want 0.5ms (one task)", h)
 	}
 	first, last, done := tr.span()
 	if first != base.UnixNano() || last != base.UnixNano() || done != base.Add(3*time.Millisecond).UnixNano() {

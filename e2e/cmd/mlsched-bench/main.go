@@ -46,6 +46,7 @@ func benchMain(args []string) int {
 	fs.IntVar(&o.Rate, "rate", 5000, "offered load of the latency phase, tasks/s")
 	fs.IntVar(&o.Concurrency, "concurrency", 64, "worker concurrency and sink MaxAckPending")
 	fs.StringVar(&o.SyncInterval, "nats-sync", "always", "nats-server jetstream sync_interval (always = production; e.g. 2m to measure the fsync cost)")
+	fs.BoolVar(&o.Trace, "trace", false, "time every hop with core-NATS observers of the dispatch, outcome and result subjects (adds server load)")
 	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order")
 	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
 	profile := fs.Bool("profile", false, "profile the dispatcher's CPU over the mlsched measured phases (back-to-back 20s windows, merged)")

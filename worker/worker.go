@@ -169,15 +169,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.js = js
 	if err := topology.Ensure(ctx, js, w.topology()); err != nil {
-		return fmt.Errorf("topology: %w", err)
+		return startErr(ctx, fmt.Errorf("topology: %w", err))
 	}
 	kv, err := topology.EnsureNodesBucket(ctx, js, w.topology())
 	if err != nil {
-		return err
+		return startErr(ctx, err)
 	}
 	stream, err := js.Stream(ctx, topology.StreamDispatch)
 	if err != nil {
-		return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
+		return startErr(ctx, fmt.Errorf("stream %s: %w", topology.StreamDispatch, err))
 	}
 
 	w.models = map[string]*hosted{}
@@ -201,6 +201,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.cancelRun(nil)
 	w.slots = make(chan struct{}, w.cfg.Concurrency)
 
+	cons := &consumer{stream: stream, log: w.log, handle: w.onMessage, cfg: jetstream.ConsumerConfig{
+		Durable:       topology.NodeConsumer(w.node),
+		FilterSubject: topology.DispatchSubject(w.node),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       w.cfg.AckWait,
+		MaxAckPending: w.cfg.Concurrency,
+		MaxDeliver:    -1,
+	}, batch: w.cfg.Concurrency}
+	if err := cons.Start(ctx); err != nil {
+		return startErr(ctx, err)
+	}
+
+	// Announce the node only once it consumes.
 	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.Models(),
 		capacity: w.cfg.Concurrency, inFlight: w.InFlight, draining: &w.draining,
 		started: time.Now().UTC(), log: w.log,
@@ -219,23 +232,20 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.log.Warn().Err(err).Msg("could not delete the node's heartbeat")
 		}
 	}()
-
-	cons := &consumer{stream: stream, log: w.log, handle: w.onMessage, cfg: jetstream.ConsumerConfig{
-		Durable:       topology.NodeConsumer(w.node),
-		FilterSubject: topology.DispatchSubject(w.node),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       w.cfg.AckWait,
-		MaxAckPending: w.cfg.Concurrency,
-		MaxDeliver:    -1,
-	}, batch: w.cfg.Concurrency}
-	if err := cons.Start(ctx); err != nil {
-		return err
-	}
 	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).Msg("worker started")
 
 	<-ctx.Done()
 	w.shutdown(hb, cons)
 	return nil
+}
+
+// startErr turns a startup failure caused by ctx's end (a shutdown request
+// while starting) into a clean stop.
+func startErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // shutdown drains the node; see Run.

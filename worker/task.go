@@ -150,7 +150,7 @@ func (w *Worker) process(msg jetstream.Msg) {
 			out.Task, _ = json.Marshal(string(d.body))
 		}
 	}
-	lev := zerolog.InfoLevel
+	lev := zerolog.DebugLevel // successes are the bulk: count them, don't log them
 	if out.Status != protocol.OutcomeSuccess {
 		lev = zerolog.WarnLevel
 	}

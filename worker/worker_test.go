@@ -287,6 +287,10 @@ func TestBoundedConcurrency(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c := cons.CachedInfo().Config; c.MaxAckPending != n || c.AckWait != cfg.AckWait || c.MaxDeliver != -1 ||
+		c.FilterSubject != topology.DispatchSubject("n-conc") || c.AckPolicy != jetstream.AckExplicitPolicy {
+		t.Errorf("consumer config %+v", c)
+	}
 	waitFor(t, 10*time.Second, "n running and the rest pending", func() bool {
 		info, err := cons.Info(context.Background())
 		return err == nil && cur.Load() == n && info.NumAckPending == n && info.NumPending == total-n

@@ -448,7 +448,8 @@ func TestTaskLogLinesCarryIDs(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "n-log")
 	var buf syncBuffer
-	h.start(h.config(), WithLogger(zerolog.New(&buf)), WithModels([]ModelSpec{goModel("m", "echo")}))
+	// Also covers a worker on a caller-owned connection.
+	h.start(h.config(), WithConn(h.srv.NC), WithLogger(zerolog.New(&buf)), WithModels([]ModelSpec{goModel("m", "echo")}))
 	h.dispatch("l1", "m", dispatchOpts{})
 	h.next(10 * time.Second)
 	found := false
@@ -497,5 +498,35 @@ func TestLongTaskIsNotRedelivered(t *testing.T) {
 	}
 	if info := cons.CachedInfo(); info.NumRedelivered != 0 {
 		t.Fatalf("%d redeliveries", info.NumRedelivered)
+	}
+}
+
+func TestNewRejectsBadConfiguration(t *testing.T) {
+	t.Parallel()
+	ok := []ModelSpec{goModel("m", "echo")}
+	cases := []struct {
+		name string
+		cfg  Config
+		opts []Option
+		want string
+	}{
+		{"node id", Config{NodeID: "a b"}, []Option{WithModels(ok)}, "MLSCHED_NODE_ID"},
+		{"heartbeat vs ttl", Config{NodeID: "n", HeartbeatInterval: 20 * time.Second}, []Option{WithModels(ok)}, "MLSCHED_HEARTBEAT_INTERVAL"},
+		{"no models", Config{NodeID: "n"}, []Option{WithModels(nil)}, "no models"},
+		{"unknown handler", Config{NodeID: "n"}, []Option{WithModels([]ModelSpec{goModel("m", "gone")})}, `"gone" is not registered`},
+		{"models file", Config{NodeID: "n", ModelsFile: "/nonexistent.yaml"}, nil, "/nonexistent.yaml"},
+	}
+	for _, c := range cases {
+		_, err := New(c.cfg, append(c.opts, WithLogger(zerolog.Nop()))...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
+		}
+	}
+	w, err := New(Config{}, WithLogger(zerolog.Nop()), WithModels(ok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Node() == "" || protocol.ValidToken(w.Node(), 64) != nil {
+		t.Errorf("default node id %q", w.Node())
 	}
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -136,6 +137,7 @@ func runPipeline(t *testing.T, policy string) {
 	hosts := nodeModels(t)
 	late := map[string]int{} // attempts per model after warm-up
 	var failed int
+	failedIDs := map[string]bool{}
 	for i, task := range tasks {
 		r := results[task.ID]
 		if r == nil {
@@ -148,6 +150,8 @@ func runPipeline(t *testing.T, policy string) {
 		case protocol.StatusSucceeded:
 		case protocol.StatusFailed:
 			failed++
+			failedIDs[r.ID] = true
+			t.Logf("%s failed: %s; history %+v", r.ID, r.Error, r.History)
 			if r.ErrorCode != protocol.CodeAttemptsExhausted {
 				t.Errorf("%s failed with %s (%s), want %s", r.ID, r.ErrorCode, r.Error, protocol.CodeAttemptsExhausted)
 			}
@@ -260,14 +264,8 @@ func runPipeline(t *testing.T, policy string) {
 		t.Errorf("dispatcher store %q degraded=%v (%s) dropped=%d: want redis, healthy, nothing dropped",
 			r.Store, r.Degraded, r.DegradedReason, r.Dropped)
 	}
-	// Nothing was malformed, so nothing may be dead-lettered.
-	if dlq, err := js.Stream(ctx, topology.StreamDLQ); err != nil {
-		t.Error(err)
-	} else if info, err := dlq.Info(ctx); err != nil {
-		t.Error(err)
-	} else if info.State.Msgs != 0 {
-		t.Errorf("%d dead letters for well-formed tasks", info.State.Msgs)
-	}
+	// Nothing was malformed: the dead letters are exactly the failed tasks.
+	checkDeadLetters(ctx, t, js, failedIDs)
 
 	// Only now, after everything settled: no task got a second result.
 	if dups := seen.duplicates(); len(dups) > 0 {
@@ -296,6 +294,47 @@ func runPipeline(t *testing.T, policy string) {
 	}
 	if share := float64(late[model00]+late[model02]) / float64(total); share < 0.75 {
 		t.Errorf("after warm-up the two reliable models got %.1f%% of the attempts, want at least 75%%", 100*share)
+	}
+}
+
+// checkDeadLetters reads the whole DLQ: every entry must be a task that
+// exhausted its attempts, and every such task must have exactly one entry.
+func checkDeadLetters(ctx context.Context, t *testing.T, js jetstream.JetStream, failed map[string]bool) {
+	t.Helper()
+	dlq, err := js.Stream(ctx, topology.StreamDLQ)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	info, err := dlq.Info(ctx)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	seen := map[string]int{}
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := dlq.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var dl protocol.DeadLetter
+		if err := json.Unmarshal(m.Data, &dl); err != nil {
+			t.Errorf("dead letter %d is not a DeadLetter: %v", seq, err)
+			continue
+		}
+		if dl.Code != protocol.CodeAttemptsExhausted || !failed[dl.TaskID] {
+			t.Errorf("unexpected dead letter %d: task %q code %s: %s", seq, dl.TaskID, dl.Code, dl.Reason)
+		}
+		seen[dl.TaskID]++
+	}
+	for id := range failed {
+		if seen[id] != 1 {
+			t.Errorf("failed task %s has %d dead letters, want 1", id, seen[id])
+		}
 	}
 }
 

@@ -58,6 +58,10 @@ func parseDispatch(msg jetstream.Msg) (dispatch, error) {
 		d.typ = t.Type
 	}
 	d.payload = t.Payload
+	attempt, attemptErr := strconv.Atoi(h.Get(protocol.HdrAttempt))
+	if attemptErr == nil && attempt >= 1 {
+		d.attempt = attempt // also keys the outcome of a malformed dispatch
+	}
 	bad := func(format string, a ...any) (dispatch, error) {
 		return d, fmt.Errorf("%w: %s", ErrMalformedDispatch, fmt.Sprintf(format, a...))
 	}
@@ -73,8 +77,7 @@ func parseDispatch(msg jetstream.Msg) (dispatch, error) {
 	if d.model == "" {
 		return bad("no %s header", protocol.HdrModel)
 	}
-	var err error
-	if d.attempt, err = strconv.Atoi(h.Get(protocol.HdrAttempt)); err != nil || d.attempt < 1 {
+	if attemptErr != nil || attempt < 1 {
 		return bad("%s %q is not a positive integer", protocol.HdrAttempt, h.Get(protocol.HdrAttempt))
 	}
 	ms, err := strconv.ParseInt(h.Get(protocol.HdrDeadline), 10, 64)

@@ -138,7 +138,22 @@ func TestMalformedDispatchIsReported(t *testing.T) {
 	for id, hdr := range cases {
 		h.dispatch(id, "m", dispatchOpts{headers: hdr})
 	}
-	got := h.collect(len(cases), 10*time.Second)
+	// A body that is not even JSON is reported too, its bytes kept as a string.
+	raw := h.dispatch("raw", "m", dispatchOpts{attempt: 2})
+	raw.Data = []byte("\xffnot json")
+	raw.Header.Set(protocol.HdrMsgID, "raw-body-2")
+	raw.Header.Set(protocol.HdrTaskID, "raw2")
+	if _, err := h.srv.JS.PublishMsg(context.Background(), raw); err != nil {
+		t.Fatal(err)
+	}
+	got := h.collect(len(cases)+2, 10*time.Second)
+	if o := got["raw"]; o.Status != protocol.OutcomeSuccess {
+		t.Errorf("raw: the well-formed dispatch: %q %q", o.Status, o.Error)
+	}
+	if o := got["raw2"]; o.Status != protocol.OutcomeModelError || !strings.Contains(o.Error, "body is not a task") ||
+		string(o.Task) != `"\ufffdnot json"` || o.Attempt != 2 || o.Header.Get(protocol.HdrMsgID) != "o:raw2:2" {
+		t.Errorf("raw2: %+v %v", o.Outcome, o.Header)
+	}
 	for id := range cases {
 		key := id
 		if id == "id-mismatch" {
@@ -153,8 +168,8 @@ func TestMalformedDispatchIsReported(t *testing.T) {
 			t.Errorf("%s: %q %q, want a malformed dispatch model error", id, o.Status, o.Error)
 		}
 	}
-	if n := calls.Load(); n != 0 {
-		t.Errorf("the handler ran %d times on malformed dispatches", n)
+	if n := calls.Load(); n != 1 { // the well-formed "raw" only
+		t.Errorf("the handler ran %d times, want once (malformed dispatches never run)", n)
 	}
 }
 

@@ -62,7 +62,9 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		return
 	}
 	if o.Status == protocol.OutcomeLost {
-		d.counters.Lost.Add(1)
+		if first { // a retried outcome is first nak'ed for backoff, then handled again
+			d.counters.Lost.Add(1)
+		}
 		d.superseded.Mark(o.TaskID, attempt)
 	}
 

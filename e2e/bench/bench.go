@@ -55,6 +55,11 @@ type Options struct {
 	// SyncInterval is nats-server's jetstream sync_interval (default
 	// "always", as in production: an fsync per write).
 	SyncInterval string `json:"sync_interval"`
+	// DispatcherEnv and WorkerEnv add MLSCHED_* variables to the
+	// dispatcher's and the workers' environment, to measure a setting
+	// (default none).
+	DispatcherEnv map[string]string `json:"dispatcher_env,omitempty"`
+	WorkerEnv     map[string]string `json:"worker_env,omitempty"`
 	// Scenarios to run, in order (default relay then mlsched).
 	Scenarios []string `json:"scenarios"`
 	// ProfilePath, when set, receives a CPU profile of the dispatcher over

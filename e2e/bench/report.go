@@ -36,6 +36,19 @@ func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "storage: %s\n", r.Storage)
 	fmt.Fprintf(w, "throughput phase %d tasks, latency phase %d tasks at %d/s, warm-up %d; payload %d B; %d nodes x %d no-op models; policy %s; worker concurrency %d\n\n",
 		o.Tasks, o.LatencyTasks, o.Rate, o.Warmup, o.Payload, o.Nodes, o.Models, o.Policy, o.Concurrency)
+	for _, e := range []struct {
+		who string
+		env map[string]string
+	}{{"dispatcher", o.DispatcherEnv}, {"workers", o.WorkerEnv}} {
+		if len(e.env) > 0 {
+			keys := make([]string, 0, len(e.env))
+			for k := range e.env {
+				keys = append(keys, k+"="+e.env[k])
+			}
+			slices.Sort(keys)
+			fmt.Fprintf(w, "%s environment: %s\n", e.who, strings.Join(keys, " "))
+		}
+	}
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(label string, cells ...string) {

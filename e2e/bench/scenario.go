@@ -257,13 +257,13 @@ func (r *run) startMlsched(ctx context.Context) error {
 		return err
 	}
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pport)
-	d, err := r.g.Process("dispatcher", dbin, nil, map[string]string{
+	d, err := r.g.Process("dispatcher", dbin, nil, withEnv(map[string]string{
 		"MLSCHED_NATS_URL":        r.nats.URL,
 		"MLSCHED_REDIS_URL":       redis.URL,
 		"MLSCHED_POLICY":          r.o.Policy,
 		"MLSCHED_DISPATCHER_NAME": dispatcherName,
 		"MLSCHED_PPROF_ADDR":      pprofAddr,
-	})
+	}, r.o.DispatcherEnv))
 	if err != nil {
 		return err
 	}
@@ -273,12 +273,12 @@ func (r *run) startMlsched(ctx context.Context) error {
 	r.pprofAddr = pprofAddr
 	workers := procGroup{Name: fmt.Sprintf("workers (%d)", r.o.Nodes)}
 	for _, node := range r.nodes() {
-		w, err := r.g.Process("worker-"+node, wbin, nil, map[string]string{
+		w, err := r.g.Process("worker-"+node, wbin, nil, withEnv(map[string]string{
 			"MLSCHED_NATS_URL":    r.nats.URL,
 			"MLSCHED_NODE_ID":     node,
 			"MLSCHED_MODELS_FILE": models,
 			"MLSCHED_CONCURRENCY": strconv.Itoa(r.o.Concurrency),
-		})
+		}, r.o.WorkerEnv))
 		if err != nil {
 			return err
 		}
@@ -327,6 +327,14 @@ func (r *run) startMlsched(ctx context.Context) error {
 	r.stopRcv = append(r.stopRcv, cc.Stop)
 	r.log("nats-server, redis-server, dispatcher and %d workers ready", r.o.Nodes)
 	return nil
+}
+
+// withEnv returns base with extra's entries added or overriding.
+func withEnv(base, extra map[string]string) map[string]string {
+	for k, v := range extra {
+		base[k] = v
+	}
+	return base
 }
 
 func (r *run) adminStats() (protocol.StatsReport, error) {

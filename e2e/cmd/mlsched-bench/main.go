@@ -47,6 +47,8 @@ func benchMain(args []string) int {
 	fs.IntVar(&o.Concurrency, "concurrency", 64, "worker concurrency and sink MaxAckPending")
 	fs.StringVar(&o.SyncInterval, "nats-sync", "always", "nats-server jetstream sync_interval (always = production; e.g. 2m to measure the fsync cost)")
 	fs.BoolVar(&o.Trace, "trace", false, "time every hop with core-NATS observers of the dispatch, outcome and result subjects (adds server load)")
+	dispEnv := fs.String("dispatcher-env", "", "extra dispatcher variables, KEY=VALUE,... (e.g. MLSCHED_MAX_IN_FLIGHT=4096)")
+	workerEnv := fs.String("worker-env", "", "extra worker variables, KEY=VALUE,... (e.g. MLSCHED_LOG_LEVEL=warn)")
 	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order")
 	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
 	profile := fs.Bool("profile", false, "profile the dispatcher's CPU over the mlsched measured phases (back-to-back 20s windows, merged)")
@@ -61,6 +63,15 @@ func benchMain(args []string) int {
 		o.ProfilePath = ""
 	}
 	o.Scenarios = strings.Split(*scenarios, ",")
+	var err error
+	if o.DispatcherEnv, err = parseEnv(*dispEnv); err != nil {
+		fmt.Fprintln(os.Stderr, "mlsched-bench: -dispatcher-env:", err)
+		return 2
+	}
+	if o.WorkerEnv, err = parseEnv(*workerEnv); err != nil {
+		fmt.Fprintln(os.Stderr, "mlsched-bench: -worker-env:", err)
+		return 2
+	}
 	o.Dir = *dir
 	o.Progress = os.Stderr
 	if *bin != "" {
@@ -153,4 +164,20 @@ func relayMain(args []string) int {
 	r.Stop()
 	fmt.Fprintf(os.Stderr, "relay: stopped after %d tasks (%d failed republishes)\n", r.Relayed(), r.Failed())
 	return 0
+}
+
+// parseEnv parses KEY=VALUE,KEY=VALUE.
+func parseEnv(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not KEY=VALUE", kv)
+		}
+		m[k] = v
+	}
+	return m, nil
 }

@@ -10,14 +10,19 @@ import (
 // snapshotLoop refreshes the statistics snapshot and the decision table
 // every SnapshotInterval, so that no decision waits on Redis.
 func (d *Dispatcher) snapshotLoop(ctx context.Context) {
-	t := time.NewTicker(d.cfg.SnapshotInterval)
+	every(ctx, d.cfg.SnapshotInterval, d.refresh)
+}
+
+// every runs f every interval until ctx is done.
+func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.refresh(ctx)
+			f(ctx)
 		}
 	}
 }

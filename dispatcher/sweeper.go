@@ -24,20 +24,13 @@ import (
 // between loses nothing: the next sweep (of any replica) reports again, and
 // the Nats-Msg-Id deduplicates it. No extra write is needed per task.
 func (d *Dispatcher) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(d.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if n, err := d.sweep(ctx, time.Now()); err != nil && ctx.Err() == nil {
-				d.log.Warn().Err(err).Msg("sweep for lost attempts failed")
-			} else if n > 0 {
-				d.log.Warn().Int("lost", n).Msg("attempts lost at their deadline: failing them over")
-			}
+	every(ctx, d.cfg.SweepInterval, func(ctx context.Context) {
+		if n, err := d.sweep(ctx, time.Now()); err != nil && ctx.Err() == nil {
+			d.log.Warn().Err(err).Msg("sweep for lost attempts failed")
+		} else if n > 0 {
+			d.log.Warn().Int("lost", n).Msg("attempts lost at their deadline: failing them over")
 		}
-	}
+	})
 }
 
 // sweep scans the stored dispatches oldest first and reports those past their

@@ -52,6 +52,11 @@ func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
 		failMu  sync.Mutex
 		failErr error
 	)
+	// settle waits until every future seen so far is resolved; it is called
+	// once, on every return path.
+	var settleOnce sync.Once
+	settle := func() { settleOnce.Do(func() { close(futs); wg.Wait() }) }
+	defer settle()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -68,7 +73,6 @@ func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
 			}
 		}
 	}()
-	defer func() { close(futs); wg.Wait() }()
 
 	start := time.Now()
 	subject := topology.TaskSubject(taskType)
@@ -101,9 +105,9 @@ func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	close(futs)
-	wg.Wait()
-	futs = make(chan inflight) // for the deferred close
+	settle()
+	failMu.Lock()
+	defer failMu.Unlock()
 	return failErr
 }
 

@@ -189,15 +189,16 @@ func (m *Memory) Snapshot(ctx context.Context) (*Snapshot, error) {
 	}
 	now := m.now()
 	first, last := m.w.Range(now)
+	recent := m.w.RecentFirst(now)
 	snap := &Snapshot{Taken: now, Window: m.w.Span(), Models: make(map[string]*ModelStats)}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for name, mm := range m.models {
 		ms := &ModelStats{}
-		seen := m.fill(&ms.Series, &mm.memSeries, BreakerKey{Model: name}, first, last)
+		seen := m.fill(&ms.Series, &mm.memSeries, BreakerKey{Model: name}, first, recent, last)
 		for node, ns := range mm.nodes {
 			s := &Series{}
-			if m.fill(s, ns, BreakerKey{Model: name, Node: node}, first, last) {
+			if m.fill(s, ns, BreakerKey{Model: name, Node: node}, first, recent, last) {
 				if ms.Nodes == nil {
 					ms.Nodes = make(map[string]*Series)
 				}
@@ -232,7 +233,8 @@ func (m *Memory) Snapshot(ctx context.Context) (*Snapshot, error) {
 
 // fill sums s into out and reports whether the series belongs in a
 // snapshot: events in the window, a non-zero gauge or a non-closed breaker.
-func (m *Memory) fill(out *Series, s *memSeries, key BreakerKey, first, last int64) bool {
+// Buckets from recent on are also summed into out.Recent.
+func (m *Memory) fill(out *Series, s *memSeries, key BreakerKey, first, recent, last int64) bool {
 	var events int64
 	for i := range s.ring {
 		b := &s.ring[i]
@@ -240,6 +242,9 @@ func (m *Memory) fill(out *Series, s *memSeries, key BreakerKey, first, last int
 			continue
 		}
 		out.Counts.Add(b.counts)
+		if b.idx >= recent {
+			out.Recent.Add(b.counts)
+		}
 		out.Latency.Add(&b.hist)
 		out.FailLatencySumUs += b.failUs
 		events++

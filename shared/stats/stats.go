@@ -189,6 +189,10 @@ type BreakerKey struct {
 // Series is the statistics of one model or one (model, node).
 type Series struct {
 	Counts
+	// Recent are the counts of the most recent buckets only (Window.Recent),
+	// a subset of Counts: a change in a model's behaviour shows there long
+	// before it moves counts over the whole window.
+	Recent Counts `json:"recent"`
 	// Latency of successful attempts in the window.
 	Latency Histogram `json:"-"`
 	// FailLatencySum is the summed latency of failed attempts in the window,
@@ -222,6 +226,10 @@ type Window struct {
 	Size time.Duration
 	// Bucket granularity (default 10s). Size is rounded up to whole buckets.
 	Bucket time.Duration
+	// Recent is the span of Series.Recent (default 2 buckets), rounded up
+	// to whole buckets and capped at the window: the current bucket and the
+	// ones before it, so that it never covers less than one full bucket.
+	Recent time.Duration
 }
 
 // WithDefaults fills zero fields.
@@ -234,6 +242,12 @@ func (w Window) WithDefaults() Window {
 	}
 	if w.Bucket > w.Size {
 		w.Bucket = w.Size
+	}
+	if w.Recent <= 0 {
+		w.Recent = 2 * w.Bucket
+	}
+	if w.Recent > w.Size {
+		w.Recent = w.Size
 	}
 	return w
 }

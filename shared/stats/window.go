@@ -40,6 +40,19 @@ func (w Window) Range(now time.Time) (first, last int64) {
 	return cur - w.Buckets() + 1, cur + 1
 }
 
+// RecentBuckets is the number of buckets Series.Recent spans (Recent
+// rounded up, at least 1, at most Buckets()).
+func (w Window) RecentBuckets() int64 {
+	w = w.WithDefaults()
+	return min(max(int64((w.Recent+w.Bucket-1)/w.Bucket), 1), w.Buckets())
+}
+
+// RecentFirst is the first bucket index of Series.Recent in a snapshot
+// taken at now; Recent ends where the window does (Range's last).
+func (w Window) RecentFirst(now time.Time) int64 {
+	return w.Index(now) - w.RecentBuckets() + 1
+}
+
 // EventBucket is the bucket an event dated at is counted in, given the
 // store's clock now: events from further in the future than one bucket are
 // counted now (a skewed clock must not poison a future bucket), and events

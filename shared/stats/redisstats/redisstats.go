@@ -264,6 +264,7 @@ func appendFields(out []any, k series, a *agg) []any {
 func (s *Store) Snapshot(ctx context.Context) (*stats.Snapshot, error) {
 	now := s.now()
 	first, last := s.w.Range(now)
+	recent := s.w.RecentFirst(now)
 	var bucketCmds []*redis.MapStringStringCmd
 	var gaugeCmd, breakerCmd *redis.MapStringStringCmd
 	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -278,9 +279,10 @@ func (s *Store) Snapshot(ctx context.Context) (*stats.Snapshot, error) {
 		return nil, fmt.Errorf("redisstats: snapshot: %w", err)
 	}
 	b := newBuilder()
-	for _, c := range bucketCmds {
+	for i, c := range bucketCmds {
+		isRecent := first+int64(i) >= recent
 		for f, v := range c.Val() {
-			b.bucketField(f, v)
+			b.bucketField(f, v, isRecent)
 		}
 	}
 	for f, v := range gaugeCmd.Val() {
@@ -326,14 +328,28 @@ func splitField(f string) (series, string, bool) {
 	return series{f[:i], f[i+1 : j]}, f[j+1:], true
 }
 
-func (b *builder) bucketField(f, v string) {
+// bucketField adds one field of a bucket hash; counts of a recent bucket
+// also go to Series.Recent.
+func (b *builder) bucketField(f, v string, recent bool) {
 	k, name, ok := splitField(f)
 	n, err := strconv.ParseInt(v, 10, 64)
 	if !ok || err != nil || n == 0 {
 		return
 	}
 	e := b.entry(k)
-	c := &e.Counts
+	if recent {
+		addCount(&e.Recent, name, n)
+	}
+	if addCount(&e.Counts, name, n) {
+		e.keep = true
+		return
+	}
+	latencyField(e, name, n)
+}
+
+// addCount adds n to the counter of c a field names and reports whether
+// the field is a counter.
+func addCount(c *stats.Counts, name string, n int64) bool {
 	switch name {
 	case fDispatched:
 		c.Dispatched += n
@@ -349,6 +365,15 @@ func (b *builder) bucketField(f, v string) {
 		c.Expired += n
 	case fLate:
 		c.Late += n
+	default:
+		return false
+	}
+	return true
+}
+
+// latencyField adds a bucket's failure latency sum or histogram field.
+func latencyField(e *entry, name string, n int64) {
+	switch name {
 	case fFailUs:
 		e.FailLatencySumUs += n
 	default:

@@ -66,6 +66,7 @@ func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) stats.S
 		{"ZeroAtUsesClock", testZeroAt},
 		{"WindowExpiry", testWindowExpiry},
 		{"WindowBucketBoundary", testBucketBoundary},
+		{"RecentBuckets", testRecent},
 		{"OutOfWindowEventMovesGaugesOnly", testOldEvent},
 		{"FutureEventClampedToNow", testFuture},
 		{"LatencyQuantiles", testLatency},
@@ -293,6 +294,47 @@ func testBucketBoundary(t *testing.T, h *harness) {
 	h.clock.Set(Epoch.Add(Window.Span() + Window.Bucket))
 	if m := h.snap().Models["m"]; m != nil && m.Judged() != 0 {
 		t.Fatalf("events beyond the window: %+v", m.Counts)
+	}
+}
+
+// Series.Recent holds the last Window.RecentBuckets() buckets (2 by default)
+// of the model and of each node, plus the skew bucket ahead, and is a
+// subset of the window's counts.
+func testRecent(t *testing.T, h *harness) {
+	if n := Window.RecentBuckets(); n != 2 {
+		t.Fatalf("default RecentBuckets = %d, want 2", n)
+	}
+	b := Window.Bucket
+	h.clock.Set(Epoch.Add(2*b + b/2))
+	h.record(
+		ev("m", "n1", stats.KindSuccess, Epoch), ev("m", "n1", stats.KindSuccess, Epoch), // bucket 0
+		ev("m", "n1", stats.KindModelError, Epoch.Add(b)), ev("m", "n2", stats.KindSuccess, Epoch.Add(b)), // bucket 1
+		ev("m", "n2", stats.KindTimeout, Epoch.Add(2*b)), ev("m", "n2", stats.KindDispatched, Epoch.Add(2*b)), // bucket 2
+	)
+	s := h.snap()
+	m := h.model(s, "m")
+	wantCounts(t, "window", m.Counts, stats.Counts{Dispatched: 1, Successes: 3, ModelErrors: 1, Timeouts: 1})
+	wantCounts(t, "recent", m.Recent, stats.Counts{Dispatched: 1, Successes: 1, ModelErrors: 1, Timeouts: 1})
+	wantCounts(t, "n1 recent", h.node(s, "m", "n1").Recent, stats.Counts{ModelErrors: 1})
+	wantCounts(t, "n2 recent", h.node(s, "m", "n2").Recent, stats.Counts{Dispatched: 1, Successes: 1, Timeouts: 1})
+
+	// an event one bucket ahead (clock skew) is recent too
+	h.record(ev("m", "n1", stats.KindSuccess, Epoch.Add(3*b+time.Second)))
+	wantCounts(t, "recent with skew", h.model(h.snap(), "m").Recent, stats.Counts{Dispatched: 1, Successes: 2, ModelErrors: 1, Timeouts: 1})
+
+	// one bucket later, bucket 1 is no longer recent but still in the window
+	h.clock.Set(Epoch.Add(3 * b))
+	m = h.model(h.snap(), "m")
+	wantCounts(t, "recent later", m.Recent, stats.Counts{Dispatched: 1, Successes: 1, Timeouts: 1})
+	if m.Judged() != 6 {
+		t.Errorf("window judged = %d, want 6", m.Judged())
+	}
+	// nothing recent: Recent is zero while the window still has counts
+	h.clock.Set(Epoch.Add(5 * b))
+	m = h.model(h.snap(), "m")
+	wantCounts(t, "no recent", m.Recent, stats.Counts{})
+	if m.Judged() == 0 {
+		t.Error("window lost its counts")
 	}
 }
 

@@ -170,11 +170,12 @@ func (w *Worker) process(msg jetstream.Msg) {
 		}
 		return
 	}
-	actx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)
-	defer cancel()
-	if err := msg.DoubleAck(actx); err != nil {
-		// The outcome is out; a redelivery re-runs the attempt and its
-		// outcome is deduplicated by its message id.
+	// A plain ack, not a double ack: the outcome is already stored, so a lost
+	// ack costs only a redelivery, whose re-run outcome JetStream drops as a
+	// duplicate (same Nats-Msg-Id) and which the dispatcher would refuse as
+	// a second result anyway. Waiting for the server's confirmation would
+	// add a round trip to every task.
+	if err := msg.Ack(); err != nil {
 		log.Warn().Err(err).Msg("ack of the dispatch failed")
 	}
 }

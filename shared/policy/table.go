@@ -15,9 +15,17 @@ import (
 // statistics over the window, precomputed once per Table, and its live load.
 type Candidate struct {
 	Model string
-	// Successes and Failures are the windowed judged outcomes (task errors
-	// and expired dispatches say nothing about a model and are left out).
+	// Successes and Failures are the judged outcomes the estimates below
+	// rest on (task errors and expired dispatches say nothing about a model
+	// and are left out): the window's, or only the recent buckets' when
+	// Shifted.
 	Successes, Failures int64
+	// Shifted is set when the recent buckets (stats.Series.Recent) and the
+	// older part of the window disagree beyond chance: the model changed,
+	// so its older record is ignored until the change has passed into the
+	// older part too. A model that was reliable for the whole window thus
+	// loses the lead after tens of failures, not hundreds.
+	Shifted bool
 	// Rate is the smoothed success rate, the posterior mean of a Beta(1, 1)
 	// prior: (successes+1) / (judged+2). An unmeasured model has 0.5.
 	Rate float64
@@ -166,7 +174,7 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 			}
 			m := t.models[mi.Name]
 			if m == nil {
-				m = newModelState(mi.Name, ms(mi.Name))
+				m = newModelState(mi.Name, ms(mi.Name), t.nodes)
 				t.models[mi.Name] = m
 			}
 			p := m.pair(ns)
@@ -239,7 +247,7 @@ func (m *modelState) pair(n *nodeState) *pairState {
 	return nil
 }
 
-func newModelState(name string, st *stats.ModelStats) *modelState {
+func newModelState(name string, st *stats.ModelStats, live map[string]*nodeState) *modelState {
 	m := &modelState{}
 	m.Model = name
 	m.ExpectedUs = math.Inf(1)
@@ -249,14 +257,14 @@ func newModelState(name string, st *stats.ModelStats) *modelState {
 		return m
 	}
 	s := &st.Series
-	m.Successes, m.Failures = s.Successes, s.Failures()
+	m.Successes, m.Failures, m.Shifted = estimateCounts(s, liveRecent(st, live))
 	m.Rate = smoothed(m.Successes, m.Failures)
 	m.Lower, m.Upper = wilson(m.Successes, m.Failures)
 	m.P50 = s.Latency.Quantile(0.5)
 	m.P95 = s.Latency.Quantile(0.95)
 	m.MeanUs = meanUs(&s.Latency)
-	if m.Failures > 0 {
-		m.FailMeanUs = float64(max(s.FailLatencySumUs, 0)) / float64(m.Failures)
+	if f := s.Failures(); f > 0 {
+		m.FailMeanUs = float64(max(s.FailLatencySumUs, 0)) / float64(f)
 	}
 	m.ExpectedUs = expectedUs(m.Successes+m.Failures, m.Rate, m.MeanUs, m.FailMeanUs)
 	m.inFlight = max(s.InFlight, 0)
@@ -273,23 +281,65 @@ func newPairState(m *modelState, n *nodeState, st *stats.ModelStats) *pairState 
 	if s == nil {
 		return p
 	}
-	judged := float64(s.Judged())
-	p.rate = (float64(s.Successes) + nodePriorWeight*m.Rate) / (judged + nodePriorWeight)
+	succ, fail, _ := estimateCounts(s, s.Recent)
+	p.rate = (float64(succ) + nodePriorWeight*m.Rate) / (float64(succ+fail) + nodePriorWeight)
 	p.breaker = s.Breaker
 	p.inFlight = max(s.InFlight, 0)
 	return p
+}
+
+// shiftZ is the z-score of the intervals estimateCounts compares: about
+// 99.7% each, so that a stationary model is rarely taken for a changed one
+// (a false shift only narrows its estimate to fresher data), while a jump
+// from 1% to 40% failures is caught after about 20 recent failures.
+const shiftZ = 3.0
+
+// liveRecent is a model's recent counts without those of nodes that are no
+// longer live: attempts lost with a crashed node are reported a deadline
+// later, all at once, and say nothing about the model on its other nodes.
+func liveRecent(st *stats.ModelStats, live map[string]*nodeState) stats.Counts {
+	r := st.Recent
+	for name, ns := range st.Nodes {
+		if ns != nil && live[name] == nil {
+			r.Successes -= ns.Recent.Successes
+			r.ModelErrors -= ns.Recent.ModelErrors
+			r.Timeouts -= ns.Recent.Timeouts
+		}
+	}
+	return r
+}
+
+// estimateCounts returns the judged outcomes a series' estimates rest on:
+// the window's, or only the recent buckets' (shifted) when the Wilson
+// interval of recent and that of the older part of the window do not
+// overlap. recent is s.Recent, or a part of it.
+func estimateCounts(s *stats.Series, recent stats.Counts) (succ, fail int64, shifted bool) {
+	succ, fail = s.Successes, s.Failures()
+	os, of := succ-min(max(s.Recent.Successes, 0), succ), fail-min(max(s.Recent.Failures(), 0), fail)
+	rs, rf := min(max(recent.Successes, 0), succ), min(max(recent.Failures(), 0), fail)
+	if rs+rf == 0 || os+of == 0 {
+		return succ, fail, false
+	}
+	rLo, rHi := wilsonZ(rs, rf, shiftZ)
+	oLo, oHi := wilsonZ(os, of, shiftZ)
+	if rHi < oLo || rLo > oHi {
+		return rs, rf, true
+	}
+	return succ, fail, false
 }
 
 // smoothed is the Beta(1, 1) posterior mean of the success rate.
 func smoothed(s, f int64) float64 { return (float64(s) + 1) / (float64(s+f) + 2) }
 
 // wilson is the Wilson score interval at 95%.
-func wilson(s, f int64) (lower, upper float64) {
+func wilson(s, f int64) (lower, upper float64) { return wilsonZ(s, f, 1.959964) }
+
+// wilsonZ is the Wilson score interval for a z-score.
+func wilsonZ(s, f int64, z float64) (lower, upper float64) {
 	n := float64(s + f)
 	if n == 0 {
 		return 0, 1
 	}
-	const z = 1.959964
 	p := float64(s) / n
 	z2 := z * z
 	mid := p + z2/(2*n)

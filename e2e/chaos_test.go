@@ -214,7 +214,19 @@ func TestChaos(t *testing.T) {
 		t.Errorf("fault injection: %v", e)
 	}
 	if len(results) != len(ids) {
-		t.Fatalf("only %d of %d tasks have a result after %v (ctx %v)", len(results), len(ids), time.Since(start), ctx.Err())
+		var missing []string
+		for _, id := range ids {
+			if results[id] == nil {
+				missing = append(missing, id)
+			}
+		}
+		rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		for _, l := range inFlightReport(rctx, js) {
+			t.Log("chaos: in flight: " + l)
+		}
+		rcancel()
+		t.Fatalf("only %d of %d tasks have a result after %v (ctx %v); missing e.g. %v",
+			len(results), len(ids), time.Since(start), ctx.Err(), missing[:min(10, len(missing))])
 	}
 	if len(chaos.done) != len(schedule) {
 		t.Errorf("%d of %d faults were injected", len(chaos.done), len(schedule))

@@ -16,8 +16,8 @@ type Policy interface {
 	Choose(r *Rand, cands []*Candidate) int
 }
 
-// reliability picks the highest Wilson lower bound; ties go to the lower
-// median latency, then at random.
+// reliability picks the highest Score (a Wilson lower bound of the
+// success rate); ties go to the lower median latency, then at random.
 type reliability struct{}
 
 func (reliability) Name() string { return Reliability }
@@ -27,9 +27,9 @@ func (reliability) Choose(r *Rand, cands []*Candidate) int {
 	for i := 1; i < len(cands); i++ {
 		c, b := cands[i], cands[best]
 		switch {
-		case c.Lower > b.Lower+1e-12:
+		case c.Score > b.Score+1e-12:
 			best, ties = i, 1
-		case c.Lower < b.Lower-1e-12:
+		case c.Score < b.Score-1e-12:
 		default:
 			switch cmpLatency(c, b) {
 			case -1:

@@ -133,3 +133,19 @@ func TestLostNodeDoesNotShiftModel(t *testing.T) {
 		t.Fatalf("alpha failing on a live node: %+v, want shifted", c)
 	}
 }
+
+// Reliability ranks by a one-sided 90% lower bound: a newcomer with 45
+// straight successes overtakes a well-measured 96% incumbent, 30 do not
+// (TestReliabilityExploresPlausiblyBetter), nor do 3 against 970/1000
+// (TestReliabilityPrefersWellMeasured).
+func TestReliabilityNewcomerLeadsAfterFewDozen(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"incumbent": series(5760, 240, 100*time.Millisecond, time.Millisecond),
+		"newcomer":  series(45, 0, 100*time.Millisecond, 0),
+	})
+	tab := NewTable(snap, []protocol.Heartbeat{hb("n1", "t", 8, "incumbent", "newcomer")}, t0)
+	if got := counts(t, engine(t, Config{ExploreShare: -1}), tab, &Request{Type: "t"}, 100); got["newcomer"] != 100 {
+		t.Fatalf("%v: want the newcomer with 45/45 to lead", got)
+	}
+}

@@ -35,6 +35,13 @@ type Candidate struct {
 	// Upper is the Wilson 95% upper bound (1 with no data): a model whose
 	// upper bound exceeds the best lower bound may still be the best.
 	Upper float64
+	// Score is what reliability ranks by: the Wilson lower bound at z=1.28
+	// (one-sided 90%; 0 with no data). It still ranks 970/1000 (0.962)
+	// above 3/3 (0.65) and 5760/6000 (0.957) above 30/30 (0.948), but lets
+	// a better model take the lead after about 40 straight successes
+	// instead of 100, which on the simulator's six scenarios lowers the
+	// regret of every one (stationary 0.50 -> 0.30 points).
+	Score float64
 	// P50 and P95 are latency quantiles of successful attempts (0 = no data).
 	P50, P95 time.Duration
 	// MeanUs is the mean latency of successful attempts in µs (0 = no data).
@@ -260,6 +267,7 @@ func newModelState(name string, st *stats.ModelStats, live map[string]*nodeState
 	m.Successes, m.Failures, m.Shifted = estimateCounts(s, liveRecent(st, live))
 	m.Rate = smoothed(m.Successes, m.Failures)
 	m.Lower, m.Upper = wilson(m.Successes, m.Failures)
+	m.Score, _ = wilsonZ(m.Successes, m.Failures, scoreZ)
 	m.P50 = s.Latency.Quantile(0.5)
 	m.P95 = s.Latency.Quantile(0.95)
 	m.MeanUs = meanUs(&s.Latency)
@@ -287,6 +295,9 @@ func newPairState(m *modelState, n *nodeState, st *stats.ModelStats) *pairState 
 	p.inFlight = max(s.InFlight, 0)
 	return p
 }
+
+// scoreZ is the z-score of Candidate.Score.
+const scoreZ = 1.2816
 
 // shiftZ is the z-score of the intervals estimateCounts compares: about
 // 99.7% each, so that a stationary model is rarely taken for a changed one

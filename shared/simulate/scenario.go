@@ -137,6 +137,10 @@ type WindowSpec struct {
 	Size Duration `json:"size,omitempty"`
 	// Bucket (default 10s, or the size if smaller).
 	Bucket Duration `json:"bucket,omitempty"`
+	// Recent is the span of the recent counts policies compare with the
+	// rest of the window to notice a change (default 2 buckets, the
+	// stats.Window default; at most the size).
+	Recent Duration `json:"recent,omitempty"`
 }
 
 // Arrival is a Poisson arrival process.
@@ -327,6 +331,7 @@ func (sc *Scenario) validate() error {
 		{"node_ttl", &sc.NodeTTL, 10 * time.Second},
 		{"window.size", &sc.Window.Size, 5 * time.Minute},
 		{"window.bucket", &sc.Window.Bucket, 10 * time.Second},
+		{"window.recent", &sc.Window.Recent, 0},
 	} {
 		if *d.v < 0 || d.v.D() > MaxDuration {
 			return invalid(d.field, "%v is outside 0..%v", d.v.D(), MaxDuration)
@@ -337,6 +342,12 @@ func (sc *Scenario) validate() error {
 	}
 	if sc.Window.Bucket > sc.Window.Size {
 		return invalid("window.bucket", "%v is larger than window.size (%v)", sc.Window.Bucket.D(), sc.Window.Size.D())
+	}
+	if sc.Window.Recent == 0 {
+		sc.Window.Recent = Duration(min(2*sc.Window.Bucket.D(), sc.Window.Size.D()))
+	}
+	if sc.Window.Recent > sc.Window.Size {
+		return invalid("window.recent", "%v is larger than window.size (%v)", sc.Window.Recent.D(), sc.Window.Size.D())
 	}
 	if sc.Refresh.D() < time.Millisecond {
 		return invalid("refresh", "%v is below 1ms", sc.Refresh.D())

@@ -22,7 +22,7 @@ func TestParseScenarioDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if sc.Tasks != 20000 || sc.MaxAttempts != 3 || sc.Timeout.D() != 5*time.Second || sc.Refresh.D() != 250*time.Millisecond || sc.DeadlineSlack.D() != 10*time.Second || sc.LostGrace.D() != time.Second ||
-		sc.NodeTTL.D() != 10*time.Second || sc.Window.Size.D() != 5*time.Minute || sc.Window.Bucket.D() != 10*time.Second || sc.Nodes[0].Capacity != 16 {
+		sc.NodeTTL.D() != 10*time.Second || sc.Window.Size.D() != 5*time.Minute || sc.Window.Bucket.D() != 10*time.Second || sc.Window.Recent.D() != 20*time.Second || sc.Nodes[0].Capacity != 16 {
 		t.Fatalf("defaults not filled: %+v", sc)
 	}
 }
@@ -49,6 +49,7 @@ func TestParseScenarioErrorsAreSpecific(t *testing.T) {
 		{"event node", `"nodes": [`, `"events": [{"at": "1s", "kind": "node_crash", "node": "zz"}], "nodes": [`, "events[0].node", `unknown node "zz"`},
 		{"burst until", `"nodes": [`, `"events": [{"at": "5s", "until": "2s", "kind": "failure_burst", "failure_prob": 0.5}], "nodes": [`, "events[0].until", "not after"},
 		{"window", `"nodes": [`, `"window": {"size": "10s", "bucket": "20s"}, "nodes": [`, "window.bucket", "larger than window.size"},
+		{"recent", `"nodes": [`, `"window": {"size": "1m", "recent": "2m"}, "nodes": [`, "window.recent", "larger than window.size"},
 		{"max attempts", `"nodes": [`, `"max_attempts": 11, "nodes": [`, "max_attempts", "outside 1..10"},
 	}
 	for _, c := range cases {

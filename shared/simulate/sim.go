@@ -274,7 +274,7 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 	s.arrive = rand.New(rand.NewPCG(opt.Seed, 1))
 	s.pcg = rand.NewPCG(0, 0)
 	s.draw = rand.New(s.pcg)
-	s.store = stats.NewMemory(stats.Window{Size: sc.Window.Size.D(), Bucket: sc.Window.Bucket.D()}, stats.WithClock(s.clock))
+	s.store = stats.NewMemory(stats.Window{Size: sc.Window.Size.D(), Bucket: sc.Window.Bucket.D(), Recent: sc.Window.Recent.D()}, stats.WithClock(s.clock))
 	if name == Oracle {
 		s.dec = &oracle{s: s}
 		return s, nil

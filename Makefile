@@ -51,7 +51,8 @@ redis-server: ## make sure redis-server is installed (installs it with apt-get w
 	export DEBIAN_FRONTEND=noninteractive; \
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server </dev/null; \
 	(service redis-server stop || systemctl stop redis-server || true) >/dev/null 2>&1; \
-	command -v redis-server >/dev/null
+	command -v redis-server >/dev/null || { echo "error: redis-server still not in PATH after apt-get install" >&2; exit 1; }; \
+	echo ">> $$(redis-server --version)"
 
 # The e2e tests run the binaries `make build` just made (MLSCHED_E2E_BIN),
 # instead of building them again in every test package; if the build fails

@@ -127,7 +127,7 @@ func (w *Worker) InFlight() int { return int(w.inFlight.Load()) }
 func (w *Worker) Models() []protocol.ModelInfo {
 	out := make([]protocol.ModelInfo, len(w.specs))
 	for i, s := range w.specs {
-		out[i] = s.Info(w.cfg.DefaultTimeout)
+		out[i] = s.Info(0) // no model timeout: the dispatcher applies its MLSCHED_TASK_TIMEOUT
 	}
 	return out
 }

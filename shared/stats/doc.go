@@ -22,6 +22,10 @@
 // the store's clock (WithClock; the simulator passes its simulated clock).
 //
 // Windowed: the Counts, the success latency Histogram and FailLatencySumUs.
+// Series.Recent holds the Counts of the most recent buckets only, from
+// cur-RecentBuckets()+1 to cur+1 (Window.Recent, default 2 buckets): the
+// policy engine compares them with the rest of the window to notice that a
+// model has changed long before a count over the whole window would show it.
 // Not windowed (gauges): InFlight (+1 per dispatch, -1 per outcome of any
 // kind except a late one; a signed sum read clamped at 0, because an
 // attempt's outcome may be recorded before its dispatch and the two must

@@ -52,6 +52,9 @@ type Config struct {
 	StatsWindow time.Duration `envconfig:"STATS_WINDOW" default:"5m" desc:"rolling statistics window"`
 	// StatsBucket is the window's granularity (default 10s).
 	StatsBucket time.Duration `envconfig:"STATS_BUCKET" default:"10s" desc:"granularity of the window"`
+	// StatsRecent is the recent span compared with the rest of the window to
+	// notice a model that changed (default 0: two buckets).
+	StatsRecent time.Duration `envconfig:"STATS_RECENT" default:"0s" desc:"recent span used to detect a changed model (0: two buckets)"`
 	// SnapshotInterval between statistics refreshes (default 250ms).
 	SnapshotInterval time.Duration `envconfig:"SNAPSHOT_INTERVAL" default:"250ms" desc:"how often statistics and the decision table are refreshed"`
 	// StatsBuffer bounds statistics updates buffered while Redis is down;
@@ -118,6 +121,8 @@ func (c *Config) Validate() error {
 		return bad("STATS_WINDOW", c.StatsWindow, "must be positive")
 	case c.StatsBucket <= 0 || c.StatsBucket > c.StatsWindow:
 		return bad("STATS_BUCKET", c.StatsBucket, "must be positive and at most the window")
+	case c.StatsRecent < 0 || c.StatsRecent > c.StatsWindow:
+		return bad("STATS_RECENT", c.StatsRecent, "must be 0..the window")
 	case c.SnapshotInterval <= 0:
 		return bad("SNAPSHOT_INTERVAL", c.SnapshotInterval, "must be positive")
 	case c.TaskTimeout <= 0:
@@ -161,7 +166,7 @@ func (c *Config) PolicyConfig() policy.Config {
 
 // Window is the statistics window.
 func (c *Config) Window() stats.Window {
-	return stats.Window{Size: c.StatsWindow, Bucket: c.StatsBucket}
+	return stats.Window{Size: c.StatsWindow, Bucket: c.StatsBucket, Recent: c.StatsRecent}
 }
 
 // Topology is the stream configuration.

@@ -30,7 +30,7 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 		}
 	}
 	if err != nil {
-		d.log.Warn().Err(err).Str("task", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
+		d.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
 		d.reject(msg.Subject(), data, task, err, protocol.StatusRejected, nil, 0, submitted, settleMsg(msg))
 		return
 	}
@@ -75,12 +75,12 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 		if a.attempt > 1 {
 			status = protocol.StatusFailed
 		}
-		d.log.Warn().Err(err).Str("task", t.ID).Int("attempt", a.attempt).Msg("no model for task")
+		d.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
 		d.reject(topology.TaskSubject(t.Type), a.data, a.task, err, status, a.history, a.attempt-1, a.submitted, settleMsg(msg))
 		return
 	}
 	if dec.Panic {
-		d.log.Warn().Str("task", t.ID).Str("model", dec.Model).Str("node", dec.Node).
+		d.log.Warn().Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).
 			Msg("panic mode: every candidate's breaker is open, routing anyway")
 	}
 	timeout := time.Duration(t.TimeoutMs) * time.Millisecond
@@ -106,7 +106,7 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: h}
 	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID("d:"+id+":"+attempt))
 	if err != nil {
-		d.log.Warn().Err(err).Str("task", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
+		d.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -114,7 +114,7 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
 	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
 		if err != nil {
-			d.log.Warn().Err(err).Str("task", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
+			d.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
 			_ = msg.NakWithDelay(time.Second)
 			return
 		}
@@ -126,7 +126,7 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 				d.counters.Dispatched.Add(1)
 			}
 		}
-		d.log.Debug().Str("task", id).Str("model", model).Str("node", node).Str("attempt", attempt).Msg("dispatched")
+		d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Str("attempt", attempt).Msg("dispatched")
 		_ = msg.Ack()
 	}}
 }

@@ -46,7 +46,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	if meta, err := msg.Metadata(); err == nil {
 		first = meta.NumDelivered == 1
 	}
-	log := d.log.With().Str("task", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt).Logger()
+	log := d.log.With().Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt).Logger()
 
 	late := o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, attempt)
 	if first {

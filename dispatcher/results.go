@@ -37,17 +37,17 @@ func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error)) {
 		switch {
 		case isWrongLastSequence(err), err == nil && ack.Duplicate:
 			d.counters.Suppressed.Add(1)
-			d.log.Info().Str("task", id).Str("model", model).Str("node", node).Msg("task already has a final result: suppressed a second one")
+			d.log.Info().Str("task_id", id).Str("model", model).Str("node", node).Msg("task already has a final result: suppressed a second one")
 			settle(nil)
 		case err != nil:
-			d.log.Warn().Err(err).Str("task", id).Msg("result publish failed, will retry")
+			d.log.Warn().Err(err).Str("task_id", id).Msg("result publish failed, will retry")
 			settle(err)
 		default:
 			d.counters.Results.Add(1)
 			if status == protocol.StatusRejected {
 				d.counters.Rejected.Add(1)
 			}
-			d.log.Debug().Str("task", id).Str("model", model).Str("node", node).Str("status", string(status)).Msg("result published")
+			d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Str("status", string(status)).Msg("result published")
 			settle(nil)
 		}
 	}}
@@ -104,7 +104,7 @@ func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, settle func
 	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
 		if err == nil && !ack.Duplicate {
 			d.counters.DeadLettered.Add(1)
-			d.log.Warn().Str("task", dl.TaskID).Str("code", string(dl.Code)).Str("reason", dl.Reason).Msg("dead-lettered")
+			d.log.Warn().Str("task_id", dl.TaskID).Str("code", string(dl.Code)).Str("reason", dl.Reason).Msg("dead-lettered")
 		}
 		settle(err)
 	}}

@@ -42,7 +42,7 @@ func (s *supersededSet) Mark(task string, attempt int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := s.kv.Put(ctx, task, []byte(strconv.Itoa(attempt))); err != nil {
-		s.log.Warn().Err(err).Str("task", task).Msg("cannot record a superseded attempt for other replicas")
+		s.log.Warn().Err(err).Str("task_id", task).Msg("cannot record a superseded attempt for other replicas")
 	}
 }
 

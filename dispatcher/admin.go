@@ -32,7 +32,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	r.Counters = map[string]int64{
 		"dispatched": c.Dispatched.Load(), "redispatched": c.Redispatched.Load(), "results": c.Results.Load(),
 		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
-		"late": c.Late.Load(), "lost": c.Lost.Load(),
+		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(),
 	}
 	if reason := d.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason

@@ -61,6 +61,9 @@ type Counters struct {
 	Late atomic.Int64
 	// Lost counts attempts found unanswered at their deadline.
 	Lost atomic.Int64
+	// Panic counts decisions made in panic mode: every candidate's breaker
+	// was open and the engine routed among all of them anyway.
+	Panic atomic.Int64
 }
 
 // Option configures a Dispatcher.

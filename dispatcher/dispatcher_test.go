@@ -413,6 +413,11 @@ func TestBadInputIsRejectedOrDeadLettered(t *testing.T) {
 		{"unknown type", "mlsched.tasks.nobody", `{"id":"b-unserved","type":"nobody"}`, "b-unserved", protocol.CodeNoModel},
 		{"unknown allow-listed model", "mlsched.tasks.echo", `{"id":"b-unknown","type":"echo","models":["ghost"]}`, "b-unknown", protocol.CodeUnknownModel},
 		{"negative timeout", "mlsched.tasks.echo", `{"id":"b-timeout","type":"echo","timeout_ms":-5}`, "b-timeout", protocol.CodeInvalidTimeout},
+		{"wildcard id", "mlsched.tasks.echo", `{"id":"a*b","type":"echo"}`, "", protocol.CodeInvalidID},
+		{"whitespace id", "mlsched.tasks.echo", `{"id":"a b","type":"echo"}`, "", protocol.CodeInvalidID},
+		{"invalid utf-8", "mlsched.tasks.echo", "{\"id\":\"b-utf8\",\"type\":\"echo\",\"payload\":\"\xff\xfe\"}", "b-utf8", protocol.CodeInvalidUTF8},
+		{"10k allow-list", "mlsched.tasks.echo", `{"id":"b-models","type":"echo","models":[` + strings.Repeat(`"m",`, 9999) + `"m"]}`, "b-models", protocol.CodeTooManyModels},
+		{"binary", "mlsched.tasks.echo", "\x00\x01binary", "", protocol.CodeMalformedJSON},
 	}
 	for i, c := range cases {
 		e.publish(c.subject, []byte(c.data), fmt.Sprintf("bad-%d", i))

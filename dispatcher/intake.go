@@ -80,6 +80,7 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 		return
 	}
 	if dec.Panic {
+		d.counters.Panic.Add(1)
 		d.log.Warn().Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).
 			Msg("panic mode: every candidate's breaker is open, routing anyway")
 	}

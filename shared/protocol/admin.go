@@ -28,7 +28,8 @@ type StatsReport struct {
 	// Counters are this replica's cumulative counts since it started:
 	// dispatched, redispatched, results, rejected, dead_lettered,
 	// suppressed (second results refused), late (outcomes of superseded
-	// attempts), lost (attempts found unanswered at their deadline).
+	// attempts), lost (attempts found unanswered at their deadline), panic
+	// (decisions routed in panic mode: every candidate's breaker open).
 	Counters map[string]int64 `json:"counters"`
 	Nodes    []Heartbeat      `json:"nodes"`
 }

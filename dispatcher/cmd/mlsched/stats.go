@@ -114,7 +114,7 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 	}
 	fmt.Fprintf(w, "snapshot %s  window=%s  nodes=%d  policies=%s\n", age, r.Window, len(r.Nodes), policies(r.Policies))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "MODEL\tDISPATCHED\tSUCCESS\tP50\tP95\tIN-FLIGHT\tBREAKER\tSHARE\t")
+	fmt.Fprintln(tw, "MODEL\tDISPATCHED\tOK\tERRORS\tTIMEOUTS\tTASK-ERR\tLATE\tSUCCESS\tP50\tP95\tIN-FLIGHT\tBREAKER\tSHARE\t")
 	models := append([]protocol.ModelReport(nil), r.Models...)
 	sort.Slice(models, func(i, j int) bool { return models[i].Name < models[j].Name })
 	for _, m := range models {
@@ -122,12 +122,25 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 		if breaker == "" {
 			breaker = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%s\t%s\t%d\t%s\t%.1f%%\t\n", m.Name, m.Dispatched, 100*m.SuccessRate,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f%%\t%s\t%s\t%d\t%s\t%.1f%%\t\n", m.Name, m.Dispatched,
+			m.Successes, m.ModelErrors, m.Timeouts, m.TaskErrors, m.Late, 100*m.SuccessRate,
 			ms(m.P50Ms), ms(m.P95Ms), m.InFlight, breaker, 100*m.TrafficShare)
 	}
 	tw.Flush()
 	if len(models) == 0 {
 		fmt.Fprintln(w, "(no model statistics yet)")
+	}
+	if len(r.Counters) > 0 {
+		keys := make([]string, 0, len(r.Counters))
+		for k := range r.Counters {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		fmt.Fprint(w, "since start:")
+		for _, k := range keys {
+			fmt.Fprintf(w, " %s=%d", k, r.Counters[k])
+		}
+		fmt.Fprintln(w)
 	}
 }
 

@@ -93,6 +93,9 @@ type Config struct {
 	// Storage of the streams: file or memory (default file).
 	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage: file or memory"`
 
+	// StreamReplicas of the streams it creates when they do not exist
+	// (default 1).
+	StreamReplicas int `envconfig:"STREAM_REPLICAS" default:"1" desc:"stream replicas when creating streams"`
 	// PprofAddr, when set, serves net/http/pprof there (default empty: off).
 	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6060 (empty: off)"`
 
@@ -113,9 +116,6 @@ func (c *Config) Validate() error {
 	bad := func(name string, v any, why string) error {
 		return fmt.Errorf("invalid %s_%s=%v: %s", config.Prefix, name, v, why)
 	}
-	if _, err := policy.NewEngine(c.PolicyConfig()); err != nil {
-		return fmt.Errorf("invalid %s_POLICY or %s_POLICY_BY_TYPE: %w", config.Prefix, config.Prefix, err)
-	}
 	switch {
 	case c.StatsWindow <= 0:
 		return bad("STATS_WINDOW", c.StatsWindow, "must be positive")
@@ -133,6 +133,8 @@ func (c *Config) Validate() error {
 		return bad("MAX_IN_FLIGHT", c.MaxInFlight, "must be at least 1")
 	case c.MaxPayloadBytes < 1:
 		return bad("MAX_PAYLOAD_BYTES", c.MaxPayloadBytes, "must be at least 1")
+	case c.StreamReplicas < 1:
+		return bad("STREAM_REPLICAS", c.StreamReplicas, "must be at least 1")
 	case c.NodeTTL <= 0:
 		return bad("NODE_TTL", c.NodeTTL, "must be positive")
 	case c.StatsBuffer < 1:
@@ -141,6 +143,14 @@ func (c *Config) Validate() error {
 		return bad("STORAGE", c.Storage, "must be file or memory")
 	case c.ExploreShare < 0 || c.ExploreShare > 1:
 		return bad("EXPLORE_SHARE", c.ExploreShare, "must be in 0..1")
+	case c.MinSamples < 0:
+		return bad("MIN_SAMPLES", c.MinSamples, "must not be negative")
+	case c.LatencyWeight < 0:
+		return bad("LATENCY_WEIGHT", c.LatencyWeight, "must not be negative")
+	}
+	// What is left for the engine to refuse is a policy name.
+	if _, err := policy.NewEngine(c.PolicyConfig()); err != nil {
+		return fmt.Errorf("invalid %s_POLICY or %s_POLICY_BY_TYPE: %w", config.Prefix, config.Prefix, err)
 	}
 	if c.Name == "" {
 		c.Name = hostname()
@@ -171,7 +181,7 @@ func (c *Config) Window() stats.Window {
 
 // Topology is the stream configuration.
 func (c *Config) Topology() topology.Config {
-	t := topology.Config{ResultsMaxAge: c.ResultsMaxAge, NodeTTL: c.NodeTTL}
+	t := topology.Config{ResultsMaxAge: c.ResultsMaxAge, NodeTTL: c.NodeTTL, Replicas: c.StreamReplicas}
 	if c.Storage == "memory" {
 		t.Storage = jetstream.MemoryStorage
 	}

@@ -38,11 +38,14 @@ type Config struct {
 	NodeTTL time.Duration `envconfig:"NODE_TTL" default:"10s" desc:"node heartbeat TTL (as the dispatcher's)"`
 	// DefaultTimeout is a task's run timeout when neither the dispatch nor
 	// the model sets one (default 30s).
-	DefaultTimeout time.Duration `envconfig:"DEFAULT_TIMEOUT" default:"30s" desc:"task timeout when none is given"`
+	DefaultTimeout time.Duration `envconfig:"DEFAULT_TIMEOUT" default:"30s" desc:"run timeout of a dispatch that carries none, for a model without its own"`
 	// PublishTimeout bounds one outcome publish (default 5s).
 	PublishTimeout time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s" desc:"outcome publish timeout"`
 	// SimSeed seeds sim models (default 0: random).
 	SimSeed int64 `envconfig:"SIM_SEED" desc:"seed of sim models (0: random)"`
+	// Storage of streams this node creates when they do not exist: file or
+	// memory (default file). Set it as the dispatcher's MLSCHED_STORAGE.
+	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage when creating streams: file or memory (as the dispatcher's)"`
 	// Replicas of streams this node creates when they do not exist (default 1).
 	Replicas int `envconfig:"STREAM_REPLICAS" default:"1" desc:"stream replicas when creating streams"`
 	// Log is the logging configuration (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
@@ -79,6 +82,9 @@ func (c Config) withDefaults() Config {
 func (c Config) validate() error {
 	if err := protocol.ValidToken(c.NodeID, 64); err != nil {
 		return fmt.Errorf("invalid %s_NODE_ID=%q: %v", config.Prefix, c.NodeID, err)
+	}
+	if c.Storage != "" && c.Storage != "file" && c.Storage != "memory" {
+		return fmt.Errorf("invalid %s_STORAGE=%q: must be file or memory", config.Prefix, c.Storage)
 	}
 	if c.HeartbeatInterval >= c.NodeTTL {
 		return fmt.Errorf("invalid %s_HEARTBEAT_INTERVAL=%v: must be shorter than %s_NODE_TTL=%v",

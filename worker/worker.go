@@ -133,7 +133,11 @@ func (w *Worker) Models() []protocol.ModelInfo {
 }
 
 func (w *Worker) topology() topology.Config {
-	return topology.Config{Replicas: w.cfg.Replicas, NodeTTL: w.cfg.NodeTTL}
+	t := topology.Config{Replicas: w.cfg.Replicas, NodeTTL: w.cfg.NodeTTL}
+	if w.cfg.Storage == "memory" {
+		t.Storage = jetstream.MemoryStorage
+	}
+	return t
 }
 
 // Run connects, makes sure the topology exists, announces the node and

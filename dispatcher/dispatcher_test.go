@@ -261,7 +261,7 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 				out.Header[k] = v
 			}
 		}
-		if _, err := e.ns.JS.PublishMsg(e.ctx, out, jetstream.WithMsgID(fmt.Sprintf("o:%s:%d", task.ID, attempt))); err == nil {
+		if _, err := e.ns.JS.PublishMsg(e.ctx, out, jetstream.WithMsgID(protocol.MsgID("o", task.ID, h.Get(protocol.HdrTaskSeq), attempt))); err == nil {
 			_ = m.Ack()
 		}
 	})
@@ -495,5 +495,58 @@ func TestLateOutcomeOfSupersededAttemptIsNotFinal(t *testing.T) {
 	}
 	if c := e.resultCount("late1"); c != 1 {
 		t.Fatalf("late1 has %d stored results", c)
+	}
+}
+
+// A task replayed from the dead-letter stream right away (inside the
+// duplicate window) runs again and gets its new result: the message ids of
+// its dispatches, outcomes and dead letters name the submission, not only
+// the task id.
+func TestReplayInsideTheDuplicateWindowGetsANewResult(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var healthy atomic.Bool
+	e.startNode("n1", []string{"rp"}, map[string]behavior{"a": func(protocol.Task, int) (protocol.OutcomeStatus, string) {
+		if healthy.Load() {
+			return protocol.OutcomeSuccess, ""
+		}
+		return protocol.OutcomeModelError, "down"
+	}})
+	id := "job:1#replay"
+	e.submit(protocol.Task{ID: id, Type: "rp", MaxAttempts: 2})
+	if res := e.result(id); res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeAttemptsExhausted {
+		t.Fatalf("first run: %+v", res)
+	}
+	var original []byte
+	e.waitFor("dead letter", func() bool {
+		for _, dl := range e.deadLetters() {
+			if dl.TaskID == id {
+				original = dl.Original
+				return true
+			}
+		}
+		return false
+	})
+
+	// what `mlsched dlq replay` does: purge the result, resubmit the bytes
+	healthy.Store(true)
+	s, err := e.ns.JS.Stream(e.ctx, topology.StreamResults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(e.ctx, jetstream.WithPurgeSubject(topology.ResultSubject(id))); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(topology.TaskSubject("rp"), original, id+":replay:1")
+	var res protocol.Result
+	e.waitFor("the replayed task's result", func() bool {
+		m, err := s.GetLastMsgForSubject(e.ctx, topology.ResultSubject(id))
+		if err != nil {
+			return false
+		}
+		return json.Unmarshal(m.Data, &res) == nil
+	})
+	if res.Status != protocol.StatusSucceeded || res.Attempts != 1 {
+		t.Fatalf("replayed: %+v", res)
 	}
 }

@@ -18,9 +18,9 @@ import (
 // handleTask is the intake: one message of MLSCHED_TASKS.
 func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 	data := msg.Data()
-	submitted := time.Now()
+	submitted, submission := time.Now(), ""
 	if meta, err := msg.Metadata(); err == nil {
-		submitted = meta.Timestamp
+		submitted, submission = meta.Timestamp, strconv.FormatUint(meta.Sequence.Stream, 10)
 	}
 	task, err := protocol.DecodeTask(data, d.cfg.Limits())
 	if err == nil {
@@ -31,10 +31,11 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 	}
 	if err != nil {
 		d.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
-		d.reject(msg.Subject(), data, task, err, protocol.StatusRejected, nil, 0, submitted, settleMsg(msg))
+		d.reject(ending{subject: msg.Subject(), data: data, task: task, err: err, status: protocol.StatusRejected,
+			submitted: submitted, submission: submission}, settleMsg(msg))
 		return
 	}
-	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted}, msg)
+	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission}, msg)
 }
 
 // attemptSpec is one attempt to dispatch.
@@ -44,6 +45,9 @@ type attemptSpec struct {
 	attempt   int
 	history   []protocol.Attempt
 	submitted time.Time
+	// submission names this submission of the task (its sequence in the
+	// task stream), carried in HdrTaskSeq through every attempt.
+	submission string
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -76,7 +80,8 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 			status = protocol.StatusFailed
 		}
 		d.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-		d.reject(topology.TaskSubject(t.Type), a.data, a.task, err, status, a.history, a.attempt-1, a.submitted, settleMsg(msg))
+		d.reject(ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
+			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission}, settleMsg(msg))
 		return
 	}
 	if dec.Panic {
@@ -100,12 +105,15 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	h.Set(protocol.HdrDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
 	h.Set(protocol.HdrTimeout, strconv.FormatInt(timeout.Milliseconds(), 10))
 	h.Set(protocol.HdrSubmitted, strconv.FormatInt(a.submitted.UnixMilli(), 10))
+	if a.submission != "" {
+		h.Set(protocol.HdrTaskSeq, a.submission)
+	}
 	if len(a.history) > 0 {
 		hist, _ := json.Marshal(a.history)
 		h.Set(protocol.HdrHistory, string(hist))
 	}
 	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: h}
-	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID("d:"+id+":"+attempt))
+	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID(protocol.MsgID("d", id, a.submission, a.attempt)))
 	if err != nil {
 		d.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
 		_ = msg.NakWithDelay(time.Second)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/stats"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // handleOutcome is one message of MLSCHED_OUTCOMES: a worker's report of an
@@ -25,7 +26,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 			reason = "outcome is not valid JSON: " + err.Error()
 		}
 		d.deadLetter("outcome", protocol.DeadLetter{Reason: reason, Code: protocol.CodeMalformedJSON,
-			Subject: msg.Subject(), Original: data}, settleMsg(msg))
+			Subject: msg.Subject(), Original: data}, "", settleMsg(msg))
 		return
 	}
 	h := msg.Headers()
@@ -48,7 +49,8 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	}
 	log := d.log.With().Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt).Logger()
 
-	late := o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, attempt)
+	submission := h.Get(protocol.HdrTaskSeq)
+	late := o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)
 	if first {
 		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: eventKind(o.Status),
 			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: late})
@@ -65,7 +67,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		if first { // a retried outcome is first nak'ed for backoff, then handled again
 			d.counters.Lost.Add(1)
 		}
-		d.superseded.Mark(o.TaskID, attempt)
+		d.superseded.Mark(o.TaskID, submission, attempt)
 	}
 
 	switch o.Status {
@@ -97,7 +99,8 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 			return
 		}
 		log.Info().Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
-		d.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted}, msg)
+		d.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
+			submission: submission}, msg)
 		return
 	}
 	err := protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, ended %s: %s",
@@ -108,7 +111,8 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	}
 	log.Warn().Err(err).Msg("task failed")
 	task.ID, task.Type = o.TaskID, o.Type
-	d.reject("mlsched.tasks."+o.Type, o.Task, task, err, protocol.StatusFailed, history, attempt, submitted, settleMsg(msg))
+	d.reject(ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: protocol.StatusFailed,
+		history: history, attempts: attempt, submitted: submitted, submission: submission}, settleMsg(msg))
 }
 
 func (d *Dispatcher) backoff(attempt int) time.Duration {

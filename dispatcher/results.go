@@ -27,7 +27,10 @@ func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error)) {
 	}
 	m := &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: nats.Header{}}
 	m.Header.Set(protocol.HdrTaskID, res.ID)
-	fut, err := d.js.PublishMsgAsync(m, jetstream.WithMsgID("r:"+res.ID), jetstream.WithExpectLastSequencePerSubject(0))
+	// No Nats-Msg-Id: the expected sequence alone refuses a retried publish
+	// that was in fact stored, and an id would outlive a purged result inside
+	// the duplicate window, swallowing the result of a replayed task.
+	fut, err := d.js.PublishMsgAsync(m, jetstream.WithExpectLastSequencePerSubject(0))
 	if err != nil {
 		settle(err)
 		return
@@ -62,29 +65,46 @@ func isWrongLastSequence(err error) bool {
 	return false
 }
 
-// reject ends a task that cannot run: a keyed task gets a result with the
-// error; an unkeyable message (no usable id) goes to the dead-letter stream
-// with its original bytes.
-func (d *Dispatcher) reject(subject string, data []byte, t protocol.Task, err error, status protocol.Status,
-	history []protocol.Attempt, attempts int, submitted time.Time, settle func(error)) {
-	code := protocol.CodeOf(err)
-	if t.ID == "" {
-		d.deadLetter("invalid", protocol.DeadLetter{Reason: err.Error(), Code: code, Subject: subject, Original: data}, settle)
+// ending is a task that ends without a success: rejected before it ran, or
+// failed after its attempts.
+type ending struct {
+	subject string // where the task was submitted
+	data    []byte // its original bytes
+	task    protocol.Task
+	err     error // why it ends (a *protocol.Error carries the code)
+	status  protocol.Status
+	history []protocol.Attempt
+	// attempts made; submitted and submission as in attemptSpec.
+	attempts   int
+	submitted  time.Time
+	submission string
+}
+
+// reject ends a task that cannot run or succeed: a keyed task gets a result
+// with the error; an unkeyable message (no usable id) goes to the
+// dead-letter stream with its original bytes, and so does, besides its
+// result, a task that exhausted its attempts.
+func (d *Dispatcher) reject(e ending, settle func(error)) {
+	code := protocol.CodeOf(e.err)
+	if e.task.ID == "" {
+		d.deadLetter("invalid", protocol.DeadLetter{Reason: e.err.Error(), Code: code, Subject: e.subject,
+			Original: e.data}, "", settle)
 		return
 	}
-	res := &protocol.Result{ID: t.ID, Type: t.Type, Status: status, Attempts: attempts, Error: err.Error(),
-		ErrorCode: code, History: history, LatencyMs: msSince(submitted)}
-	if status == protocol.StatusFailed && code == protocol.CodeAttemptsExhausted {
+	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
+		Error: e.err.Error(), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
+	if e.status == protocol.StatusFailed && code == protocol.CodeAttemptsExhausted {
 		// keep the task for an operator to inspect and replay
 		settle = join(2, settle)
-		d.deadLetter("exhausted", protocol.DeadLetter{Reason: res.Error, Code: code, Subject: subject,
-			TaskID: t.ID, History: history, Original: data}, settle)
+		d.deadLetter("exhausted", protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
+			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, settle)
 	}
 	d.publishResult(res, settle)
 }
 
-// deadLetter stores an entry in MLSCHED_DLQ under mlsched.dlq.<kind>.
-func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, settle func(error)) {
+// deadLetter stores an entry in MLSCHED_DLQ under mlsched.dlq.<kind>; an
+// entry about a task is deduplicated per submission of it.
+func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, submission string, settle func(error)) {
 	dl.At = time.Now().UTC()
 	data, err := json.Marshal(dl)
 	if err != nil {
@@ -94,7 +114,7 @@ func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, settle func
 	m := &nats.Msg{Subject: topology.DLQSubject(kind), Data: data}
 	opts := []jetstream.PublishOpt{}
 	if dl.TaskID != "" {
-		opts = append(opts, jetstream.WithMsgID("x:"+kind+":"+dl.TaskID))
+		opts = append(opts, jetstream.WithMsgID(protocol.MsgID("x", dl.TaskID, submission, 0)+":"+kind))
 	}
 	fut, err := d.js.PublishMsgAsync(m, opts...)
 	if err != nil {

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"encoding/base64"
 	"strconv"
 	"sync"
 	"time"
@@ -19,37 +20,45 @@ type supersededSet struct {
 	log zerolog.Logger
 
 	mu sync.RWMutex
-	m  map[string]int // task id → highest superseded attempt
+	m  map[string]int // supersededKey → highest superseded attempt
 }
 
 func newSupersededSet(kv jetstream.KeyValue, log zerolog.Logger) *supersededSet {
 	return &supersededSet{kv: kv, log: log, m: map[string]int{}}
 }
 
-// Is reports whether the attempt was superseded.
-func (s *supersededSet) Is(task string, attempt int) bool {
+// supersededKey names one submission of a task in the bucket. Task ids may
+// hold characters KV keys do not allow, so the key is base64url.
+func supersededKey(task, submission string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(task + "\x00" + submission))
+}
+
+// Is reports whether the attempt of that submission of the task was
+// superseded.
+func (s *supersededSet) Is(task, submission string, attempt int) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.m[task] >= attempt
+	return s.m[supersededKey(task, submission)] >= attempt
 }
 
 // Mark records that the attempt was superseded, here and for every replica.
-func (s *supersededSet) Mark(task string, attempt int) {
-	s.set(task, attempt)
+func (s *supersededSet) Mark(task, submission string, attempt int) {
+	key := supersededKey(task, submission)
+	s.set(key, attempt)
 	if s.kv == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.kv.Put(ctx, task, []byte(strconv.Itoa(attempt))); err != nil {
+	if _, err := s.kv.Put(ctx, key, []byte(strconv.Itoa(attempt))); err != nil {
 		s.log.Warn().Err(err).Str("task_id", task).Msg("cannot record a superseded attempt for other replicas")
 	}
 }
 
-func (s *supersededSet) set(task string, attempt int) {
+func (s *supersededSet) set(key string, attempt int) {
 	s.mu.Lock()
-	if s.m[task] < attempt {
-		s.m[task] = attempt
+	if s.m[key] < attempt {
+		s.m[key] = attempt
 	}
 	s.mu.Unlock()
 }

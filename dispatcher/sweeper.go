@@ -107,6 +107,6 @@ func (d *Dispatcher) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg
 			m.Header[k] = v
 		}
 	}
-	_, err = d.js.PublishMsg(ctx, m, jetstream.WithMsgID("l:"+o.TaskID+":"+strconv.Itoa(o.Attempt)))
+	_, err = d.js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.MsgID("l", o.TaskID, h.Get(protocol.HdrTaskSeq), o.Attempt)))
 	return err
 }

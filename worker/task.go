@@ -283,7 +283,7 @@ func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome) err
 			id = fmt.Sprintf("seq-%d", md.Sequence.Stream)
 		}
 	}
-	om.Header.Set(protocol.HdrMsgID, "o:"+id+":"+strconv.Itoa(d.attempt))
+	om.Header.Set(protocol.HdrMsgID, protocol.MsgID("o", id, msg.Headers().Get(protocol.HdrTaskSeq), d.attempt))
 	om.Header.Set(protocol.HdrNode, w.node)
 	om.Data = body
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)

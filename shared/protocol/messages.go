@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -90,6 +91,16 @@ type Outcome struct {
 	Task      json.RawMessage `json:"task,omitempty"`
 }
 
+// MsgID builds the Nats-Msg-Id of a message about one attempt of one
+// submission of a task: kind ("d" dispatch, "o" outcome, "l" lost), task id,
+// submission (HdrTaskSeq, may be empty) and attempt.
+func MsgID(kind, taskID, submission string, attempt int) string {
+	if submission == "" {
+		return kind + ":" + taskID + ":" + strconv.Itoa(attempt)
+	}
+	return kind + ":" + taskID + ":" + submission + ":" + strconv.Itoa(attempt)
+}
+
 // Headers the dispatcher adds to a dispatch (and a worker echoes on its
 // outcome). The task body itself is forwarded unchanged.
 const (
@@ -107,6 +118,11 @@ const (
 	HdrTimeout = "Mlsched-Timeout-Ms"
 	// HdrHistory is the JSON array of earlier attempts ([]Attempt).
 	HdrHistory = "Mlsched-History"
+	// HdrTaskSeq is the task message's sequence in MLSCHED_TASKS: it names
+	// this submission of the task, so that the message ids of a task
+	// submitted again (a dead letter replayed) do not collide with the
+	// first submission's inside the duplicate window.
+	HdrTaskSeq = "Mlsched-Task-Seq"
 	// HdrSubmitted is when the task entered the task stream (Unix ms), so
 	// the result can report submit-to-result latency.
 	HdrSubmitted = "Mlsched-Submitted"

@@ -239,7 +239,6 @@ func (a *app) dlqShow(ctx context.Context, args []string) error {
 func (a *app) dlqReplay(ctx context.Context, args []string) error {
 	fs := a.newFlags("dlq replay", "dlq replay SEQ... | dlq replay -all")
 	all := fs.Bool("all", false, "replay every replayable entry")
-	force := fs.Bool("force", false, "replay even inside the duplicate window (the new result may then be dropped as a duplicate)")
 	if err := a.parseAndConnect(fs, args); err != nil {
 		return err
 	}
@@ -279,7 +278,7 @@ func (a *app) dlqReplay(ctx context.Context, args []string) error {
 	failed := 0
 	for _, e := range entries {
 		ecx, ecancel := a.reqCtx(ctx)
-		ack, err := a.replay(ecx, s, e, *force)
+		ack, err := a.replay(ecx, s, e)
 		ecancel()
 		if err != nil {
 			failed++
@@ -294,25 +293,13 @@ func (a *app) dlqReplay(ctx context.Context, args []string) error {
 	return nil
 }
 
-// dedupeSlack is added to the duplicate window: the server drops expired
-// message ids on a timer, not exactly at the window's end.
-const dedupeSlack = time.Second
-
-// errTooEarly: the task's earlier messages are still inside the streams'
-// duplicate window.
-var errTooEarly = errors.New("too early to replay")
-
 // replay resubmits a dead letter's original bytes. A task id has at most one
 // final result, so the old one is purged first; the fresh Nats-Msg-Id keeps
 // the task stream's duplicate window from swallowing the resubmission. The
-// entry is deleted only once the task stream has it.
-//
-// The dispatcher publishes results, dispatches and dead letters with
-// Nats-Msg-Ids derived from the task id, and purging a message does not
-// forget its id: inside the duplicate window the replayed task's new result
-// would be dropped as a duplicate. So replay waits (unless forced) until the
-// old result and the entry are older than the window.
-func (a *app) replay(ctx context.Context, dlq jetstream.Stream, e dlqEntry, force bool) (uint64, error) {
+// entry is deleted only once the task stream has it. The dispatcher's message
+// ids name the submission (Mlsched-Task-Seq), not only the task id, so a
+// replay may follow at once.
+func (a *app) replay(ctx context.Context, dlq jetstream.Stream, e dlqEntry) (uint64, error) {
 	if e.Err != nil {
 		return 0, fmt.Errorf("%w: the entry is not a dead letter: %v", errNotReplayable, e.Err)
 	}
@@ -330,22 +317,6 @@ func (a *app) replay(ctx context.Context, dlq jetstream.Stream, e dlqEntry, forc
 	results, err := a.js.Stream(ctx, topology.StreamResults)
 	if err != nil {
 		return 0, fmt.Errorf("stream %s: %w", topology.StreamResults, err)
-	}
-	if !force {
-		last := e.Time
-		old, err := results.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
-		switch {
-		case err == nil && old.Time.After(last):
-			last = old.Time
-		case err != nil && !errors.Is(err, jetstream.ErrMsgNotFound):
-			return 0, fmt.Errorf("read the old result of %s: %w", id, err)
-		}
-		window := results.CachedInfo().Config.Duplicates
-		// The server forgets ids on a timer, a little after the window.
-		if ready := last.Add(window + dedupeSlack); time.Now().Before(ready) {
-			return 0, fmt.Errorf("%w: task %s's last messages are inside the %s duplicate window; retry after %s (or -force)",
-				errTooEarly, id, window, ready.UTC().Format(time.RFC3339))
-		}
 	}
 	if err := results.Purge(ctx, jetstream.WithPurgeSubject(topology.ResultSubject(id))); err != nil {
 		return 0, fmt.Errorf("purge the old result of %s: %w", id, err)

@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/client"
-	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -80,15 +78,8 @@ func TestDLQListShowReplay(t *testing.T) {
 			t.Errorf("replay %s: code %d, stderr %q", seq, code, errs)
 		}
 	}
-	// Too early: the old result is inside the duplicate window.
-	code, _, errs := cli(t, srv.URL, "", "dlq", "replay", "1")
-	if code != exitPartial || !strings.Contains(errs, "too early") {
-		t.Fatalf("early replay: code %d, stderr %q", code, errs)
-	}
-	if n := len(streamMsgs(t, srv.JS, topology.StreamTasks)); n != 0 {
-		t.Fatalf("an early replay resubmitted the task")
-	}
-	code, out, errs = cli(t, srv.URL, "", "dlq", "replay", "-force", "1")
+	// At once: the old result is purged and the task resubmitted.
+	code, out, errs := cli(t, srv.URL, "", "dlq", "replay", "1")
 	if code != exitOK || !strings.Contains(out, "replayed dead letter 1 as task t1") {
 		t.Fatalf("replay 1: code %d, out %q, err %q", code, out, errs)
 	}
@@ -112,7 +103,7 @@ func TestDLQListShowReplay(t *testing.T) {
 		Code: protocol.CodeAttemptsExhausted, Subject: "mlsched.tasks.ocr", TaskID: "t2",
 		Original: []byte(`{"id":"t2","type":"ocr"}`),
 	})
-	code, out, errs = cli(t, srv.URL, "", "dlq", "replay", "-all", "-force")
+	code, out, errs = cli(t, srv.URL, "", "dlq", "replay", "-all")
 	if code != exitPartial || !strings.Contains(out, "as task t2") || strings.Count(errs, "cannot be replayed") != 2 {
 		t.Fatalf("replay -all: code %d, out %q, err %q", code, out, errs)
 	}
@@ -124,41 +115,5 @@ func TestDLQListShowReplay(t *testing.T) {
 	}
 	if code, _, _ := cli(t, srv.URL, "", "dlq", "bogus"); code != exitUsage {
 		t.Errorf("dlq bogus: code %d", code)
-	}
-}
-
-// After the duplicate window a replayed task gets a fresh result even though
-// the dispatcher keys result messages by task id.
-func TestDLQReplayAfterDuplicateWindow(t *testing.T) {
-	t.Parallel()
-	srv := natstest.New(t)
-	window := 300 * time.Millisecond
-	if err := topology.Ensure(tctx(t), srv.JS, topology.Config{Storage: jetstream.MemoryStorage, DuplicateWindow: window}); err != nil {
-		t.Fatal(err)
-	}
-	publishResult := func(status protocol.Status) *jetstream.PubAck {
-		data, _ := json.Marshal(protocol.Result{ID: "t9", Status: status})
-		// As the dispatcher does: one result per id, deduplicated by id.
-		ack, err := srv.JS.Publish(tctx(t), topology.ResultSubject("t9"), data,
-			jetstream.WithMsgID("r:t9"), jetstream.WithExpectLastSequencePerSubject(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ack
-	}
-	publishResult(protocol.StatusFailed)
-	publishJSON(t, srv.JS, topology.DLQSubject("exhausted"), protocol.DeadLetter{
-		Code: protocol.CodeAttemptsExhausted, TaskID: "t9", Original: []byte(`{"id":"t9","type":"echo"}`), At: time.Now(),
-	})
-	eventually(t, "the duplicate window to pass", func() bool {
-		code, _, _ := cli(t, srv.URL, "", "dlq", "replay", "1")
-		return code == exitOK
-	})
-	if ack := publishResult(protocol.StatusSucceeded); ack.Duplicate {
-		t.Fatal("the replayed task's result was dropped as a duplicate")
-	}
-	r, err := client.New(srv.JS).Result(tctx(t), "t9")
-	if err != nil || r.Status != protocol.StatusSucceeded {
-		t.Fatalf("result after replay: %+v, %v", r, err)
 	}
 }

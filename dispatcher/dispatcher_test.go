@@ -550,3 +550,42 @@ func TestReplayInsideTheDuplicateWindowGetsANewResult(t *testing.T) {
 		t.Fatalf("replayed: %+v", res)
 	}
 }
+
+// A task that already has a result (here: published before it ran, as a
+// racing attempt's success would be) is not dead-lettered when a later
+// attempt exhausts: its failure is not the task's result.
+func TestExhaustedAttemptOfAFinishedTaskIsNotDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startNode("n1", []string{"dl"}, map[string]behavior{"a": fail})
+	done, _ := json.Marshal(protocol.Result{ID: "pre1", Type: "dl", Status: protocol.StatusSucceeded})
+	if _, err := e.ns.JS.Publish(e.ctx, topology.ResultSubject("pre1"), done); err != nil {
+		t.Fatal(err)
+	}
+	e.submit(protocol.Task{ID: "pre1", Type: "dl", MaxAttempts: 1})
+	e.submit(protocol.Task{ID: "pre2", Type: "dl", MaxAttempts: 1})
+	outcomes, err := e.ns.JS.Stream(e.ctx, topology.StreamOutcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("both outcomes settled and pre2 dead-lettered", func() bool {
+		info, err := outcomes.Info(e.ctx)
+		if err != nil || info.State.Msgs != 0 || e.d.Counters().Suppressed.Load() < 1 {
+			return false
+		}
+		for _, dl := range e.deadLetters() {
+			if dl.TaskID == "pre2" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, dl := range e.deadLetters() {
+		if dl.TaskID == "pre1" {
+			t.Fatalf("pre1 already succeeded but was dead-lettered: %+v", dl)
+		}
+	}
+	if res := e.result("pre1"); res.Status != protocol.StatusSucceeded {
+		t.Fatalf("pre1's result changed: %+v", res)
+	}
+}

@@ -74,14 +74,14 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	case protocol.OutcomeSuccess:
 		log.Debug().Msg("attempt succeeded")
 		d.publishResult(&protocol.Result{ID: o.TaskID, Type: o.Type, Status: protocol.StatusSucceeded, Model: o.Model,
-			Node: o.Node, Attempts: attempt, Output: o.Output, LatencyMs: msSince(submitted), History: history}, settleMsg(msg))
+			Node: o.Node, Attempts: attempt, Output: o.Output, LatencyMs: msSince(submitted), History: history}, settleMsg(msg), nil)
 		return
 	case protocol.OutcomeTaskError:
 		// Bad input: not the model's fault, and another attempt would fail too.
 		log.Info().Str("error", o.Error).Msg("task error: not retried")
 		d.publishResult(&protocol.Result{ID: o.TaskID, Type: o.Type, Status: protocol.StatusFailed, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Error: o.Error, ErrorCode: protocol.CodeTaskError,
-			LatencyMs: msSince(submitted), History: history}, settleMsg(msg))
+			LatencyMs: msSince(submitted), History: history}, settleMsg(msg), nil)
 		return
 	}
 

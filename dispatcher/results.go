@@ -1,9 +1,9 @@
 package dispatcher
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,8 +17,10 @@ import (
 // the task already has one (expected last subject sequence 0), which is what
 // makes the result final: a duplicate delivery, a racing replica or a late
 // outcome cannot publish a second or changed result. settle runs once the
-// result is stored or refused.
-func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error)) {
+// result is stored or refused; when then is set it runs first, off the
+// settle loop (it may publish), told whether this result was the one stored,
+// and its error goes to settle.
+func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error), then func(stored bool) error) {
 	res.FinishedAt = time.Now().UTC()
 	data, err := json.Marshal(res)
 	if err != nil { // cannot happen with our types; never drop the message
@@ -36,12 +38,20 @@ func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error)) {
 		return
 	}
 	id, status, model, node := res.ID, res.Status, res.Model, res.Node
+	finish := func(stored bool) {
+		if then == nil {
+			settle(nil)
+			return
+		}
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); settle(then(stored)) }()
+	}
 	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
 		switch {
 		case isWrongLastSequence(err), err == nil && ack.Duplicate:
 			d.counters.Suppressed.Add(1)
 			d.log.Info().Str("task_id", id).Str("model", model).Str("node", node).Msg("task already has a final result: suppressed a second one")
-			settle(nil)
+			finish(false)
 		case err != nil:
 			d.log.Warn().Err(err).Str("task_id", id).Msg("result publish failed, will retry")
 			settle(err)
@@ -51,7 +61,7 @@ func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error)) {
 				d.counters.Rejected.Add(1)
 			}
 			d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Str("status", string(status)).Msg("result published")
-			settle(nil)
+			finish(true)
 		}
 	}}
 }
@@ -93,28 +103,64 @@ func (d *Dispatcher) reject(e ending, settle func(error)) {
 	}
 	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
 		Error: e.err.Error(), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
+	var then func(stored bool) error
 	if e.status == protocol.StatusFailed && code == protocol.CodeAttemptsExhausted {
-		// keep the task for an operator to inspect and replay
-		settle = join(2, settle)
-		d.deadLetter("exhausted", protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
-			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, settle)
+		// Keep the task for an operator to inspect and replay, but only if
+		// this failure is the task's result: a racing attempt may have
+		// succeeded. On a redelivery our result may already be stored, so a
+		// refused publish looks at what is stored (the entry's Nats-Msg-Id
+		// makes a second write harmless).
+		dl := protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
+			TaskID: e.task.ID, History: e.history, Original: e.data}
+		then = func(stored bool) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if !stored {
+				if ours, err := d.storedResultIs(ctx, res.ID, protocol.StatusFailed, code); err != nil || !ours {
+					return err
+				}
+			}
+			return d.deadLetterSync(ctx, "exhausted", dl, e.submission)
+		}
 	}
-	d.publishResult(res, settle)
+	d.publishResult(res, settle, then)
 }
 
-// deadLetter stores an entry in MLSCHED_DLQ under mlsched.dlq.<kind>; an
+// storedResultIs reports whether the task's stored result has that status
+// and error code.
+func (d *Dispatcher) storedResultIs(ctx context.Context, id string, status protocol.Status, code protocol.Code) (bool, error) {
+	m, err := d.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
+	if err != nil {
+		return false, err
+	}
+	var r protocol.Result
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return false, nil
+	}
+	return r.Status == status && r.ErrorCode == code, nil
+}
+
+// deadLetterMsg builds an entry of MLSCHED_DLQ under mlsched.dlq.<kind>; an
 // entry about a task is deduplicated per submission of it.
-func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, submission string, settle func(error)) {
+func deadLetterMsg(kind string, dl protocol.DeadLetter, submission string) (*nats.Msg, []jetstream.PublishOpt, error) {
 	dl.At = time.Now().UTC()
 	data, err := json.Marshal(dl)
 	if err != nil {
-		settle(err)
-		return
+		return nil, nil, err
 	}
-	m := &nats.Msg{Subject: topology.DLQSubject(kind), Data: data}
-	opts := []jetstream.PublishOpt{}
+	var opts []jetstream.PublishOpt
 	if dl.TaskID != "" {
 		opts = append(opts, jetstream.WithMsgID(protocol.MsgID("x", dl.TaskID, submission, 0)+":"+kind))
+	}
+	return &nats.Msg{Subject: topology.DLQSubject(kind), Data: data}, opts, nil
+}
+
+// deadLetter stores an entry asynchronously; settle runs once it is stored.
+func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, submission string, settle func(error)) {
+	m, opts, err := deadLetterMsg(kind, dl, submission)
+	if err != nil {
+		settle(err)
+		return
 	}
 	fut, err := d.js.PublishMsgAsync(m, opts...)
 	if err != nil {
@@ -122,12 +168,31 @@ func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, submission 
 		return
 	}
 	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
-		if err == nil && !ack.Duplicate {
-			d.counters.DeadLettered.Add(1)
-			d.log.Warn().Str("task_id", dl.TaskID).Str("code", string(dl.Code)).Str("reason", dl.Reason).Msg("dead-lettered")
+		if err == nil {
+			d.deadLettered(dl, ack)
 		}
 		settle(err)
 	}}
+}
+
+// deadLetterSync stores an entry and waits for it.
+func (d *Dispatcher) deadLetterSync(ctx context.Context, kind string, dl protocol.DeadLetter, submission string) error {
+	m, opts, err := deadLetterMsg(kind, dl, submission)
+	if err != nil {
+		return err
+	}
+	ack, err := d.js.PublishMsg(ctx, m, opts...)
+	if err == nil {
+		d.deadLettered(dl, ack)
+	}
+	return err
+}
+
+func (d *Dispatcher) deadLettered(dl protocol.DeadLetter, ack *jetstream.PubAck) {
+	if !ack.Duplicate {
+		d.counters.DeadLettered.Add(1)
+		d.log.Warn().Str("task_id", dl.TaskID).Str("code", string(dl.Code)).Str("reason", dl.Reason).Msg("dead-lettered")
+	}
 }
 
 func msSince(t time.Time) float64 {
@@ -135,25 +200,4 @@ func msSince(t time.Time) float64 {
 		return 0
 	}
 	return float64(time.Since(t).Microseconds()) / 1000
-}
-
-// join returns a settle function that calls settle once it has been called n
-// times, with the first error seen. Settle callbacks run on the settle loop
-// and must not publish themselves, so dependent publishes are started
-// together and joined here.
-func join(n int, settle func(error)) func(error) {
-	var mu sync.Mutex
-	var first error
-	return func(err error) {
-		mu.Lock()
-		n--
-		if err != nil && first == nil {
-			first = err
-		}
-		last, e := n == 0, first
-		mu.Unlock()
-		if last {
-			settle(e)
-		}
-	}
 }

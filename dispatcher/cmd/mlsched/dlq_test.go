@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"

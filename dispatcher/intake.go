@@ -95,22 +95,25 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	}
 	deadline := time.Now().Add(timeout + d.cfg.DeadlineSlack)
 	id, attempt := t.ID, strconv.Itoa(a.attempt)
-	h := nats.Header{}
-	h.Set(protocol.HdrTaskID, id)
-	h.Set(protocol.HdrType, t.Type)
-	h.Set(protocol.HdrModel, dec.Model)
-	h.Set(protocol.HdrNode, dec.Node)
-	h.Set(protocol.HdrAttempt, attempt)
-	h.Set(protocol.HdrMaxAttempts, strconv.Itoa(a.maxAttempts(d.cfg.MaxAttempts)))
-	h.Set(protocol.HdrDeadline, strconv.FormatInt(deadline.UnixMilli(), 10))
-	h.Set(protocol.HdrTimeout, strconv.FormatInt(timeout.Milliseconds(), 10))
-	h.Set(protocol.HdrSubmitted, strconv.FormatInt(a.submitted.UnixMilli(), 10))
+	// The header names are canonical already: a literal map spares the
+	// canonicalisation Header.Set does (a measurable share of the dispatch path).
+	h := nats.Header{
+		protocol.HdrTaskID:      {id},
+		protocol.HdrType:        {t.Type},
+		protocol.HdrModel:       {dec.Model},
+		protocol.HdrNode:        {dec.Node},
+		protocol.HdrAttempt:     {attempt},
+		protocol.HdrMaxAttempts: {strconv.Itoa(a.maxAttempts(d.cfg.MaxAttempts))},
+		protocol.HdrDeadline:    {strconv.FormatInt(deadline.UnixMilli(), 10)},
+		protocol.HdrTimeout:     {strconv.FormatInt(timeout.Milliseconds(), 10)},
+		protocol.HdrSubmitted:   {strconv.FormatInt(a.submitted.UnixMilli(), 10)},
+	}
 	if a.submission != "" {
-		h.Set(protocol.HdrTaskSeq, a.submission)
+		h[protocol.HdrTaskSeq] = []string{a.submission}
 	}
 	if len(a.history) > 0 {
 		hist, _ := json.Marshal(a.history)
-		h.Set(protocol.HdrHistory, string(hist))
+		h[protocol.HdrHistory] = []string{string(hist)}
 	}
 	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: h}
 	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID(protocol.MsgID("d", id, a.submission, a.attempt)))

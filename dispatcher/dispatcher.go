@@ -45,6 +45,8 @@ type Dispatcher struct {
 	// timeouts maps model names to their announced per-task timeout (ms).
 	timeouts atomic.Pointer[map[string]int64]
 
+	sweeper sweeper // state of the lost-attempt sweep loop
+
 	// pending publishes whose acknowledgement settles a consumed message.
 	pending chan pendingAck
 	wg      sync.WaitGroup

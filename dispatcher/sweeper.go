@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,33 +34,82 @@ func (d *Dispatcher) sweepLoop(ctx context.Context) {
 	})
 }
 
-// sweep scans the stored dispatches oldest first and reports those past their
-// deadline. A dispatch younger than DeadlineSlack cannot be past its deadline,
-// so the scan stops at the first one.
+// sweeper is the sweep loop's state: a cursor into the dispatch stream and
+// the stored dispatches it has seen, ordered by when they become due. Each
+// dispatch is read once when it gets older than the slack and once more when
+// it is due, however long it waits, so an overloaded cluster with a deep
+// backlog is not re-read every sweep. It is used by the sweep loop alone.
+type sweeper struct {
+	next uint64   // first sequence not yet looked at
+	due  dueQueue // dispatches seen, by due time
+}
+
+type dueEntry struct {
+	due int64 // Unix ms: deadline plus grace
+	seq uint64
+}
+
+// dueQueue is a min-heap of dueEntry by due time.
+type dueQueue []dueEntry
+
+func (q dueQueue) Len() int           { return len(q) }
+func (q dueQueue) Less(i, j int) bool { return q[i].due < q[j].due }
+func (q dueQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *dueQueue) Push(x any)        { *q = append(*q, x.(dueEntry)) }
+func (q *dueQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// sweep reports the stored dispatches past their deadline (plus a grace of a
+// sweep interval, at least a second, for a worker reporting a timeout right at
+// the deadline). A dispatch younger than DeadlineSlack cannot be past its
+// deadline, so the cursor stops at the first one.
 func (d *Dispatcher) sweep(ctx context.Context, now time.Time) (int, error) {
+	sw := &d.sweeper
 	info, err := d.dispatchStream.Info(ctx)
 	if err != nil {
 		return 0, err
 	}
-	lost := 0
-	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; {
-		raw, err := d.dispatchStream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(topology.SubjectDispatchAll))
+	if sw.next > info.State.LastSeq+1 { // the stream was re-created: start over
+		sw.next, sw.due = 0, nil
+	}
+	if sw.next < info.State.FirstSeq {
+		sw.next = info.State.FirstSeq
+	}
+	grace := max(d.cfg.SweepInterval, time.Second).Milliseconds()
+	for sw.next > 0 && sw.next <= info.State.LastSeq {
+		raw, err := d.dispatchStream.GetMsg(ctx, sw.next, jetstream.WithGetMsgSubject(topology.SubjectDispatchAll))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return lost, nil
+			sw.next = info.State.LastSeq + 1
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+		if now.Sub(raw.Time) < d.cfg.DeadlineSlack {
+			sw.next = raw.Sequence
+			break
+		}
+		sw.next = raw.Sequence + 1
+		deadline, err := strconv.ParseInt(raw.Header.Get(protocol.HdrDeadline), 10, 64)
+		if err != nil {
+			deadline = 0 // no readable deadline: due now
+		}
+		heap.Push(&sw.due, dueEntry{due: deadline + grace, seq: raw.Sequence})
+	}
+	lost := 0
+	for sw.due.Len() > 0 && sw.due[0].due < now.UnixMilli() {
+		e := sw.due[0]
+		raw, err := d.dispatchStream.GetMsg(ctx, e.seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			heap.Pop(&sw.due) // acknowledged by its worker meanwhile
+			continue
 		}
 		if err != nil {
 			return lost, err
-		}
-		if now.Sub(raw.Time) < d.cfg.DeadlineSlack {
-			return lost, nil
-		}
-		seq = raw.Sequence + 1
-		// A worker may be reporting a timeout right at the deadline: give it
-		// a sweep interval (at least a second) before declaring the attempt lost.
-		grace := max(d.cfg.SweepInterval, time.Second).Milliseconds()
-		deadline, err := strconv.ParseInt(raw.Header.Get(protocol.HdrDeadline), 10, 64)
-		if err == nil && now.UnixMilli() <= deadline+grace {
-			continue
 		}
 		if err := d.reportLost(ctx, raw); err != nil {
 			return lost, err
@@ -67,6 +117,7 @@ func (d *Dispatcher) sweep(ctx context.Context, now time.Time) (int, error) {
 		if err := d.dispatchStream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return lost, err
 		}
+		heap.Pop(&sw.due)
 		lost++
 	}
 	return lost, nil

@@ -28,7 +28,7 @@ build: ## build bin/dispatcher, bin/worker, bin/mlsched and bin/nats-server
 
 .PHONY: run
 run: ## the demo: embedded NATS, 1 dispatcher, 3 workers, a producer, a live table (Redis if MLSCHED_REDIS_URL is set)
-	$(GO) run ./dispatcher/cmd/mlsched demo
+	$(GO) run ./e2e/cmd/mlsched-demo
 
 # The tests start their own redis-server on a free port; it must be installed.
 # As root (CI) we install it, keeping the package from starting a service:
@@ -63,6 +63,7 @@ test: redis-server ## vet and test (-race) every module, then a short fuzz run; 
 	step() { local name=$$1; shift; local t0=$$SECONDS; echo ">> $$name"; \
 		if "$$@"; then summary+=("PASS  $$name ($$((SECONDS-t0))s)"); last=0; \
 		else summary+=("FAIL  $$name ($$((SECONDS-t0))s)"); failed=$$((failed+1)); last=1; fi; }; \
+	step "tracked files under 1 MiB" bash .ci/check-large-files; \
 	step "make build" $(MAKE) --no-print-directory build; \
 	if [ $$last = 0 ]; then export MLSCHED_E2E_BIN=$(CURDIR)/$(BIN); fi; \
 	for m in $(MODULES); do \

@@ -1,7 +1,7 @@
 // Command mlsched is the operator and producer CLI of mlsched: it submits
 // tasks and waits for their results, shows the dispatchers' statistics and
-// the live nodes, inspects and replays dead letters, and runs the simulator
-// and the local demo.
+// the live nodes, inspects and replays dead letters, and runs the simulator.
+// The local demo is `make run` (e2e/cmd/mlsched-demo).
 //
 // Exit codes: 0 success; 1 an operation failed (connection, I/O, no result);
 // 2 usage error; 3 partial: some task did not succeed (or was not submitted
@@ -85,8 +85,6 @@ func commands() []command {
 		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ},
 		{name: "simulate", summary: "run the scheduling simulator",
 			run: func(_ context.Context, _ *app, args []string) error { return runSimulate(args) }},
-		{name: "demo", summary: "run a local cluster (NATS, dispatcher, workers) with demo traffic",
-			run: func(_ context.Context, _ *app, args []string) error { return runDemo(args) }},
 	}
 }
 

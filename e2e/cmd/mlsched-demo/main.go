@@ -1,8 +1,12 @@
+// Command mlsched-demo is `make run`: the whole system in one process, on an
+// embedded NATS server. It lives in the e2e module, which may depend on both
+// the dispatcher and the worker; the shipped binaries do not.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -21,11 +25,21 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/client"
-	"github.com/mlsched/mlsched/shared/natstest"
+	"github.com/mlsched/mlsched/shared/natsembed"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/worker"
 	"github.com/mlsched/mlsched/worker/model"
 )
+
+func main() {
+	if err := runDemo(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "mlsched-demo:", err)
+		os.Exit(1)
+	}
+}
 
 // runDemo is `make run`: an embedded NATS server with JetStream, one
 // dispatcher (in-memory statistics, or Redis when MLSCHED_REDIS_URL is set),
@@ -76,7 +90,7 @@ func demoNodes() map[string][]model.Spec {
 }
 
 func demo(ctx context.Context, out io.Writer, o demoOptions) error {
-	srv, err := natstest.Start("")
+	srv, err := natsembed.Start("")
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,64 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// goCmd runs the go command at the repository root (the workspace).
+func goCmd(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("go", args...)
+	cmd.Dir = repoPath(t, dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go %s (in %s): %v\n%s%s", strings.Join(args, " "), dir, err, out, stderr.String())
+	}
+	return string(out)
+}
+
+// The binaries we ship link neither the testing package (a test helper leaked
+// into production code) nor the NATS server (only the demo and the tests
+// embed one).
+func TestShippedBinariesLinkNoTestCode(t *testing.T) {
+	t.Parallel()
+	for _, pkg := range []string{"./dispatcher/cmd/dispatcher", "./dispatcher/cmd/mlsched", "./worker/cmd/worker"} {
+		deps := strings.Fields(goCmd(t, ".", "list", "-deps", pkg))
+		for _, d := range deps {
+			if d == "testing" || strings.HasPrefix(d, "github.com/nats-io/nats-server/") ||
+				strings.HasSuffix(d, "/natstest") || strings.HasSuffix(d, "/redistest") {
+				t.Errorf("%s links %s", pkg, d)
+			}
+		}
+	}
+}
+
+// The dispatcher module stands alone: it does not require the worker module
+// (the demo, which needs both, lives in e2e). Every module's go.mod is tidy,
+// so direct dependencies are listed as direct.
+func TestModuleBoundaries(t *testing.T) {
+	t.Parallel()
+	var mod struct {
+		Require []struct{ Path string }
+	}
+	if err := json.Unmarshal([]byte(goCmd(t, "dispatcher", "mod", "edit", "-json")), &mod); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range mod.Require {
+		if r.Path == "github.com/mlsched/mlsched/worker" {
+			t.Errorf("dispatcher/go.mod requires the worker module")
+		}
+	}
+	for _, m := range []string{"shared", "dispatcher", "worker", "e2e"} {
+		cmd := exec.Command("go", "mod", "tidy", "-diff")
+		cmd.Dir = repoPath(t, m)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s/go.mod is not tidy (run go mod tidy there): %v\n%s", m, err, out)
+		}
+	}
+}

@@ -19,9 +19,10 @@ import (
 type Config struct {
 	// NATSURL of the NATS server (default nats://127.0.0.1:4222).
 	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL"`
-	// RedisURL of the statistics store; empty keeps statistics in memory,
-	// which is only right for a single dispatcher (default empty).
-	RedisURL string `envconfig:"REDIS_URL" desc:"Redis URL for shared statistics; empty = in-memory"`
+	// RedisURL of the statistics store: one server, Sentinel or Cluster
+	// (forms in package redisconn); empty keeps statistics in memory, which
+	// is only right for a single dispatcher (default empty).
+	RedisURL string `envconfig:"REDIS_URL" desc:"Redis for shared statistics: redis[s]://host:port/db, redis[s]+sentinel://h:p,h:p/master[/db], redis[s]+cluster://h:p,h:p; empty = in-memory"`
 	// Name identifies this replica in logs and stats reports (default: hostname).
 	Name string `envconfig:"DISPATCHER_NAME" desc:"replica name (default hostname)"`
 

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/policy"
+	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/stats/redisstats"
@@ -23,13 +24,16 @@ import (
 
 // Dispatcher is one dispatcher replica.
 type Dispatcher struct {
-	cfg    Config
-	log    zerolog.Logger
-	nc     *nats.Conn
-	ownNC  bool
-	js     jetstream.JetStream
-	store  stats.Store
-	kind   string // "redis" or "memory"
+	cfg   Config
+	log   zerolog.Logger
+	nc    *nats.Conn
+	ownNC bool
+	js    jetstream.JetStream
+	store stats.Store
+	kind  string // "redis" or "memory"
+	// redis is the client the dispatcher opened for its store (nil when it
+	// was given a store); closed on exit.
+	redis  redis.UniversalClient
 	batch  *stats.Batcher
 	engine *policy.Engine
 	reg    *registry.Registry
@@ -154,11 +158,12 @@ func (d *Dispatcher) openStore() error {
 		d.store, d.kind = stats.NewMemory(d.cfg.Window()), "memory"
 		return nil
 	}
-	opt, err := redis.ParseURL(d.cfg.RedisURL)
+	c, err := redisconn.Open(redisconn.Config{URL: d.cfg.RedisURL, ClientName: "mlsched-dispatcher-" + d.cfg.Name})
 	if err != nil {
-		return fmt.Errorf("invalid MLSCHED_REDIS_URL: %w", err)
+		return fmt.Errorf("MLSCHED_REDIS_URL: %w", err)
 	}
-	d.store, d.kind = redisstats.New(redis.NewClient(opt), d.cfg.Window()), "redis"
+	d.redis = c
+	d.store, d.kind = redisstats.New(c, d.cfg.Window()), "redis"
 	return nil
 }
 
@@ -184,6 +189,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return err
 	}
 	defer d.store.Close()
+	if d.redis != nil {
+		defer d.redis.Close()
+	}
 
 	kv, err := topology.EnsureNodesBucket(ctx, d.js, d.cfg.Topology())
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/stats"
@@ -17,8 +18,9 @@ import (
 // Config is the dispatcher's configuration, read from MLSCHED_* variables.
 // Every field documents its default; README.md lists them all.
 type Config struct {
-	// NATSURL of the NATS server (default nats://127.0.0.1:4222).
-	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL"`
+	// NATS is how to reach NATS: servers, credentials, TLS (MLSCHED_NATS_*;
+	// default nats://127.0.0.1:4222, no credentials).
+	NATS natsconn.Config
 	// RedisURL of the statistics store: one server, Sentinel or Cluster
 	// (forms in package redisconn); empty keeps statistics in memory, which
 	// is only right for a single dispatcher (default empty).
@@ -148,6 +150,9 @@ func (c *Config) Validate() error {
 		return bad("MIN_SAMPLES", c.MinSamples, "must not be negative")
 	case c.LatencyWeight < 0:
 		return bad("LATENCY_WEIGHT", c.LatencyWeight, "must not be negative")
+	}
+	if err := c.NATS.Validate(); err != nil {
+		return err
 	}
 	// What is left for the engine to refuse is a policy name.
 	if _, err := policy.NewEngine(c.PolicyConfig()); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/registry"
@@ -121,14 +122,11 @@ func hostname() string {
 
 func (d *Dispatcher) connect(ctx context.Context) error {
 	if d.nc == nil {
-		nc, err := nats.Connect(d.cfg.NATSURL, nats.Name("mlsched-dispatcher-"+d.cfg.Name),
-			nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				d.log.Warn().Err(err).Msg("disconnected from NATS")
-			}),
-			nats.ReconnectHandler(func(*nats.Conn) { d.log.Info().Msg("reconnected to NATS") }))
+		nc, err := natsconn.Connect(d.cfg.NATS, natsconn.Conn{
+			Name: "mlsched-dispatcher-" + d.cfg.Name, Inbox: natsconn.InboxDispatcher, Log: &d.log, Retry: true,
+		})
 		if err != nil {
-			return fmt.Errorf("connect to NATS at %s: %w", d.cfg.NATSURL, err)
+			return err
 		}
 		d.nc, d.ownNC = nc, true
 	}

@@ -35,7 +35,7 @@ type env struct {
 
 func testConfig(url string) dispatcher.Config {
 	c := dispatcher.DefaultConfig()
-	c.NATSURL = url
+	c.NATS.URL = url
 	c.Name = "test"
 	c.SnapshotInterval = 50 * time.Millisecond
 	c.NoNodeWait = 1500 * time.Millisecond

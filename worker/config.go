@@ -7,15 +7,17 @@ import (
 	"time"
 
 	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // Config configures a worker node. Load it with config.Load (MLSCHED_*
 // variables); zero fields of a Config built in code get the same defaults.
 type Config struct {
-	// NATSURL is the NATS server (default nats://127.0.0.1:4222). Unused
-	// with WithConn.
-	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL"`
+	// NATS is how to reach NATS: servers, credentials, TLS (MLSCHED_NATS_*;
+	// default nats://127.0.0.1:4222, no credentials, inbox prefix
+	// _INBOX.node.<node id>). Unused with WithConn.
+	NATS natsconn.Config
 	// NodeID names the node (default: the host name, with characters that
 	// are not allowed in a subject token replaced by '-').
 	NodeID string `envconfig:"NODE_ID" desc:"node id (default: host name)"`
@@ -58,8 +60,8 @@ func (c Config) withDefaults() Config {
 			*d = v
 		}
 	}
-	if c.NATSURL == "" {
-		c.NATSURL = "nats://127.0.0.1:4222"
+	if c.NATS.URL == "" {
+		c.NATS.URL = natsconn.DefaultURL
 	}
 	if c.ModelsFile == "" {
 		c.ModelsFile = "models.yaml"
@@ -80,6 +82,9 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
+	if err := c.NATS.Validate(); err != nil {
+		return err
+	}
 	if err := protocol.ValidToken(c.NodeID, 64); err != nil {
 		return fmt.Errorf("invalid %s_NODE_ID=%q: %v", config.Prefix, c.NodeID, err)
 	}

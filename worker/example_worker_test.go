@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -28,7 +29,7 @@ func Example() {
 	}
 	defer srv.Shutdown()
 
-	w, err := worker.New(worker.Config{NATSURL: srv.ClientURL(), NodeID: "gpu-1"},
+	w, err := worker.New(worker.Config{NATS: natsconn.Config{URL: srv.ClientURL()}, NodeID: "gpu-1"},
 		worker.WithLogger(zerolog.Nop()),
 		worker.WithHandler("upper", func(ctx context.Context, t worker.Task) (any, error) {
 			var s string

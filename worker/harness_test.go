@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -46,7 +47,7 @@ func newHarness(t testing.TB, node string) *harness {
 
 // testConfig is a fast configuration for tests.
 func (h *harness) config() Config {
-	return Config{NATSURL: h.srv.URL, NodeID: h.node, Concurrency: 4, AckWait: 5 * time.Second,
+	return Config{NATS: natsconn.Config{URL: h.srv.URL}, NodeID: h.node, Concurrency: 4, AckWait: 5 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 3 * time.Second, ShutdownGrace: 5 * time.Second,
 		DefaultTimeout: 5 * time.Second}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -41,7 +42,7 @@ func TestSurvivesServerRestart(t *testing.T) {
 	port := s1.Addr().(*net.TCPAddr).Port
 	url := s1.ClientURL()
 
-	cfg := Config{NATSURL: url, NodeID: "n-rs", Concurrency: 2, AckWait: 5 * time.Second,
+	cfg := Config{NATS: natsconn.Config{URL: url}, NodeID: "n-rs", Concurrency: 2, AckWait: 5 * time.Second,
 		HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 3 * time.Second}
 	w, err := New(cfg, WithLogger(zerolog.Nop()), WithModels([]ModelSpec{goModel("m", "echo")}))
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 	"github.com/mlsched/mlsched/worker/executor"
@@ -156,14 +157,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	nc := w.nc
 	if nc == nil {
 		var err error
-		nc, err = nats.Connect(w.cfg.NATSURL, nats.Name("mlsched-worker-"+w.node),
-			nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				w.log.Warn().Err(err).Msg("disconnected from NATS")
-			}),
-			nats.ReconnectHandler(func(c *nats.Conn) { w.log.Info().Str("url", c.ConnectedUrl()).Msg("reconnected to NATS") }))
+		nc, err = natsconn.Connect(w.cfg.NATS, natsconn.Conn{
+			Name: "mlsched-worker-" + w.node, Inbox: natsconn.InboxNode(w.node), Log: &w.log, Retry: true,
+		}, nats.ReconnectWait(500*time.Millisecond))
 		if err != nil {
-			return fmt.Errorf("connect to NATS %s: %w", w.cfg.NATSURL, err)
+			return err
 		}
 		defer func() { _ = nc.Drain() }()
 	}

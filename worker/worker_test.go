@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -418,7 +419,7 @@ func TestIncompatibleStreamStopsTheWorker(t *testing.T) {
 	if _, err := srv.JS.CreateStream(ctx, jetstream.StreamConfig{Name: topology.StreamOutcomes, Subjects: []string{"mlsched.outcomes.>"}}); err != nil {
 		t.Fatal(err) // limits retention: not what mlsched needs
 	}
-	w, err := New(Config{NATSURL: srv.URL, NodeID: "n-inc"}, WithLogger(zerolog.Nop()), WithModels([]ModelSpec{goModel("m", "noop")}))
+	w, err := New(Config{NATS: natsconn.Config{URL: srv.URL}, NodeID: "n-inc"}, WithLogger(zerolog.Nop()), WithModels([]ModelSpec{goModel("m", "noop")}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -45,6 +46,8 @@ type Client struct {
 	limits protocol.Limits
 	topo   topology.Config
 
+	nc *nats.Conn // set by Dial, closed by Close
+
 	mu      sync.Mutex
 	results jetstream.Stream // cached MLSCHED_RESULTS handle
 }
@@ -70,6 +73,33 @@ func New(js jetstream.JetStream, opts ...Option) *Client {
 		o(c)
 	}
 	return c
+}
+
+// Dial connects to NATS as a producer, with the credentials, TLS and
+// servers of cfg (MLSCHED_NATS_* when loaded with config.Load) and the
+// producer role's inbox prefix unless cfg names one, and returns a client
+// that Close disconnects.
+func Dial(cfg natsconn.Config, opts ...Option) (*Client, error) {
+	nc, err := natsconn.Connect(cfg, natsconn.Conn{Name: "mlsched-producer", Inbox: natsconn.InboxProducer})
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	c := New(js, opts...)
+	c.nc = nc
+	return c, nil
+}
+
+// Close closes the connection Dial made, after flushing what is buffered;
+// it does nothing for a client made with New.
+func (c *Client) Close() {
+	if c.nc != nil {
+		_ = c.nc.Drain()
+	}
 }
 
 // Submit validates t locally, so a bad task fails here with the same

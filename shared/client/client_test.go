@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -363,5 +364,21 @@ func TestWaitAllFewUsesFilterAndCancels(t *testing.T) {
 	}
 	if err := c.WaitAll(ctx(t), []string{"ok", "bad id"}, func(*protocol.Result) {}); protocol.CodeOf(err) != protocol.CodeInvalidID {
 		t.Fatalf("invalid id: err = %v", err)
+	}
+}
+
+func TestDialSubmitsWithProducerInbox(t *testing.T) {
+	srv := natstest.New(t)
+	c, err := client.Dial(natsconn.Config{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ack, err := c.Submit(ctx(t), protocol.Task{ID: "dial-1", Type: "t"})
+	if err != nil || ack.Seq == 0 {
+		t.Fatalf("Submit = %+v, %v", ack, err)
+	}
+	if _, err := client.Dial(natsconn.Config{URL: srv.URL, User: "u"}); err == nil {
+		t.Fatal("Dial accepted a user without a password file")
 	}
 }

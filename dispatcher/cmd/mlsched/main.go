@@ -25,6 +25,7 @@ import (
 
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -46,8 +47,9 @@ var errUsage = errors.New("usage")
 
 // Config is the CLI's environment configuration.
 type Config struct {
-	// NATSURL of the NATS server (default nats://127.0.0.1:4222); -nats overrides it.
-	NATSURL string `envconfig:"NATS_URL" default:"nats://127.0.0.1:4222" desc:"NATS server URL"`
+	// NATS is how to reach NATS (MLSCHED_NATS_*; default
+	// nats://127.0.0.1:4222, no credentials); -nats overrides the URL.
+	NATS natsconn.Config
 	// Storage of streams the CLI creates when none exist: file or memory
 	// (default file). Use the dispatcher's value.
 	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage when creating streams: file or memory"`
@@ -68,11 +70,15 @@ type app struct {
 	js             jetstream.JetStream
 	client         *client.Client
 	timeout        time.Duration // per request
+	inbox          string        // the role's inbox prefix: admin or producer
 }
 
 type command struct {
 	name, summary string
 	run           func(ctx context.Context, a *app, args []string) error
+	// admin commands connect with the admin role's inbox prefix, the
+	// others with the producer's (docs/security.md).
+	admin bool
 }
 
 func commands() []command {
@@ -80,9 +86,9 @@ func commands() []command {
 		{name: "submit", summary: "submit one task or a JSON-lines file of tasks, optionally waiting for results", run: runSubmit},
 		{name: "wait", summary: "wait for the results of task ids and print them", run: runWait},
 		{name: "result", summary: "print a task's result if it exists", run: runResult},
-		{name: "stats", summary: "show a dispatcher's statistics, breakers and degraded mode", run: runStats},
-		{name: "nodes", summary: "list live worker nodes", run: runNodes},
-		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ},
+		{name: "stats", summary: "show a dispatcher's statistics, breakers and degraded mode", run: runStats, admin: true},
+		{name: "nodes", summary: "list live worker nodes", run: runNodes, admin: true},
+		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ, admin: true},
 		{name: "simulate", summary: "run the scheduling simulator",
 			run: func(_ context.Context, _ *app, args []string) error { return runSimulate(args) }},
 	}
@@ -108,7 +114,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	fs := flag.NewFlagSet("mlsched", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	natsURL := fs.String("nats", cfg.NATSURL, "NATS server URL (env MLSCHED_NATS_URL)")
+	natsURL := fs.String("nats", cfg.NATS.URL, "NATS server URL (env MLSCHED_NATS_URL)")
 	timeout := fs.Duration("timeout", 10*time.Second, "timeout of each request to NATS")
 	fs.Usage = func() { usage(stderr, fs) }
 	if err := fs.Parse(args); err != nil {
@@ -134,8 +140,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		usage(stderr, fs)
 		return exitUsage
 	}
-	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout}
-	a.cfg.NATSURL = *natsURL
+	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout, inbox: natsconn.InboxProducer}
+	if cmd.admin {
+		a.inbox = natsconn.InboxAdmin
+	}
+	a.cfg.NATS.URL = *natsURL
 	log, err := cfg.Logger("mlsched")
 	if err != nil {
 		fmt.Fprintln(stderr, "mlsched:", err)
@@ -185,14 +194,11 @@ func (a *app) connect() error {
 	if a.nc != nil {
 		return nil
 	}
-	nc, err := nats.Connect(a.cfg.NATSURL, nats.Name("mlsched-cli"), nats.Timeout(a.timeout),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				a.log.Warn().Err(err).Msg("disconnected from NATS")
-			}
-		}))
+	nc, err := natsconn.Connect(a.cfg.NATS, natsconn.Conn{
+		Name: "mlsched-cli", Inbox: a.inbox, Log: &a.log, Timeout: a.timeout,
+	})
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", a.cfg.NATSURL, err)
+		return err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/natsembed"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/worker"
@@ -107,7 +108,7 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 	quiet := zerolog.New(os.Stderr).Level(zerolog.ErrorLevel).With().Timestamp().Logger()
 
 	cfg := dispatcher.DefaultConfig()
-	cfg.NATSURL, cfg.RedisURL, cfg.Name, cfg.Policy = srv.ClientURL(), o.redisURL, "demo", o.policy
+	cfg.NATS.URL, cfg.RedisURL, cfg.Name, cfg.Policy = srv.ClientURL(), o.redisURL, "demo", o.policy
 	cfg.StatsWindow, cfg.StatsBucket = time.Minute, 2*time.Second
 	d, err := dispatcher.New(cfg, dispatcher.WithLogger(quiet.With().Str("component", "dispatcher").Logger()))
 	if err != nil {
@@ -120,7 +121,7 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); errs <- d.Run(runCtx) }()
 	for node, specs := range demoNodes() {
-		w, err := worker.New(worker.Config{NATSURL: srv.ClientURL(), NodeID: node, Concurrency: 16},
+		w, err := worker.New(worker.Config{NATS: natsconn.Config{URL: srv.ClientURL()}, NodeID: node, Concurrency: 16},
 			worker.WithModels(specs), worker.WithLogger(quiet.With().Str("component", "worker").Logger()))
 		if err != nil {
 			return err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -235,8 +234,11 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	}
 	cc, err := c.Consume(func(m jetstream.Msg) {
 		h := m.Headers()
-		attempt, _ := strconv.Atoi(h.Get(protocol.HdrAttempt))
-		model := h.Get(protocol.HdrModel)
+		pd, err := protocol.ParseDispatch(h)
+		if err != nil {
+			e.t.Errorf("node %s got an invalid dispatch: %v", id, err)
+		}
+		attempt, model := pd.Attempt, pd.Model
 		var task protocol.Task
 		_ = json.Unmarshal(m.Data(), &task)
 		n.mu.Lock()
@@ -255,13 +257,8 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 			o.Task = m.Data()
 		}
 		data, _ := json.Marshal(o)
-		out := &nats.Msg{Subject: topology.OutcomeSubject(id), Data: data, Header: nats.Header{}}
-		for k, v := range h {
-			if k != protocol.HdrMsgID {
-				out.Header[k] = v
-			}
-		}
-		if _, err := e.ns.JS.PublishMsg(e.ctx, out, jetstream.WithMsgID(protocol.MsgID("o", task.ID, h.Get(protocol.HdrTaskSeq), attempt))); err == nil {
+		out := &nats.Msg{Subject: topology.OutcomeSubject(id), Data: data, Header: protocol.OutcomeHeader(h, id)}
+		if _, err := e.ns.JS.PublishMsg(e.ctx, out, jetstream.WithMsgID(pd.MsgID("o"))); err == nil {
 			_ = m.Ack()
 		}
 	})
@@ -294,10 +291,11 @@ func TestDispatchRunsTaskAndPublishesOneResult(t *testing.T) {
 	n.mu.Lock()
 	h := n.headers[0]
 	n.mu.Unlock()
-	for _, k := range []string{protocol.HdrTaskID, protocol.HdrModel, protocol.HdrAttempt, protocol.HdrDeadline, protocol.HdrTimeout, protocol.HdrSubmitted} {
-		if h.Get(k) == "" {
-			t.Errorf("dispatch header %s missing", k)
-		}
+	pd, err := protocol.ParseDispatch(h)
+	if err != nil || pd.TaskID != "t1" || pd.Type != "echo" || pd.Model != "m1" || pd.Node != "n1" || pd.Attempt != 1 ||
+		pd.MaxAttempts != 3 || pd.Timeout != time.Second || pd.Submitted.IsZero() || pd.Submission == "" ||
+		time.Until(pd.Deadline) > time.Second+500*time.Millisecond {
+		t.Errorf("dispatch %+v, %v", pd, err)
 	}
 	// a re-published task (same Nats-Msg-Id) is deduplicated: still one result, one attempt
 	e.submit(protocol.Task{ID: "t1", Type: "echo", Payload: json.RawMessage(`{"x":1}`)})
@@ -480,12 +478,7 @@ func TestLateOutcomeOfSupersededAttemptIsNotFinal(t *testing.T) {
 	o := protocol.Outcome{TaskID: "late1", Type: "z", Attempt: 1, Model: "h", Node: "hung", Status: protocol.OutcomeSuccess,
 		Output: json.RawMessage(`"late"`), LatencyMs: 5000}
 	data, _ := json.Marshal(o)
-	m := &nats.Msg{Subject: topology.OutcomeSubject("hung"), Data: data, Header: nats.Header{}}
-	for k, v := range h {
-		if k != protocol.HdrMsgID {
-			m.Header[k] = v
-		}
-	}
+	m := &nats.Msg{Subject: topology.OutcomeSubject("hung"), Data: data, Header: protocol.OutcomeHeader(h, "hung")}
 	if _, err := e.ns.JS.PublishMsg(e.ctx, m); err != nil {
 		t.Fatal(err)
 	}
@@ -587,5 +580,52 @@ func TestExhaustedAttemptOfAFinishedTaskIsNotDeadLettered(t *testing.T) {
 	}
 	if res := e.result("pre1"); res.Status != protocol.StatusSucceeded {
 		t.Fatalf("pre1's result changed: %+v", res)
+	}
+}
+
+// Dispatch headers the dispatcher did not build are never acted on and never
+// dropped: an outcome echoing them, and a stored dispatch carrying them that
+// outlives its slack, are dead-lettered with code invalid_dispatch.
+func TestInvalidDispatchHeadersAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.waitFor("streams", func() bool { _, err := e.ns.JS.Stream(e.ctx, topology.StreamDLQ); return err == nil })
+	o, _ := json.Marshal(protocol.Outcome{TaskID: "inv1", Type: "x", Attempt: 1, Model: "m", Node: "n",
+		Status: protocol.OutcomeSuccess})
+	pd := protocol.Dispatch{TaskID: "inv1", Type: "x", Model: "m", Node: "n", Attempt: 1, MaxAttempts: 1,
+		Deadline: time.Now().Add(time.Minute)}
+	h := pd.Header()
+	h.Set(protocol.HdrAttempt, "first")
+	if _, err := e.ns.JS.PublishMsg(e.ctx, &nats.Msg{Subject: topology.OutcomeSubject("n"), Data: o, Header: h}); err != nil {
+		t.Fatal(err)
+	}
+	// A dispatch without headers, to a node that never takes it.
+	if _, err := e.ns.JS.Publish(e.ctx, topology.DispatchSubject("ghost"), []byte(`{"id":"inv2","type":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	var got []protocol.DeadLetter
+	e.waitFor("both dead-lettered", func() bool {
+		got = e.deadLetters()
+		return len(got) == 2
+	})
+	for _, dl := range got {
+		if dl.Code != protocol.CodeInvalidDispatch {
+			t.Errorf("dead letter %+v, want code invalid_dispatch", dl)
+		}
+		switch {
+		case strings.HasPrefix(dl.Subject, "mlsched.outcomes."):
+			if !strings.Contains(dl.Reason, protocol.HdrAttempt) || string(dl.Original) != string(o) {
+				t.Errorf("outcome dead letter %+v", dl)
+			}
+		case dl.Subject == topology.DispatchSubject("ghost"):
+			if !strings.Contains(dl.Reason, protocol.HdrTaskID) {
+				t.Errorf("dispatch dead letter %+v", dl)
+			}
+		default:
+			t.Errorf("unexpected dead letter %+v", dl)
+		}
+	}
+	if c := e.resultCount("inv1"); c != 0 {
+		t.Errorf("an outcome with invalid headers produced %d results", c)
 	}
 }

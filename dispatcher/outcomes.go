@@ -3,7 +3,6 @@ package dispatcher
 import (
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,18 +28,15 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 			Subject: msg.Subject(), Original: data}, "", settleMsg(msg))
 		return
 	}
-	h := msg.Headers()
-	attempt := atoiOr(h.Get(protocol.HdrAttempt), o.Attempt)
-	maxAttempts := atoiOr(h.Get(protocol.HdrMaxAttempts), d.cfg.MaxAttempts)
-	submitted := time.Time{}
-	if ms, err := strconv.ParseInt(h.Get(protocol.HdrSubmitted), 10, 64); err == nil {
-		submitted = time.UnixMilli(ms)
+	pd, err := protocol.ParseDispatch(msg.Headers())
+	if err != nil {
+		// Only a dispatch the dispatcher did not build has bad headers.
+		d.deadLetter("outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
+			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data}, "", settleMsg(msg))
+		return
 	}
-	var history []protocol.Attempt
-	if raw := h.Get(protocol.HdrHistory); raw != "" {
-		_ = json.Unmarshal([]byte(raw), &history) // a damaged history loses detail, not the task
-	}
-	history = append(history, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
+	attempt, maxAttempts, submitted, submission := pd.Attempt, pd.MaxAttempts, pd.Submitted, pd.Submission
+	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
 		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
 
 	first := true
@@ -49,7 +45,6 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	}
 	log := d.log.With().Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt).Logger()
 
-	submission := h.Get(protocol.HdrTaskSeq)
 	late := o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)
 	if first {
 		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: eventKind(o.Status),
@@ -103,7 +98,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 			submission: submission}, msg)
 		return
 	}
-	err := protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, ended %s: %s",
+	err = protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, ended %s: %s",
 		attempt, o.Model, o.Node, o.Status, o.Error)
 	if taskErr != nil && attempt < maxAttempts {
 		err = protocol.Errorf(protocol.CodeAttemptsExhausted, "attempt %d on model %s node %s ended %s (%s) and cannot be retried: %v",
@@ -136,11 +131,4 @@ func eventKind(s protocol.OutcomeStatus) stats.Kind {
 	default:
 		return stats.KindModelError
 	}
-}
-
-func atoiOr(s string, def int) int {
-	if n, err := strconv.Atoi(s); err == nil && n > 0 {
-		return n
-	}
-	return def
 }

@@ -27,8 +27,7 @@ func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error), the
 		settle(err)
 		return
 	}
-	m := &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: nats.Header{}}
-	m.Header.Set(protocol.HdrTaskID, res.ID)
+	m := &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: protocol.ResultHeader(res.ID)}
 	// No Nats-Msg-Id: the expected sequence alone refuses a retried publish
 	// that was in fact stored, and an id would outlive a purged result inside
 	// the duplicate window, swallowing the result of a replayed task.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -94,11 +93,11 @@ func (d *Dispatcher) sweep(ctx context.Context, now time.Time) (int, error) {
 			break
 		}
 		sw.next = raw.Sequence + 1
-		deadline, err := strconv.ParseInt(raw.Header.Get(protocol.HdrDeadline), 10, 64)
-		if err != nil {
-			deadline = 0 // no readable deadline: due now
+		var due int64 // an invalid dispatch is due now, to be dead-lettered
+		if pd, err := protocol.ParseDispatch(raw.Header); err == nil {
+			due = pd.Deadline.UnixMilli()
 		}
-		heap.Push(&sw.due, dueEntry{due: deadline + grace, seq: raw.Sequence})
+		heap.Push(&sw.due, dueEntry{due: due + grace, seq: raw.Sequence})
 	}
 	lost := 0
 	for sw.due.Len() > 0 && sw.due[0].due < now.UnixMilli() {
@@ -124,40 +123,27 @@ func (d *Dispatcher) sweep(ctx context.Context, now time.Time) (int, error) {
 }
 
 func (d *Dispatcher) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) error {
-	h := raw.Header
-	node := h.Get(protocol.HdrNode)
-	if node == "" {
-		node = "unknown"
+	pd, err := protocol.ParseDispatch(raw.Header)
+	if err != nil { // not one the dispatcher built: keep it for an operator
+		return d.deadLetterSync(ctx, "dispatch", protocol.DeadLetter{Reason: "a stored dispatch is invalid: " + err.Error(),
+			Code: protocol.CodeOf(err), Subject: raw.Subject, Original: raw.Data}, "")
+	}
+	if res, err := d.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(pd.TaskID)); err == nil && res != nil {
+		return nil // the worker reported and the task is final; it only missed its ack
 	}
 	o := protocol.Outcome{
-		TaskID: h.Get(protocol.HdrTaskID), Type: h.Get(protocol.HdrType), Model: h.Get(protocol.HdrModel),
-		Node: node, Attempt: atoiOr(h.Get(protocol.HdrAttempt), 1), Status: protocol.OutcomeLost,
-		Error: "no outcome by the dispatch deadline: node " + node + " died, hung or fell behind",
+		TaskID: pd.TaskID, Type: pd.Type, Model: pd.Model, Node: pd.Node, Attempt: pd.Attempt, Status: protocol.OutcomeLost,
+		Error: "no outcome by the dispatch deadline: node " + pd.Node + " died, hung or fell behind",
 		Task:  raw.Data,
-	}
-	if o.TaskID == "" { // not one of ours: keep it for an operator
-		var dl protocol.DeadLetter
-		dl.Reason, dl.Code, dl.Subject, dl.Original = "a dispatch without task headers", protocol.CodeInvalidField, raw.Subject, raw.Data
-		data, _ := json.Marshal(dl)
-		_, err := d.js.Publish(ctx, topology.DLQSubject("dispatch"), data)
-		return err
 	}
 	if !json.Valid(raw.Data) {
 		o.Task = nil
-	}
-	if res, err := d.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(o.TaskID)); err == nil && res != nil {
-		return nil // the worker reported and the task is final; it only missed its ack
 	}
 	data, err := json.Marshal(o)
 	if err != nil {
 		return err
 	}
-	m := &nats.Msg{Subject: topology.OutcomeSubject(node), Data: data, Header: nats.Header{}}
-	for k, v := range h {
-		if k != protocol.HdrMsgID {
-			m.Header[k] = v
-		}
-	}
-	_, err = d.js.PublishMsg(ctx, m, jetstream.WithMsgID(protocol.MsgID("l", o.TaskID, h.Get(protocol.HdrTaskSeq), o.Attempt)))
+	m := &nats.Msg{Subject: topology.OutcomeSubject(pd.Node), Data: data, Header: protocol.OutcomeHeader(raw.Header, pd.Node)}
+	_, err = d.js.PublishMsg(ctx, m, jetstream.WithMsgID(pd.MsgID("l")))
 	return err
 }

@@ -30,20 +30,15 @@ func BenchmarkNodeThroughput(b *testing.B) {
 			cfg := h.config()
 			cfg.Concurrency = 32
 			h.start(cfg, WithModels([]ModelSpec{bc.spec}))
-			deadline := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+			deadline := time.Now().Add(time.Hour)
 			b.ReportAllocs()
 			b.ResetTimer()
 			go func() {
 				for i := range b.N {
 					id := "b" + strconv.Itoa(i)
-					m := nats.NewMsg(topology.DispatchSubject("bench"))
-					m.Data = taskBody(id, "null")
-					m.Header.Set(protocol.HdrTaskID, id)
-					m.Header.Set(protocol.HdrModel, "m")
-					m.Header.Set(protocol.HdrAttempt, "1")
-					m.Header.Set(protocol.HdrDeadline, deadline)
-					m.Header.Set(protocol.HdrMsgID, id)
-					if _, err := h.srv.JS.PublishMsgAsync(m); err != nil {
+					pd := protocol.Dispatch{TaskID: id, Type: "t", Model: "m", Node: "bench", Attempt: 1, MaxAttempts: 1, Deadline: deadline}
+					m := &nats.Msg{Subject: topology.DispatchSubject("bench"), Data: taskBody(id, "null"), Header: pd.Header()}
+					if _, err := h.srv.JS.PublishMsgAsync(m, jetstream.WithMsgID(pd.MsgID("d"))); err != nil {
 						b.Error(err)
 						return
 					}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -54,13 +53,10 @@ func Example() {
 	_ = topology.Ensure(ctx, js, topology.Config{})
 	outcomes, _ := js.CreateOrUpdateConsumer(ctx, topology.StreamOutcomes, jetstream.ConsumerConfig{
 		Durable: "example", FilterSubject: topology.OutcomeSubject("gpu-1"), AckPolicy: jetstream.AckExplicitPolicy})
-	m := nats.NewMsg(topology.DispatchSubject("gpu-1"))
-	m.Data = []byte(`{"id":"t-1","type":"text","payload":"hello"}`)
-	m.Header.Set(protocol.HdrTaskID, "t-1")
-	m.Header.Set(protocol.HdrModel, "upper-v1")
-	m.Header.Set(protocol.HdrAttempt, "1")
-	m.Header.Set(protocol.HdrDeadline, strconv.FormatInt(time.Now().Add(time.Minute).UnixMilli(), 10))
-	m.Header.Set(protocol.HdrTimeout, "5000")
+	attempt := protocol.Dispatch{TaskID: "t-1", Type: "text", Model: "upper-v1", Node: "gpu-1",
+		Attempt: 1, MaxAttempts: 1, Deadline: time.Now().Add(time.Minute), Timeout: 5 * time.Second}
+	m := &nats.Msg{Subject: topology.DispatchSubject("gpu-1"), Header: attempt.Header(),
+		Data: []byte(`{"id":"t-1","type":"text","payload":"hello"}`)}
 	if _, err := js.PublishMsg(ctx, m); err != nil {
 		panic(err)
 	}

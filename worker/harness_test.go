@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -132,18 +131,11 @@ func (h *harness) dispatch(id, modelName string, o dispatchOpts) *nats.Msg {
 	}
 	m := nats.NewMsg(topology.DispatchSubject(h.node))
 	m.Data = taskBody(id, o.payload)
-	m.Header.Set(protocol.HdrMsgID, "d:"+id+":"+strconv.Itoa(o.attempt))
-	m.Header.Set(protocol.HdrTaskID, id)
-	m.Header.Set(protocol.HdrType, "t")
-	m.Header.Set(protocol.HdrModel, modelName)
-	m.Header.Set(protocol.HdrAttempt, strconv.Itoa(o.attempt))
-	m.Header.Set(protocol.HdrMaxAttempts, "3")
-	m.Header.Set(protocol.HdrDeadline, strconv.FormatInt(o.deadline.UnixMilli(), 10))
-	if o.timeout > 0 {
-		m.Header.Set(protocol.HdrTimeout, strconv.FormatInt(o.timeout.Milliseconds(), 10))
-	}
-	m.Header.Set(protocol.HdrHistory, `[{"attempt":0,"model":"x","node":"n0","status":"timeout","latency_ms":1}]`)
-	m.Header.Set(protocol.HdrSubmitted, strconv.FormatInt(time.Now().UnixMilli(), 10))
+	pd := protocol.Dispatch{TaskID: id, Type: "t", Model: modelName, Node: h.node, Attempt: o.attempt, MaxAttempts: 3,
+		Deadline: o.deadline, Timeout: o.timeout, Submitted: time.Now(),
+		History: []protocol.Attempt{{Attempt: 0, Model: "x", Node: "n0", Status: protocol.OutcomeTimeout, LatencyMs: 1}}}
+	m.Header = pd.Header()
+	m.Header.Set(protocol.HdrMsgID, pd.MsgID("d"))
 	for k, v := range o.headers {
 		if v == "" {
 			m.Header.Del(k)

@@ -82,12 +82,9 @@ func TestSurvivesServerRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := nats.NewMsg(topology.DispatchSubject("n-rs"))
-		m.Data = taskBody(id, `"`+id+`"`)
-		m.Header.Set(protocol.HdrTaskID, id)
-		m.Header.Set(protocol.HdrModel, "m")
-		m.Header.Set(protocol.HdrAttempt, "1")
-		m.Header.Set(protocol.HdrDeadline, "99999999999999")
+		pd := protocol.Dispatch{TaskID: id, Type: "t", Model: "m", Node: "n-rs", Attempt: 1, MaxAttempts: 1,
+			Deadline: time.Now().Add(time.Hour)}
+		m := &nats.Msg{Subject: topology.DispatchSubject("n-rs"), Data: taskBody(id, `"`+id+`"`), Header: pd.Header()}
 		if _, err := js.PublishMsg(context.Background(), m); err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +93,7 @@ func TestSurvivesServerRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		for msg := range batch.Messages() {
-			if string(msg.Data()) == "" || msg.Headers().Get(protocol.HdrTaskID) != id {
+			if o, err := protocol.ParseDispatch(msg.Headers()); string(msg.Data()) == "" || err != nil || o.TaskID != id {
 				t.Fatalf("outcome %s", msg.Data())
 			}
 			_ = msg.Ack()

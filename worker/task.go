@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,66 +29,34 @@ var ErrModelNotHosted = errors.New("model is not hosted on this node")
 // before redelivery.
 var nakDelay = time.Second
 
-// dispatch is a parsed dispatch message.
+// dispatch is a received dispatch: the attempt and the task it runs.
 type dispatch struct {
-	taskID   string
-	typ      string
-	model    string
-	attempt  int
-	deadline time.Time
-	timeout  time.Duration
-	body     []byte
-	payload  json.RawMessage
+	protocol.Dispatch
+	body    []byte // the task's original bytes
+	payload json.RawMessage
 }
 
 // parseDispatch reads the headers and body. It fills what it can even on
 // error, so that the outcome can still be keyed.
 func parseDispatch(msg jetstream.Msg) (dispatch, error) {
-	h := msg.Headers()
-	d := dispatch{body: msg.Data(), taskID: h.Get(protocol.HdrTaskID), typ: h.Get(protocol.HdrType),
-		model: h.Get(protocol.HdrModel)}
+	pd, herr := protocol.ParseDispatch(msg.Headers())
+	d := dispatch{Dispatch: pd, body: msg.Data()}
 	var t protocol.Task
 	bodyErr := json.Unmarshal(d.body, &t)
-	if d.taskID == "" {
-		d.taskID = t.ID
+	if d.TaskID == "" {
+		d.TaskID = t.ID // keys the outcome of a dispatch without the header
 	}
-	if d.typ == "" {
-		d.typ = t.Type
+	if d.Type == "" {
+		d.Type = t.Type
 	}
 	d.payload = t.Payload
-	attempt, attemptErr := strconv.Atoi(h.Get(protocol.HdrAttempt))
-	if attemptErr == nil && attempt >= 1 {
-		d.attempt = attempt // also keys the outcome of a malformed dispatch
-	}
-	bad := func(format string, a ...any) (dispatch, error) {
-		return d, fmt.Errorf("%w: %s", ErrMalformedDispatch, fmt.Sprintf(format, a...))
-	}
-	if bodyErr != nil {
-		return bad("body is not a task: %v", bodyErr)
-	}
-	if err := protocol.ValidToken(d.taskID, protocol.DefaultLimits.MaxIDLen); err != nil {
-		return bad("%s %v", protocol.HdrTaskID, err)
-	}
-	if t.ID != d.taskID {
-		return bad("%s %q does not match the task id %q", protocol.HdrTaskID, d.taskID, t.ID)
-	}
-	if d.model == "" {
-		return bad("no %s header", protocol.HdrModel)
-	}
-	if attemptErr != nil || attempt < 1 {
-		return bad("%s %q is not a positive integer", protocol.HdrAttempt, h.Get(protocol.HdrAttempt))
-	}
-	ms, err := strconv.ParseInt(h.Get(protocol.HdrDeadline), 10, 64)
-	if err != nil || ms <= 0 {
-		return bad("%s %q is not a Unix time in milliseconds", protocol.HdrDeadline, h.Get(protocol.HdrDeadline))
-	}
-	d.deadline = time.UnixMilli(ms)
-	if v := h.Get(protocol.HdrTimeout); v != "" {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || ms < 0 {
-			return bad("%s %q is not a number of milliseconds", protocol.HdrTimeout, v)
-		}
-		d.timeout = time.Duration(ms) * time.Millisecond
+	switch {
+	case bodyErr != nil:
+		return d, fmt.Errorf("%w: body is not a task: %v", ErrMalformedDispatch, bodyErr)
+	case herr != nil:
+		return d, fmt.Errorf("%w: %w", ErrMalformedDispatch, herr)
+	case t.ID != d.TaskID:
+		return d, fmt.Errorf("%w: the dispatch is for task %q but its body is task %q", ErrMalformedDispatch, d.TaskID, t.ID)
 	}
 	return d, nil
 }
@@ -122,21 +88,21 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 // process runs one dispatch and reports its outcome, then acks.
 func (w *Worker) process(msg jetstream.Msg) {
 	d, perr := parseDispatch(msg)
-	log := w.log.With().Str("task_id", d.taskID).Str("model", d.model).Int("attempt", d.attempt).Logger()
+	log := w.log.With().Str("task_id", d.TaskID).Str("model", d.Model).Int("attempt", d.Attempt).Logger()
 
 	// Keep the dispatch ours while it runs and is reported.
 	stopProgress := w.progress(msg, log)
 	defer stopProgress()
 
-	out := protocol.Outcome{TaskID: d.taskID, Type: d.typ, Attempt: d.attempt, Model: d.model, Node: w.node}
-	m := w.models[d.model]
+	out := protocol.Outcome{TaskID: d.TaskID, Type: d.Type, Attempt: d.Attempt, Model: d.Model, Node: w.node}
+	m := w.models[d.Model]
 	switch {
 	case perr != nil:
 		out.Status, out.Error = protocol.OutcomeModelError, perr.Error()
 	case m == nil:
-		out.Status, out.Error = protocol.OutcomeModelError, fmt.Sprintf("%v: %q on node %q", ErrModelNotHosted, d.model, w.node)
-	case !time.Now().Before(d.deadline):
-		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s passed before the task started", d.deadline.UTC().Format(time.RFC3339Nano))
+		out.Status, out.Error = protocol.OutcomeModelError, fmt.Sprintf("%v: %q on node %q", ErrModelNotHosted, d.Model, w.node)
+	case !time.Now().Before(d.Deadline):
+		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s passed before the task started", d.Deadline.UTC().Format(time.RFC3339Nano))
 	default:
 		if !w.run(m, d, &out) {
 			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
@@ -205,13 +171,13 @@ func (w *Worker) progress(msg jetstream.Msg, log zerolog.Logger) func() {
 // run executes the task and fills out's status, output, error and latency.
 // It returns false when the worker shut down before the task finished.
 func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
-	timeout := d.timeout
+	timeout := d.Timeout
 	if timeout <= 0 {
 		timeout = m.timeout
 	}
 	deadline := time.Now().Add(timeout)
-	if d.deadline.Before(deadline) {
-		deadline = d.deadline
+	if d.Deadline.Before(deadline) {
+		deadline = d.Deadline
 	}
 	ctx, cancel := context.WithDeadline(w.taskCtx, deadline)
 	defer cancel()
@@ -225,12 +191,12 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 	go func() {
 		defer func() {
 			if p := recover(); p != nil {
-				w.log.Error().Str("task_id", d.taskID).Str("model", d.model).Interface("panic", p).
+				w.log.Error().Str("task_id", d.TaskID).Str("model", d.Model).Interface("panic", p).
 					Str("stack", string(debug.Stack())).Msg("model panicked")
 				res <- result{err: fmt.Errorf("model panicked: %v", p)}
 			}
 		}()
-		o, err := m.exec.Run(ctx, executor.Task{ID: d.taskID, Type: d.typ, Model: d.model, Attempt: d.attempt, Payload: d.payload})
+		o, err := m.exec.Run(ctx, executor.Task{ID: d.TaskID, Type: d.Type, Model: d.Model, Attempt: d.Attempt, Payload: d.payload})
 		res <- result{o, err}
 	}()
 	var r result
@@ -252,7 +218,7 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 		}
 	case errors.Is(r.err, context.DeadlineExceeded) || (ctx.Err() != nil && errors.Is(r.err, context.Canceled)):
 		out.Status, out.Error = protocol.OutcomeTimeout, fmt.Sprintf("no answer within %v", timeout.Round(time.Millisecond))
-		if deadline.Equal(d.deadline) {
+		if deadline.Equal(d.Deadline) {
 			out.Error = fmt.Sprintf("no answer before the dispatch deadline (timeout %v)", timeout.Round(time.Millisecond))
 		}
 	case executor.IsTaskError(r.err):
@@ -270,25 +236,17 @@ func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome) err
 	if err != nil {
 		return fmt.Errorf("encode outcome: %w", err)
 	}
-	om := nats.NewMsg(topology.OutcomeSubject(w.node))
-	for k, vs := range msg.Headers() {
-		if strings.HasPrefix(k, "Nats-") {
-			continue // server-set or publish-time headers of the dispatch
-		}
-		om.Header[k] = append([]string(nil), vs...)
-	}
-	id := d.taskID
+	om := &nats.Msg{Subject: topology.OutcomeSubject(w.node), Data: body, Header: protocol.OutcomeHeader(msg.Headers(), w.node)}
+	id := d.TaskID
 	if id == "" {
 		if md, err := msg.Metadata(); err == nil {
 			id = fmt.Sprintf("seq-%d", md.Sequence.Stream)
 		}
 	}
-	om.Header.Set(protocol.HdrMsgID, protocol.MsgID("o", id, msg.Headers().Get(protocol.HdrTaskSeq), d.attempt))
-	om.Header.Set(protocol.HdrNode, w.node)
-	om.Data = body
+	msgID := protocol.MsgID("o", id, d.Submission, d.Attempt)
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)
 	defer cancel()
-	if _, err := w.js.PublishMsg(ctx, om); err != nil {
+	if _, err := w.js.PublishMsg(ctx, om, jetstream.WithMsgID(msgID)); err != nil {
 		return fmt.Errorf("publish outcome: %w", err)
 	}
 	return nil

@@ -31,3 +31,40 @@ func BenchmarkDecodeTask(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDispatchHeader measures what the dispatcher pays to encode an
+// attempt (first attempt, and a retry carrying its history).
+func BenchmarkDispatchHeader(b *testing.B) {
+	first := fullDispatch()
+	first.Attempt, first.History = 1, nil
+	retry := fullDispatch()
+	for name, d := range map[string]protocol.Dispatch{"first": first, "retry": retry} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if h := d.Header(); len(h) < 7 {
+					b.Fatal(h)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseDispatch measures what a worker (dispatch) and the
+// dispatcher (outcome) pay to decode an attempt.
+func BenchmarkParseDispatch(b *testing.B) {
+	first := fullDispatch()
+	first.Attempt, first.History = 1, nil
+	retry := fullDispatch()
+	for name, d := range map[string]protocol.Dispatch{"first": first, "retry": retry} {
+		h := d.Header()
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := protocol.ParseDispatch(h); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

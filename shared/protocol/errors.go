@@ -30,6 +30,9 @@ const (
 	CodeConstraints        Code = "constraints_unsatisfied"
 	CodeAttemptsExhausted  Code = "attempts_exhausted"
 	CodeTaskError          Code = "task_error"
+	// CodeInvalidDispatch: a dispatch (or the outcome echoing it) whose
+	// headers are missing or unreadable; see ParseDispatch.
+	CodeInvalidDispatch Code = "invalid_dispatch"
 )
 
 // Error is a protocol error with a stable Code and a human-readable message.

@@ -101,33 +101,6 @@ func MsgID(kind, taskID, submission string, attempt int) string {
 	return kind + ":" + taskID + ":" + submission + ":" + strconv.Itoa(attempt)
 }
 
-// Headers the dispatcher adds to a dispatch (and a worker echoes on its
-// outcome). The task body itself is forwarded unchanged.
-const (
-	HdrMsgID       = "Nats-Msg-Id"
-	HdrTaskID      = "Mlsched-Task-Id"
-	HdrType        = "Mlsched-Type"
-	HdrModel       = "Mlsched-Model"
-	HdrNode        = "Mlsched-Node"
-	HdrAttempt     = "Mlsched-Attempt"
-	HdrMaxAttempts = "Mlsched-Max-Attempts"
-	// HdrDeadline is the dispatch deadline in Unix milliseconds: task timeout
-	// plus slack. Past it the worker does not run the task.
-	HdrDeadline = "Mlsched-Deadline"
-	// HdrTimeout is the per-attempt model timeout in milliseconds.
-	HdrTimeout = "Mlsched-Timeout-Ms"
-	// HdrHistory is the JSON array of earlier attempts ([]Attempt).
-	HdrHistory = "Mlsched-History"
-	// HdrTaskSeq is the task message's sequence in MLSCHED_TASKS: it names
-	// this submission of the task, so that the message ids of a task
-	// submitted again (a dead letter replayed) do not collide with the
-	// first submission's inside the duplicate window.
-	HdrTaskSeq = "Mlsched-Task-Seq"
-	// HdrSubmitted is when the task entered the task stream (Unix ms), so
-	// the result can report submit-to-result latency.
-	HdrSubmitted = "Mlsched-Submitted"
-)
-
 // ModelInfo is one model a node announces.
 type ModelInfo struct {
 	Name  string   `json:"name"`

@@ -1,0 +1,223 @@
+package protocol
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Dispatch is one attempt of one submission of a task: what the dispatcher
+// decided and what a worker needs to run it. It travels as the headers of
+// the dispatch message (whose body is the task's original bytes, unchanged),
+// comes back echoed on the attempt's outcome, and is read again by the
+// sweeper from the stored dispatch. Header and ParseDispatch are its only
+// codec; nothing else should know a header name.
+type Dispatch struct {
+	// TaskID and Type are the task's (required).
+	TaskID string
+	Type   string
+	// Model and Node are the decision (required).
+	Model string
+	Node  string
+	// Attempt is 1-based (required); MaxAttempts is the task's limit, at
+	// least Attempt (required).
+	Attempt     int
+	MaxAttempts int
+	// Deadline is when the attempt expires: past it the worker does not run
+	// it and the sweeper declares it lost (required; millisecond precision).
+	Deadline time.Time
+	// Timeout is the per-attempt model timeout (optional; zero: the worker's
+	// timeout for the model).
+	Timeout time.Duration
+	// Submitted is when the task entered the task stream, for the result's
+	// submit-to-result latency (optional; zero when unknown).
+	Submitted time.Time
+	// Submission names this submission of the task, its sequence in the task
+	// stream, so that the message ids of a task submitted again (a replayed
+	// dead letter) do not collide with the first submission's (optional;
+	// empty when unknown).
+	Submission string
+	// History holds the earlier attempts, oldest first (optional).
+	History []Attempt
+}
+
+// Headers of a dispatch, echoed on its outcome. Every name is in canonical
+// MIME form, so that a literal nats.Header map needs no canonicalisation.
+const (
+	HdrMsgID       = "Nats-Msg-Id"
+	HdrTaskID      = "Mlsched-Task-Id"
+	HdrType        = "Mlsched-Type"
+	HdrModel       = "Mlsched-Model"
+	HdrNode        = "Mlsched-Node"
+	HdrAttempt     = "Mlsched-Attempt"
+	HdrMaxAttempts = "Mlsched-Max-Attempts"
+	HdrDeadline    = "Mlsched-Deadline"
+	HdrTimeout     = "Mlsched-Timeout-Ms"
+	HdrHistory     = "Mlsched-History"
+	HdrTaskSeq     = "Mlsched-Task-Seq"
+	HdrSubmitted   = "Mlsched-Submitted"
+)
+
+// Header encodes the dispatch as message headers (without Nats-Msg-Id: pass
+// MsgID("d") to the publish). Optional fields are left out when zero.
+func (d *Dispatch) Header() nats.Header {
+	// The hot path of every dispatch: one map sized for every header and one
+	// array backing every value (the names are canonical already, so no
+	// Header.Set is needed).
+	var vals [dispatchHeaders]string
+	h := make(nats.Header, dispatchHeaders)
+	n := 0
+	put := func(k, v string) {
+		vals[n] = v
+		h[k] = vals[n : n+1 : n+1]
+		n++
+	}
+	put(HdrTaskID, d.TaskID)
+	put(HdrType, d.Type)
+	put(HdrModel, d.Model)
+	put(HdrNode, d.Node)
+	put(HdrAttempt, strconv.Itoa(d.Attempt))
+	put(HdrMaxAttempts, strconv.Itoa(d.MaxAttempts))
+	put(HdrDeadline, strconv.FormatInt(d.Deadline.UnixMilli(), 10))
+	if d.Timeout > 0 {
+		put(HdrTimeout, strconv.FormatInt(d.Timeout.Milliseconds(), 10))
+	}
+	if !d.Submitted.IsZero() {
+		put(HdrSubmitted, strconv.FormatInt(d.Submitted.UnixMilli(), 10))
+	}
+	if d.Submission != "" {
+		put(HdrTaskSeq, d.Submission)
+	}
+	if len(d.History) > 0 {
+		hist, _ := json.Marshal(d.History) // plain strings and numbers: cannot fail
+		put(HdrHistory, string(hist))
+	}
+	return h
+}
+
+// dispatchHeaders is how many headers Header writes at most, plus one for
+// the Nats-Msg-Id the publish adds.
+const dispatchHeaders = 12
+
+// MsgID is the Nats-Msg-Id of a message about this attempt: kind "d" for the
+// dispatch, "o" for the worker's outcome, "l" for the sweeper's lost report.
+func (d *Dispatch) MsgID(kind string) string {
+	return MsgID(kind, d.TaskID, d.Submission, d.Attempt)
+}
+
+// ParseDispatch decodes dispatch headers strictly: a required header that is
+// missing or unreadable, or an optional one present but unreadable, is an
+// *Error with CodeInvalidDispatch naming the header. The returned Dispatch
+// holds every field that could be read even then, so that a report about a
+// bad dispatch can still be keyed. Absent optional headers take their zero
+// values, which mean what the field docs say.
+func ParseDispatch(h nats.Header) (Dispatch, error) {
+	var d Dispatch
+	var first *Error
+	bad := func(name, format string, args ...any) {
+		if first == nil {
+			first = Errorf(CodeInvalidDispatch, "header %s: "+format, append([]any{name}, args...)...)
+		}
+	}
+	get := func(name string) string {
+		if v := h[name]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	required := func(name string) (string, bool) {
+		v := get(name)
+		if v == "" {
+			bad(name, "missing")
+			return "", false
+		}
+		return v, true
+	}
+	positive := func(name string, v string) (int64, bool) {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			bad(name, "%q is not a positive integer", truncate(v, 32))
+			return 0, false
+		}
+		return n, true
+	}
+	token := func(name string, max int) string {
+		v, ok := required(name)
+		if ok {
+			if err := ValidToken(v, max); err != nil {
+				bad(name, "%v", err)
+			}
+		}
+		return v
+	}
+	d.TaskID = token(HdrTaskID, DefaultLimits.MaxIDLen)
+	d.Type = token(HdrType, 64)
+	d.Model = token(HdrModel, 128)
+	d.Node = token(HdrNode, 64)
+	if v, ok := required(HdrAttempt); ok {
+		if n, ok := positive(HdrAttempt, v); ok {
+			d.Attempt = int(n)
+		}
+	}
+	if v, ok := required(HdrMaxAttempts); ok {
+		if n, ok := positive(HdrMaxAttempts, v); ok {
+			d.MaxAttempts = int(n)
+			if d.Attempt > d.MaxAttempts {
+				bad(HdrMaxAttempts, "%d is below the attempt number %d", d.MaxAttempts, d.Attempt)
+			}
+		}
+	}
+	if v, ok := required(HdrDeadline); ok {
+		if ms, ok := positive(HdrDeadline, v); ok {
+			d.Deadline = time.UnixMilli(ms)
+		}
+	}
+	if v := get(HdrTimeout); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms < 0 {
+			bad(HdrTimeout, "%q is not a number of milliseconds", truncate(v, 32))
+		} else {
+			d.Timeout = time.Duration(ms) * time.Millisecond
+		}
+	}
+	if v := get(HdrSubmitted); v != "" {
+		if ms, ok := positive(HdrSubmitted, v); ok {
+			d.Submitted = time.UnixMilli(ms)
+		}
+	}
+	d.Submission = get(HdrTaskSeq)
+	if v := get(HdrHistory); v != "" {
+		var hist []Attempt // a local: taking d's address would move d to the heap
+		if err := json.Unmarshal([]byte(v), &hist); err != nil {
+			bad(HdrHistory, "not a JSON array of attempts: %v", err)
+		}
+		d.History = hist
+	}
+	if first != nil {
+		return d, first
+	}
+	return d, nil
+}
+
+// OutcomeHeader is the header of an attempt's outcome: the dispatch's
+// headers echoed (so that any dispatcher replica can settle the outcome
+// without per-task state), except the Nats-* ones the server or the
+// publisher set, with the reporting node. Headers this version does not
+// know are echoed too.
+func OutcomeHeader(dispatch nats.Header, node string) nats.Header {
+	h := make(nats.Header, len(dispatch)+1)
+	for k, vs := range dispatch {
+		if strings.HasPrefix(k, "Nats-") {
+			continue
+		}
+		h[k] = append([]string(nil), vs...)
+	}
+	h[HdrNode] = []string{node}
+	return h
+}
+
+// ResultHeader is the header of a task's result message.
+func ResultHeader(taskID string) nats.Header { return nats.Header{HdrTaskID: {taskID}} }

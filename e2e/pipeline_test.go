@@ -51,14 +51,24 @@ func TestPipeline(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			runPipeline(t, policy)
+			runPipeline(t, policy, false)
 		})
 	}
+	// The same on a 3-node NATS cluster with R3 streams: clients get the
+	// three URLs (through the harness's proxies).
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		runPipeline(t, "", true)
+	})
 }
 
-func runPipeline(t *testing.T, policy string) {
+func runPipeline(t *testing.T, policy string, cluster bool) {
 	c := harness.New(t)
-	c.StartNATS()
+	if cluster {
+		c.StartNATSCluster(harness.NATSClusterOptions{})
+	} else {
+		c.StartNATS()
+	}
 	c.StartRedis()
 	d := c.StartDispatcher(harness.DispatcherOptions{Policy: policy, Env: map[string]string{
 		"MLSCHED_SNAPSHOT_INTERVAL": "100ms",
@@ -266,6 +276,22 @@ func runPipeline(t *testing.T, policy string) {
 	}
 	// Nothing was malformed: the dead letters are exactly the failed tasks.
 	checkDeadLetters(ctx, t, js, failedIDs)
+	if cluster { // the streams the dispatcher and workers created are R3
+		for _, name := range []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes, topology.StreamResults} {
+			s, err := js.Stream(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+				t.Errorf("stream %s: %d replicas configured, cluster %+v; want 3 (a leader and 2 replicas)",
+					name, info.Config.Replicas, info.Cluster)
+			}
+		}
+	}
 
 	// Only now, after everything settled: no task got a second result.
 	if dups := seen.duplicates(); len(dups) > 0 {

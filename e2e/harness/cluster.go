@@ -34,6 +34,8 @@ type Cluster struct {
 	mu          sync.Mutex
 	procs       []*Process
 	NATS        *NATS
+	// NATSCluster is set instead of NATS by StartNATSCluster.
+	NATSCluster *NATSCluster
 	Redis       *Redis
 	Dispatchers []*Dispatcher
 	Workers     []*Worker
@@ -149,6 +151,9 @@ type NATS struct {
 	// StoreDir is the JetStream store, kept across restarts.
 	StoreDir   string
 	ConfigPath string
+	// ServerName is the server_name of a cluster node ("e2e" for a single
+	// server).
+	ServerName string
 }
 
 // NATSConfig renders the nats-server configuration the harness uses: the
@@ -211,6 +216,50 @@ func (c *Cluster) StartNATS() *NATS {
 	return nil
 }
 
+// StartNATSCluster starts a cluster of nats-server processes (3 by
+// default) whose every link goes through a proxy the test can cut (see
+// NATSCluster), and waits until each server is healthy. Dispatchers and
+// workers started afterwards get every server's URL and
+// MLSCHED_STREAM_REPLICAS set to the cluster size.
+func (c *Cluster) StartNATSCluster(o NATSClusterOptions) *NATSCluster {
+	c.t.Helper()
+	nc, err := startNATSCluster(o, func(name string) (*Process, error) { return c.newProcess(name, "", nil, nil), nil })
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(nc.Close)
+	c.mu.Lock()
+	c.NATSCluster = nc
+	c.mu.Unlock()
+	c.connect(nc.URL)
+	return nc
+}
+
+// NATSURL is what clients connect to: the server's URL, or the cluster's
+// comma-separated URL list ("" before StartNATS or StartNATSCluster).
+func (c *Cluster) NATSURL() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.NATSCluster != nil:
+		return c.NATSCluster.URL
+	case c.NATS != nil:
+		return c.NATS.URL
+	}
+	return ""
+}
+
+// natsEnv is the NATS part of a dispatcher's or worker's environment.
+func (c *Cluster) natsEnv() map[string]string {
+	env := map[string]string{"MLSCHED_NATS_URL": c.NATSURL()}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.NATSCluster != nil {
+		env["MLSCHED_STREAM_REPLICAS"] = strconv.Itoa(len(c.NATSCluster.Nodes))
+	}
+	return env
+}
+
 // Start starts the server and waits until it is healthy.
 func (n *NATS) Start() error { return startReady(n.Process, n.ready) }
 
@@ -269,11 +318,12 @@ func (c *Cluster) Conn() (*nats.Conn, jetstream.JetStream) {
 // Connect opens a new client connection for the test, closed in t.Cleanup.
 func (c *Cluster) Connect(opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	c.t.Helper()
-	if c.NATS == nil {
+	url := c.NATSURL()
+	if url == "" {
 		c.t.Fatal("harness: StartNATS before Connect")
 	}
 	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
-	nc, err := nats.Connect(c.NATS.URL, opts...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		c.t.Fatalf("connect: %v", err)
 	}
@@ -383,14 +433,13 @@ type Dispatcher struct {
 // mlsched.admin.stats.
 func (c *Cluster) StartDispatcher(o DispatcherOptions) *Dispatcher {
 	c.t.Helper()
-	if c.NATS == nil {
+	if c.NATSURL() == "" {
 		c.t.Fatal("harness: StartNATS before StartDispatcher")
 	}
-	env := map[string]string{
-		"MLSCHED_NATS_URL":   c.NATS.URL,
+	env := mergeEnvMap(c.natsEnv(), map[string]string{
 		"MLSCHED_LOG_FORMAT": "json",
 		"MLSCHED_LOG_LEVEL":  "info",
-	}
+	})
 	if c.Redis != nil && !o.NoRedis {
 		env["MLSCHED_REDIS_URL"] = c.Redis.URL
 	}
@@ -539,7 +588,7 @@ type Worker struct {
 // started, is in the MLSCHED_NODES bucket.
 func (c *Cluster) StartWorker(o WorkerOptions) *Worker {
 	c.t.Helper()
-	if c.NATS == nil {
+	if c.NATSURL() == "" {
 		c.t.Fatal("harness: StartNATS before StartWorker")
 	}
 	c.mu.Lock()
@@ -548,12 +597,11 @@ func (c *Cluster) StartWorker(o WorkerOptions) *Worker {
 	if o.NodeID == "" {
 		o.NodeID = fmt.Sprintf("node-%d", n)
 	}
-	env := map[string]string{
-		"MLSCHED_NATS_URL":   c.NATS.URL,
+	env := mergeEnvMap(c.natsEnv(), map[string]string{
 		"MLSCHED_NODE_ID":    o.NodeID,
 		"MLSCHED_LOG_FORMAT": "json",
 		"MLSCHED_LOG_LEVEL":  "info",
-	}
+	})
 	if o.ModelsFile != "" {
 		abs, err := filepath.Abs(o.ModelsFile)
 		if err != nil {

@@ -116,6 +116,13 @@ func (g *Group) StartNATS(name, syncInterval string) (*NATS, error) {
 	return nil, fmt.Errorf("start nats-server: %w", lastErr)
 }
 
+// StartNATSCluster starts a cluster of nats-server processes behind
+// cuttable proxies (see NATSCluster) and waits until each is healthy; Close
+// of the group stops them, NATSCluster.Close also closes the proxies.
+func (g *Group) StartNATSCluster(o NATSClusterOptions) (*NATSCluster, error) {
+	return startNATSCluster(o, func(name string) (*Process, error) { return g.Process(name, "", nil, nil) })
+}
+
 // StartRedis starts redis-server (from PATH) without persistence and waits
 // for PING.
 func (g *Group) StartRedis(name string) (*Redis, error) {

@@ -1,0 +1,303 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// NATSClusterOptions configure a nats-server cluster.
+type NATSClusterOptions struct {
+	// Nodes is the number of servers (default 3).
+	Nodes int
+	// SyncInterval replaces "always" in the JetStream block ("" keeps
+	// always; "2m" is the server's default).
+	SyncInterval string
+	// Name is the cluster name and the prefix of the server names (default
+	// "e2e").
+	Name string
+}
+
+// NATSCluster is a cluster of nats-server processes whose every link goes
+// through a Proxy: a client port proxy per server, a proxy per route
+// direction between two servers, and one per server for the address it
+// advertises to its peers (used by routes learnt by gossip). So a test can
+// cut one server off from its peers and its clients (Partition) and heal it,
+// on loopback, without root.
+type NATSCluster struct {
+	Name  string
+	Nodes []*NATS
+	// URL is the comma-separated list of the client URLs (through the
+	// proxies), what MLSCHED_NATS_URL takes.
+	URL string
+
+	client  []*Proxy         // per node: clients -> node
+	inbound []*Proxy         // per node: the advertised route address
+	links   map[[2]int]*Proxy // {from, to}: from's configured route to `to`
+
+	mu          sync.Mutex
+	partitioned map[int]bool
+}
+
+// natsNodeConfig is one server's part of a cluster configuration.
+type natsNodeConfig struct {
+	ServerName      string
+	Port            int
+	MonitorPort     int
+	StoreDir        string
+	SyncInterval    string // "" = always
+	ClusterName     string
+	ClusterPort     int
+	ClientAdvertise string
+	RouteAdvertise  string
+	Routes          []string
+}
+
+// renderNATSNodeConfig renders a clustered server's configuration: the
+// single-server settings of NATSConfig plus the cluster block.
+func renderNATSNodeConfig(n natsNodeConfig) string {
+	sync := n.SyncInterval
+	if sync == "" {
+		sync = "always"
+	}
+	routes := make([]string, len(n.Routes))
+	for i, r := range n.Routes {
+		routes[i] = fmt.Sprintf("    %q", "nats-route://"+r)
+	}
+	return fmt.Sprintf(`# written by the e2e harness: one server of a %[6]s cluster
+server_name: %[1]q
+listen: "127.0.0.1:%[2]d"
+# clients learn the proxied address, not the real one
+client_advertise: %[7]q
+http: "127.0.0.1:%[3]d"
+max_payload: 8MB
+jetstream {
+  store_dir: %[4]q
+  sync_interval: %[5]s
+  max_memory_store: 256MB
+  max_file_store: 4GB
+}
+cluster {
+  name: %[6]q
+  listen: "127.0.0.1:%[8]d"
+  # peers that learn this server by gossip dial its proxy
+  advertise: %[9]q
+  routes: [
+%[10]s
+  ]
+}
+`, n.ServerName, n.Port, n.MonitorPort, n.StoreDir, sync, n.ClusterName, n.ClientAdvertise,
+		n.ClusterPort, n.RouteAdvertise, strings.Join(routes, "\n"))
+}
+
+// startNATSCluster starts o.Nodes servers with newProc making their
+// processes, and waits until each is healthy (JetStream meta leader elected
+// and the server current). On failure it kills what it started.
+func startNATSCluster(o NATSClusterOptions, newProc func(name string) (*Process, error)) (*NATSCluster, error) {
+	if o.Nodes <= 0 {
+		o.Nodes = 3
+	}
+	if o.Name == "" {
+		o.Name = "e2e"
+	}
+	bin, err := binary("nats-server")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for try := 0; try < 3; try++ { // a free port may be taken before we bind it
+		nc, err := tryNATSCluster(o, bin, try, newProc)
+		if err == nil {
+			return nc, nil
+		}
+		lastErr = err
+		if !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+	}
+	return nil, fmt.Errorf("start nats cluster: %w", lastErr)
+}
+
+func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(string) (*Process, error)) (_ *NATSCluster, err error) {
+	nc := &NATSCluster{Name: o.Name, links: map[[2]int]*Proxy{}, partitioned: map[int]bool{}}
+	defer func() {
+		if err != nil {
+			nc.Close()
+		}
+	}()
+	type ports struct{ client, cluster, monitor int }
+	ps := make([]ports, o.Nodes)
+	for i := range ps {
+		var errs [3]error
+		ps[i].client, errs[0] = FreePort()
+		ps[i].cluster, errs[1] = FreePort()
+		ps[i].monitor, errs[2] = FreePort()
+		if err := errors.Join(errs[:]...); err != nil {
+			return nil, err
+		}
+	}
+	name := func(i int) string { return fmt.Sprintf("%s-n%d", o.Name, i+1) }
+	for i, p := range ps {
+		cp, err := StartProxy(name(i)+" clients", fmt.Sprintf("127.0.0.1:%d", p.client))
+		if err != nil {
+			return nil, err
+		}
+		nc.client = append(nc.client, cp)
+		ip, err := StartProxy(name(i)+" gossiped route", fmt.Sprintf("127.0.0.1:%d", p.cluster))
+		if err != nil {
+			return nil, err
+		}
+		nc.inbound = append(nc.inbound, ip)
+	}
+	for from := range ps {
+		for to, p := range ps {
+			if from == to {
+				continue
+			}
+			lp, err := StartProxy(fmt.Sprintf("route %s->%s", name(from), name(to)), fmt.Sprintf("127.0.0.1:%d", p.cluster))
+			if err != nil {
+				return nil, err
+			}
+			nc.links[[2]int{from, to}] = lp
+		}
+	}
+	var urls []string
+	for i, p := range ps {
+		var routes []string
+		for to := range ps {
+			if to != i {
+				routes = append(routes, nc.links[[2]int{i, to}].Addr())
+			}
+		}
+		procName := name(i)
+		if try > 0 {
+			procName = fmt.Sprintf("%s-try%d", procName, try)
+		}
+		proc, err := newProc(procName)
+		if err != nil {
+			return nil, err
+		}
+		n := &NATS{Process: proc, Port: p.client, MonitorPort: p.monitor, ServerName: name(i),
+			URL:        "nats://" + nc.client[i].Addr(),
+			MonitorURL: fmt.Sprintf("http://127.0.0.1:%d", p.monitor),
+			StoreDir:   filepath.Join(proc.Dir, "jetstream"), ConfigPath: filepath.Join(proc.Dir, "nats.conf")}
+		conf := renderNATSNodeConfig(natsNodeConfig{ServerName: name(i), Port: p.client, MonitorPort: p.monitor,
+			StoreDir: n.StoreDir, SyncInterval: o.SyncInterval, ClusterName: o.Name, ClusterPort: p.cluster,
+			ClientAdvertise: nc.client[i].Addr(), RouteAdvertise: nc.inbound[i].Addr(), Routes: routes})
+		if err := os.WriteFile(n.ConfigPath, []byte(conf), 0o644); err != nil {
+			return nil, err
+		}
+		proc.Path, proc.Args = bin, []string{"-c", n.ConfigPath}
+		nc.Nodes = append(nc.Nodes, n)
+		urls = append(urls, n.URL)
+	}
+	nc.URL = strings.Join(urls, ",")
+	// Start every server before waiting: a lone server has no JetStream
+	// meta leader and is never healthy.
+	for _, n := range nc.Nodes {
+		if err := n.Process.Start(); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range nc.Nodes {
+		if err := waitReady(n.Process, n.ready); err != nil {
+			if strings.Contains(n.Logs(), "address already in use") {
+				return nil, fmt.Errorf("%s: address already in use: %w", n.Name, err)
+			}
+			return nil, err
+		}
+	}
+	return nc, nil
+}
+
+// Close kills every server and closes the proxies.
+func (nc *NATSCluster) Close() {
+	for _, n := range nc.Nodes {
+		n.Kill()
+	}
+	for _, p := range nc.proxies() {
+		p.Close()
+	}
+}
+
+func (nc *NATSCluster) proxies() []*Proxy {
+	out := append(append([]*Proxy(nil), nc.client...), nc.inbound...)
+	for _, p := range nc.links {
+		out = append(out, p)
+	}
+	return out
+}
+
+// nodeProxies are the proxies that carry node i's traffic: its clients, the
+// routes it dials and the routes dialled to it.
+func (nc *NATSCluster) nodeProxies(i int) []*Proxy {
+	out := []*Proxy{nc.client[i], nc.inbound[i]}
+	for k, p := range nc.links {
+		if k[0] == i || k[1] == i {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Partition cuts node i off from the other servers and from its clients:
+// every connection to or from it is closed and new ones are refused until
+// Heal. The server itself keeps running.
+func (nc *NATSCluster) Partition(i int) {
+	nc.mu.Lock()
+	nc.partitioned[i] = true
+	nc.mu.Unlock()
+	for _, p := range nc.nodeProxies(i) {
+		p.Cut()
+	}
+}
+
+// Heal reconnects node i, keeping the links to other partitioned nodes cut.
+func (nc *NATSCluster) Heal(i int) {
+	nc.mu.Lock()
+	delete(nc.partitioned, i)
+	cut := make(map[int]bool, len(nc.partitioned))
+	for k := range nc.partitioned {
+		cut[k] = true
+	}
+	nc.mu.Unlock()
+	nc.client[i].Heal()
+	nc.inbound[i].Heal()
+	for k, p := range nc.links {
+		if (k[0] == i && !cut[k[1]]) || (k[1] == i && !cut[k[0]]) {
+			p.Heal()
+		}
+	}
+}
+
+// Pause stops node i with SIGSTOP: its connections stay open but nothing
+// answers, as with a long GC pause or a frozen VM.
+func (nc *NATSCluster) Pause(i int) error { return nc.Nodes[i].Signal(syscall.SIGSTOP) }
+
+// Resume continues node i after Pause.
+func (nc *NATSCluster) Resume(i int) error { return nc.Nodes[i].Signal(syscall.SIGCONT) }
+
+// Healthy reports nil when every running server answers /healthz with 200
+// (JetStream enabled, a meta leader, its streams and consumers current).
+func (nc *NATSCluster) Healthy(ctx context.Context) error {
+	var errs []error
+	for _, n := range nc.Nodes {
+		if err := n.ready(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WaitHealthy waits at most timeout until Healthy returns nil.
+func (nc *NATSCluster) WaitHealthy(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return WaitFor(ctx, func() error { return nc.Healthy(ctx) })
+}

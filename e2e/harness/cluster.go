@@ -31,9 +31,9 @@ type Cluster struct {
 	t   testing.TB
 	Dir string
 
-	mu          sync.Mutex
-	procs       []*Process
-	NATS        *NATS
+	mu    sync.Mutex
+	procs []*Process
+	NATS  *NATS
 	// NATSCluster is set instead of NATS by StartNATSCluster.
 	NATSCluster *NATSCluster
 	Redis       *Redis

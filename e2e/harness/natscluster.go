@@ -37,8 +37,8 @@ type NATSCluster struct {
 	// proxies), what MLSCHED_NATS_URL takes.
 	URL string
 
-	client  []*Proxy         // per node: clients -> node
-	inbound []*Proxy         // per node: the advertised route address
+	client  []*Proxy          // per node: clients -> node
+	inbound []*Proxy          // per node: the advertised route address
 	links   map[[2]int]*Proxy // {from, to}: from's configured route to `to`
 
 	mu          sync.Mutex

@@ -101,6 +101,15 @@ bench: build redis-server ## relay baseline vs mlsched end to end (tasks/s, late
 chaos: redis-server ## the full chaos test: 20000 tasks under kill -9 and server restarts (MLSCHED_CHAOS_SEED=n replays)
 	cd e2e && MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} $(GO) test -race=false -count=1 -run '^TestChaos$$' -v -timeout 30m ./
 
+# The chaos run on a 3-server NATS cluster with R3 streams
+# (e2e/chaos_cluster_test.go): kill -9, SIGSTOP past the election timeout,
+# a partition through the harness's proxies and a rolling restart of the
+# servers, plus worker and dispatcher kills. Figures in docs/chaos.md.
+.PHONY: chaos-cluster
+chaos-cluster: build redis-server ## the chaos test on a 3-node NATS cluster (R3): server kill/pause/partition/rolling restart, 20000 tasks
+	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_CHAOS_CLUSTER=1 MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} \
+		$(GO) test -race=false -count=1 -run '^TestChaosCluster$$' -v -timeout 60m ./
+
 .PHONY: docker-build
 docker-build: ## build the dispatcher, worker and mlsched images (needs a Docker daemon)
 	for t in dispatcher worker mlsched; do \

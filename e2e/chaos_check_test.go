@@ -29,6 +29,24 @@ const (
 
 var faultKinds = []faultKind{faultKillWorker, faultKillDispatcher, faultRestartNATS, faultRestartRedis}
 
+// Faults of one server of a NATS cluster (TestChaosCluster).
+const (
+	faultKillNATSNode      faultKind = "kill-nats-node"       // kill -9 one server, start it after Down (same ports and store)
+	faultPauseNATSNode     faultKind = "pause-nats-node"      // SIGSTOP one server for Down (longer than the Raft election timeout), then SIGCONT
+	faultPartitionNATSNode faultKind = "partition-nats-node"  // cut one server off from its peers and its clients for Down, then heal
+	faultRollingNATS       faultKind = "rolling-restart-nats" // restart every server in turn, each once the cluster is healthy again
+)
+
+// clusterFaultKinds are the faults of the NATS-cluster chaos run: the
+// server faults plus the usual worker and dispatcher kills.
+var clusterFaultKinds = []faultKind{faultKillWorker, faultKillDispatcher,
+	faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode, faultRollingNATS}
+
+// raftElectionTimeoutMax is nats-server's longest Raft election timeout
+// (server/raft.go, maxElectionTimeoutDefault): a pause longer than it makes
+// the other servers elect new leaders for the paused one's groups.
+const raftElectionTimeoutMax = 9 * time.Second
+
 // fault is one entry of the schedule.
 type fault struct {
 	// At is when it starts, from the start of the run.
@@ -47,6 +65,8 @@ func (f fault) String() string {
 		target = fmt.Sprintf(" worker#%d", f.Target)
 	case faultKillDispatcher:
 		target = fmt.Sprintf(" dispatcher#%d", f.Target)
+	case faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode:
+		target = fmt.Sprintf(" nats#%d", f.Target)
 	}
 	return fmt.Sprintf("t+%.1fs %s%s down %.1fs", f.At.Seconds(), f.Kind, target, f.Down.Seconds())
 }
@@ -58,7 +78,16 @@ func (f fault) String() string {
 // the 3s dispatch deadline (1s timeout + 2s slack), what was routed to it
 // before its heartbeat expired is lost and must be failed over.
 func chaosSchedule(seed int64, rounds int, window time.Duration, workers, dispatchers int) []fault {
+	return chaosScheduleOf(faultKinds, seed, rounds, window, workers, dispatchers, 1)
+}
+
+// chaosScheduleOf is chaosSchedule for the given fault kinds; natsNodes is
+// the size of the NATS cluster the server faults pick from. A killed server
+// stays down 1-4s, a paused one 1-5s longer than the Raft election timeout,
+// a partitioned one 5-15s.
+func chaosScheduleOf(kinds []faultKind, seed int64, rounds int, window time.Duration, workers, dispatchers, natsNodes int) []fault {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x63686130732d7363))
+	faultKinds := kinds
 	n := rounds * len(faultKinds)
 	from, span := window/10, window*3/4
 	slot := span / time.Duration(max(n, 1))
@@ -79,6 +108,12 @@ func chaosSchedule(seed int64, rounds int, window time.Duration, workers, dispat
 				f.Down = between(200*time.Millisecond, 2*time.Second)
 			case faultRestartRedis:
 				f.Down = between(300*time.Millisecond, 2000*time.Millisecond)
+			case faultKillNATSNode:
+				f.Target, f.Down = rng.IntN(natsNodes), between(time.Second, 4*time.Second)
+			case faultPauseNATSNode:
+				f.Target, f.Down = rng.IntN(natsNodes), between(raftElectionTimeoutMax+time.Second, raftElectionTimeoutMax+5*time.Second)
+			case faultPartitionNATSNode:
+				f.Target, f.Down = rng.IntN(natsNodes), between(5*time.Second, 15*time.Second)
 			}
 			out = append(out, f)
 		}

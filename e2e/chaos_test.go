@@ -76,7 +76,9 @@ type chaosParams struct {
 	Rounds int
 }
 
-func chaosParamsFromEnv(t *testing.T) chaosParams {
+// chaosParamsFromEnv reads the run's parameters; roundTasks is how many
+// tasks make one round of faults when EnvChaosRounds is unset.
+func chaosParamsFromEnv(t *testing.T, roundTasks int) chaosParams {
 	t.Helper()
 	p := chaosParams{Tasks: 2000, Seed: int64(rand.Uint32()), Rate: 100}
 	num := func(name string, set func(string) error) {
@@ -94,7 +96,7 @@ func chaosParamsFromEnv(t *testing.T) chaosParams {
 		t.Fatalf("chaos parameters out of range: %+v", p)
 	}
 	if p.Rounds == 0 {
-		p.Rounds = max(1, p.Tasks/4000)
+		p.Rounds = max(1, p.Tasks/roundTasks)
 	}
 	return p
 }
@@ -113,9 +115,23 @@ func chaosParamsFromEnv(t *testing.T) chaosParams {
 func TestChaos(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker", "nats-server")
 	t.Parallel()
-	p := chaosParamsFromEnv(t)
+	runChaos(t, chaosVariant{kinds: faultKinds, roundTasks: 4000})
+}
+
+// chaosVariant is what differs between the chaos runs.
+type chaosVariant struct {
+	// natsNodes > 0 runs a NATS cluster of that many servers (R3 streams)
+	// instead of one server.
+	natsNodes int
+	kinds     []faultKind
+	// roundTasks is how many tasks make one round of faults by default.
+	roundTasks int
+}
+
+func runChaos(t *testing.T, cv chaosVariant) {
+	p := chaosParamsFromEnv(t, cv.roundTasks)
 	window := time.Duration(float64(p.Tasks) / p.Rate * float64(time.Second))
-	schedule := chaosSchedule(p.Seed, p.Rounds, window, len(chaosNodes), 2)
+	schedule := chaosScheduleOf(cv.kinds, p.Seed, p.Rounds, window, len(chaosNodes), 2, max(1, cv.natsNodes))
 	t.Logf("chaos: seed %d (replay with %s=%d), %d tasks at %.0f/s over %v, %d faults",
 		p.Seed, EnvChaosSeed, p.Seed, p.Tasks, p.Rate, window, len(schedule))
 	for _, f := range schedule {
@@ -127,7 +143,11 @@ func TestChaos(t *testing.T) {
 	}
 
 	c := harness.New(t)
-	c.StartNATS()
+	if cv.natsNodes > 0 {
+		c.StartNATSCluster(harness.NATSClusterOptions{Nodes: cv.natsNodes})
+	} else {
+		c.StartNATS()
+	}
 	c.StartRedis()
 	var disps []*harness.Dispatcher
 	for range 2 {
@@ -143,6 +163,9 @@ func TestChaos(t *testing.T) {
 	budget := window + 3*time.Minute
 	for _, f := range schedule {
 		budget += f.Down
+		if cv.natsNodes > 0 { // every cluster fault waits until the cluster is healthy again
+			budget += time.Minute
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
@@ -634,8 +657,63 @@ func (r *chaosRunner) inject(ctx context.Context, f fault) (string, error) {
 		}
 		sleepCtx(ctx, f.Down)
 		return "redis", r.c.Redis.Start()
+	case faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode, faultRollingNATS:
+		return r.injectCluster(ctx, f)
 	}
 	return "", fmt.Errorf("unknown fault %q", f.Kind)
+}
+
+// clusterHealTimeout bounds how long a NATS cluster may take to be healthy
+// again (every server up, current and with a meta leader) after a fault.
+const clusterHealTimeout = 2 * time.Minute
+
+// injectCluster injects a fault of one server of the NATS cluster and
+// returns once every server is healthy again.
+func (r *chaosRunner) injectCluster(ctx context.Context, f fault) (string, error) {
+	nc := r.c.NATSCluster
+	if nc == nil {
+		return "", fmt.Errorf("%s needs a NATS cluster", f.Kind)
+	}
+	var target string
+	var err error
+	switch f.Kind {
+	case faultKillNATSNode:
+		n := nc.Nodes[f.Target]
+		target = n.ServerName
+		n.Kill()
+		sleepCtx(ctx, f.Down)
+		err = n.Start()
+	case faultPauseNATSNode:
+		target = nc.Nodes[f.Target].ServerName
+		if err = nc.Pause(f.Target); err == nil {
+			sleepCtx(ctx, f.Down)
+			err = nc.Resume(f.Target)
+		}
+	case faultPartitionNATSNode:
+		target = nc.Nodes[f.Target].ServerName
+		if err = nc.Partition(f.Target); err != nil {
+			return target, err
+		}
+		sleepCtx(ctx, f.Down)
+		nc.Heal(f.Target)
+	case faultRollingNATS:
+		target = "every server"
+		for _, n := range nc.Nodes {
+			if err = n.Restart(); err != nil {
+				return target, fmt.Errorf("restart %s: %w", n.ServerName, err)
+			}
+			if err = nc.WaitHealthy(clusterHealTimeout); err != nil {
+				return target, fmt.Errorf("after restarting %s: %w", n.ServerName, err)
+			}
+		}
+	}
+	if err != nil {
+		return target, err
+	}
+	if err := nc.WaitHealthy(clusterHealTimeout); err != nil {
+		return target, fmt.Errorf("cluster not healthy after the fault: %w", err)
+	}
+	return target, nil
 }
 
 // isExit: a server stopped by SIGTERM may exit non-zero; that is a stop.

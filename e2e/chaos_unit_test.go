@@ -52,6 +52,39 @@ func TestChaosSchedule(t *testing.T) {
 	}
 }
 
+// The cluster schedule has each cluster fault once per round, targets one
+// of the servers, and pauses a server for longer than the Raft election
+// timeout.
+func TestChaosClusterSchedule(t *testing.T) {
+	t.Parallel()
+	const window = 200 * time.Second
+	a := chaosScheduleOf(clusterFaultKinds, 7, 2, window, 4, 2, 3)
+	if len(a) != 2*len(clusterFaultKinds) {
+		t.Fatalf("%d faults, want %d", len(a), 2*len(clusterFaultKinds))
+	}
+	seen := map[faultKind]int{}
+	for _, f := range a {
+		seen[f.Kind]++
+		switch f.Kind {
+		case faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode:
+			if f.Target < 0 || f.Target >= 3 {
+				t.Errorf("fault %v: no such server", f)
+			}
+			if !strings.Contains(f.String(), "nats#") {
+				t.Errorf("fault %v does not name its server", f)
+			}
+		}
+		if f.Kind == faultPauseNATSNode && f.Down <= raftElectionTimeoutMax {
+			t.Errorf("fault %v: a pause must outlast the election timeout %v", f, raftElectionTimeoutMax)
+		}
+	}
+	for _, k := range clusterFaultKinds {
+		if seen[k] != 2 {
+			t.Errorf("%d × %s in two rounds, want 2", seen[k], k)
+		}
+	}
+}
+
 // The models files give every model at least two nodes, and the healthy
 // models are the reliable ones.
 func TestChaosModels(t *testing.T) {

@@ -50,6 +50,9 @@ type Config struct {
 	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage when creating streams: file or memory (as the dispatcher's)"`
 	// Replicas of streams this node creates when they do not exist (default 1).
 	Replicas int `envconfig:"STREAM_REPLICAS" default:"1" desc:"stream replicas when creating streams"`
+	// PprofAddr, when set, serves net/http/pprof there, for profiling the
+	// worker's hot path (default empty: off). Set by cmd/worker only.
+	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6061 (empty: off)"`
 	// Log is the logging configuration (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
 	config.Log
 }

@@ -55,6 +55,10 @@ type Options struct {
 	// SyncInterval is nats-server's jetstream sync_interval (default
 	// "always", as in production: an fsync per write).
 	SyncInterval string `json:"sync_interval"`
+	// ClusterNodes > 0 runs a cluster of that many nats-server processes
+	// (routes on loopback, no proxies) with streams of as many replicas,
+	// instead of one server (default 0: one server, R1).
+	ClusterNodes int `json:"cluster_nodes,omitempty"`
 	// DispatcherEnv and WorkerEnv add MLSCHED_* variables to the
 	// dispatcher's and the workers' environment, to measure a setting
 	// (default none).
@@ -64,7 +68,8 @@ type Options struct {
 	Scenarios []string `json:"scenarios"`
 	// ProfilePath, when set, receives a CPU profile of the dispatcher over
 	// the mlsched scenario's measured phases: back-to-back windows of
-	// ProfileSeconds, merged (default: none).
+	// ProfileSeconds, merged (default: none). The first worker's goes next
+	// to it, with ".worker" before the extension.
 	ProfilePath string `json:"profile_path,omitempty"`
 	// ProfileSeconds is the length of one profile window (default 20).
 	ProfileSeconds int `json:"profile_seconds,omitempty"`
@@ -112,6 +117,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// replicas is the stream replica count: the cluster's size, or 1.
+func (o Options) replicas() int { return max(1, o.ClusterNodes) }
+
 // ErrUnknownScenario is returned for a scenario name Run does not know.
 var ErrUnknownScenario = errors.New("unknown scenario")
 
@@ -128,9 +136,13 @@ type Report struct {
 	// ThroughputRatio is mlsched's throughput over the relay's (0 when
 	// either did not run).
 	ThroughputRatio float64 `json:"throughput_ratio,omitempty"`
-	// P99Ratio is mlsched's p99 latency at the fixed rate over the relay's.
+	// P50Ratio and P99Ratio are mlsched's latency percentiles at the fixed
+	// rate over the relay's.
+	P50Ratio float64  `json:"p50_ratio,omitempty"`
 	P99Ratio float64  `json:"p99_ratio,omitempty"`
 	Profile  *Profile `json:"profile,omitempty"`
+	// WorkerProfile is the first worker's CPU profile over the same phases.
+	WorkerProfile *Profile `json:"worker_profile,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -230,21 +242,29 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	} else {
 		rep.Storage += " (NOT production: acknowledged writes can be lost if the machine dies)"
 	}
+	if o.ClusterNodes > 0 {
+		rep.Storage += fmt.Sprintf("; a %d-server cluster, streams R%d", o.ClusterNodes, o.ClusterNodes)
+	} else {
+		rep.Storage += "; one server, streams R1"
+	}
 	for _, name := range o.Scenarios {
 		fmt.Fprintf(o.Progress, "== scenario %s\n", name)
-		s, prof, err := runScenario(ctx, o, name, filepath.Join(dir, name))
+		s, profs, err := runScenario(ctx, o, name, filepath.Join(dir, name))
 		if err != nil {
 			return rep, fmt.Errorf("scenario %s: %w", name, err)
 		}
 		rep.Scenarios = append(rep.Scenarios, s)
-		if prof != nil {
-			rep.Profile = prof
+		if len(profs) == 2 {
+			rep.Profile, rep.WorkerProfile = profs[0], profs[1]
 		}
 	}
 	relay, mls := rep.Scenario(ScenarioRelay), rep.Scenario(ScenarioMlsched)
 	if relay != nil && mls != nil {
 		if relay.Throughput.Throughput > 0 {
 			rep.ThroughputRatio = mls.Throughput.Throughput / relay.Throughput.Throughput
+		}
+		if relay.Latency.Latency.P50 > 0 {
+			rep.P50Ratio = mls.Latency.Latency.P50 / relay.Latency.Latency.P50
 		}
 		if relay.Latency.Latency.P99 > 0 {
 			rep.P99Ratio = mls.Latency.Latency.P99 / relay.Latency.Latency.P99

@@ -10,12 +10,6 @@ import (
 	"text/tabwriter"
 )
 
-// Targets the table compares against (measured, never asserted).
-const (
-	TargetThroughputRatio = 0.5
-	TargetP99Ratio        = 2.5
-)
-
 // WriteJSON writes the report, indented, to path.
 func (r *Report) WriteJSON(path string) error {
 	b, err := json.MarshalIndent(r, "", "  ")
@@ -63,6 +57,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	head := cols(func(s *Scenario) string { return s.Name })
 	ratios := r.ThroughputRatio > 0 || r.P99Ratio > 0
+	targets := TargetsFor(o.SyncInterval)
 	if ratios {
 		head = append(head, "mlsched/relay")
 	}
@@ -71,22 +66,25 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if !ratios {
 			return nil
 		}
+		if target == 0 {
+			return []string{fmt.Sprintf("%.2fx", v)}
+		}
 		ok := (cmp == ">=" && v >= target) || (cmp == "<=" && v <= target)
 		verdict := "met"
 		if !ok {
 			verdict = "MISSED"
 		}
-		return []string{fmt.Sprintf("%.2fx (target %s %.1fx: %s)", v, cmp, target, verdict)}
+		return []string{fmt.Sprintf("%.2fx (target %s %.2gx: %s)", v, cmp, target, verdict)}
 	}
 	row("JetStream publishes per task", append(cols(func(s *Scenario) string { return fmt.Sprint(s.PublishesPerTask) }), pad(ratios)...)...)
 	row("throughput, tasks/s", append(cols(func(s *Scenario) string { return fmt.Sprintf("%.0f", s.Throughput.Throughput) }),
-		ratio(r.ThroughputRatio, TargetThroughputRatio, ">=")...)...)
+		ratio(r.ThroughputRatio, targets.ThroughputRatio, ">=")...)...)
 	row(fmt.Sprintf("latency at %d/s: offered, tasks/s", o.Rate), append(cols(func(s *Scenario) string { return fmt.Sprintf("%.0f", s.Latency.OfferedRate) }), pad(ratios)...)...)
 	lat := func(label string, f func(l Latency) float64, extra []string) {
 		row(label, append(cols(func(s *Scenario) string { return fmt.Sprintf("%.2f", f(s.Latency.Latency)) }), extra...)...)
 	}
-	lat("  p50, ms", func(l Latency) float64 { return l.P50 }, pad(ratios))
-	lat("  p99, ms", func(l Latency) float64 { return l.P99 }, ratio(r.P99Ratio, TargetP99Ratio, "<="))
+	lat("  p50, ms", func(l Latency) float64 { return l.P50 }, ratio(r.P50Ratio, targets.P50Ratio, "<="))
+	lat("  p99, ms", func(l Latency) float64 { return l.P99 }, ratio(r.P99Ratio, targets.P99Ratio, "<="))
 	lat("  p99.9, ms", func(l Latency) float64 { return l.P999 }, pad(ratios))
 	lat("  max, ms", func(l Latency) float64 { return l.Max }, pad(ratios))
 	row("failed tasks", append(cols(func(s *Scenario) string {
@@ -192,10 +190,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintln(w)
 	}
-	if r.Profile != nil {
-		fmt.Fprintf(w, "\ndispatcher CPU profile (%ds covering the mlsched measured phases): %s\n", r.Profile.Seconds, r.Profile.Path)
-		if r.Profile.Top != "" {
-			fmt.Fprint(w, r.Profile.Top)
+	for _, p := range []struct {
+		who string
+		p   *Profile
+	}{{"dispatcher", r.Profile}, {"worker (node-1)", r.WorkerProfile}} {
+		if p.p == nil {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s CPU profile (%ds covering the mlsched measured phases): %s\n", p.who, p.p.Seconds, p.p.Path)
+		if p.p.Top != "" {
+			fmt.Fprint(w, p.p.Top)
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,14 +28,15 @@ const dispatcherName = "bench-dispatcher"
 
 // run is one scenario's live state.
 type run struct {
-	o     Options
-	name  string
-	g     *harness.Group
-	nats  *harness.NATS
-	pubNC *nats.Conn // the producer's connection
-	rcvNC *nats.Conn // sinks or the results reader
-	pubJS jetstream.JetStream
-	rcvJS jetstream.JetStream
+	o    Options
+	name string
+	g    *harness.Group
+	// natsURL is the server's URL, or the cluster's comma-separated list.
+	natsURL string
+	pubNC   *nats.Conn // the producer's connection
+	rcvNC   *nats.Conn // sinks or the results reader
+	pubJS   jetstream.JetStream
+	rcvJS   jetstream.JetStream
 
 	cpu []procGroup // CPU time is reported per group
 	mem []procGroup // memory is reported per group (first pid)
@@ -42,18 +44,19 @@ type run struct {
 	tr atomic.Pointer[tracker] // the current phase's
 	// points are the traced subjects, in hop order, and hops the names of
 	// the hops from submission through each point to completion.
-	points    []string
-	hops      []string
-	traceNC   *nats.Conn
-	stopRcv   []func()
-	pprofAddr string
+	points          []string
+	hops            []string
+	traceNC         *nats.Conn
+	stopRcv         []func()
+	pprofAddr       string
+	workerPprofAddr string // node-1's, profiled with the dispatcher
 }
 
 func (r *run) log(format string, args ...any) {
 	fmt.Fprintf(r.o.Progress, "   "+format+"\n", args...)
 }
 
-func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *Profile, error) {
+func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []*Profile, error) {
 	g, err := harness.NewGroup(dir)
 	if err != nil {
 		return Scenario{}, nil, err
@@ -61,11 +64,29 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 	defer g.Stop()
 	r := &run{o: o, name: name, g: g}
 	defer r.close()
-	if r.nats, err = g.StartNATS("nats", o.SyncInterval); err != nil {
-		return Scenario{}, nil, err
+	natsCPU := procGroup{Name: "nats-server"}
+	if o.ClusterNodes > 0 {
+		cl, err := g.StartNATSCluster(harness.NATSClusterOptions{Nodes: o.ClusterNodes, SyncInterval: o.SyncInterval,
+			Name: "bench", Direct: true})
+		if err != nil {
+			return Scenario{}, nil, err
+		}
+		defer cl.Close()
+		r.natsURL = cl.URL
+		natsCPU.Name = fmt.Sprintf("nats-server (%d)", o.ClusterNodes)
+		for _, n := range cl.Nodes {
+			natsCPU.Pids = append(natsCPU.Pids, n.Pid())
+		}
+	} else {
+		n, err := g.StartNATS("nats", o.SyncInterval)
+		if err != nil {
+			return Scenario{}, nil, err
+		}
+		r.natsURL = n.URL
+		natsCPU.Pids = []int{n.Pid()}
 	}
-	r.cpu = append(r.cpu, procGroup{"nats-server", []int{r.nats.Pid()}}, procGroup{"bench driver", []int{os.Getpid()}})
-	r.mem = append(r.mem, procGroup{"nats-server", []int{r.nats.Pid()}})
+	r.cpu = append(r.cpu, natsCPU, procGroup{"bench driver", []int{os.Getpid()}})
+	r.mem = append(r.mem, procGroup{natsCPU.Name, natsCPU.Pids[:1]})
 	if err := r.connect(ctx); err != nil {
 		return Scenario{}, nil, err
 	}
@@ -99,11 +120,12 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 	}
 	mem := newMemSampler(r.mem)
 	mem.start()
-	var prof chan profResult
+	var prof, wprof chan profResult
 	stopProf := make(chan struct{})
 	if name == ScenarioMlsched && o.ProfilePath != "" {
-		prof = make(chan profResult, 1)
-		go func() { prof <- r.profile(ctx, stopProf) }()
+		prof, wprof = make(chan profResult, 1), make(chan profResult, 1)
+		go func() { prof <- r.profile(ctx, stopProf, r.pprofAddr, o.ProfilePath) }()
+		go func() { wprof <- r.profile(ctx, stopProf, r.workerPprofAddr, workerProfilePath(o.ProfilePath)) }()
 	}
 	if res.Throughput, err = r.phase(ctx, pub, "throughput", "t-", o.Tasks, 0); err != nil {
 		return res, nil, err
@@ -124,26 +146,35 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, *P
 			}
 		}
 	}
-	var p *Profile
+	var ps []*Profile
 	close(stopProf)
 	if prof != nil {
 		r.log("waiting for the last %ds CPU profile window", o.ProfileSeconds)
-		pr := <-prof
-		if pr.err != nil {
-			return res, nil, pr.err
+		for _, c := range []chan profResult{prof, wprof} {
+			pr := <-c
+			if pr.err != nil {
+				return res, nil, pr.err
+			}
+			ps = append(ps, pr.p)
 		}
-		p = pr.p
 	}
-	return res, p, nil
+	return res, ps, nil
+}
+
+// workerProfilePath is where the worker's profile goes: the dispatcher's
+// path with ".worker" before the extension.
+func workerProfilePath(dispatcherPath string) string {
+	ext := filepath.Ext(dispatcherPath)
+	return strings.TrimSuffix(dispatcherPath, ext) + ".worker" + ext
 }
 
 func (r *run) connect(ctx context.Context) error {
 	var err error
 	opts := []nats.Option{nats.MaxReconnects(-1)}
-	if r.pubNC, err = nats.Connect(r.nats.URL, append(opts, nats.Name("bench-producer"))...); err != nil {
+	if r.pubNC, err = nats.Connect(r.natsURL, append(opts, nats.Name("bench-producer"))...); err != nil {
 		return err
 	}
-	if r.rcvNC, err = nats.Connect(r.nats.URL, append(opts, nats.Name("bench-receiver"))...); err != nil {
+	if r.rcvNC, err = nats.Connect(r.natsURL, append(opts, nats.Name("bench-receiver"))...); err != nil {
 		return err
 	}
 	if r.pubJS, err = jetstream.New(r.pubNC, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
@@ -154,7 +185,7 @@ func (r *run) connect(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return topology.Ensure(cctx, r.pubJS, topology.Config{})
+	return topology.Ensure(cctx, r.pubJS, topology.Config{Replicas: r.o.replicas()})
 }
 
 func (r *run) close() {
@@ -183,7 +214,7 @@ func (r *run) nodes() []string {
 // startRelay starts the relay process and one sink per node in this
 // process; a task completes when a sink receives it.
 func (r *run) startRelay(ctx context.Context) error {
-	args := append(append([]string(nil), r.o.RelayCommand[1:]...), "-nats", r.nats.URL, "-nodes", strings.Join(r.nodes(), ","))
+	args := append(append([]string(nil), r.o.RelayCommand[1:]...), "-nats", r.natsURL, "-nodes", strings.Join(r.nodes(), ","))
 	p, err := r.g.Process("relay", r.o.RelayCommand[0], args, nil)
 	if err != nil {
 		return err
@@ -258,11 +289,12 @@ func (r *run) startMlsched(ctx context.Context) error {
 	}
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pport)
 	d, err := r.g.Process("dispatcher", dbin, nil, withEnv(map[string]string{
-		"MLSCHED_NATS_URL":        r.nats.URL,
+		"MLSCHED_NATS_URL":        r.natsURL,
 		"MLSCHED_REDIS_URL":       redis.URL,
 		"MLSCHED_POLICY":          r.o.Policy,
 		"MLSCHED_DISPATCHER_NAME": dispatcherName,
 		"MLSCHED_PPROF_ADDR":      pprofAddr,
+		"MLSCHED_STREAM_REPLICAS": strconv.Itoa(r.o.replicas()),
 	}, r.o.DispatcherEnv))
 	if err != nil {
 		return err
@@ -272,13 +304,23 @@ func (r *run) startMlsched(ctx context.Context) error {
 	}
 	r.pprofAddr = pprofAddr
 	workers := procGroup{Name: fmt.Sprintf("workers (%d)", r.o.Nodes)}
-	for _, node := range r.nodes() {
-		w, err := r.g.Process("worker-"+node, wbin, nil, withEnv(map[string]string{
-			"MLSCHED_NATS_URL":    r.nats.URL,
-			"MLSCHED_NODE_ID":     node,
-			"MLSCHED_MODELS_FILE": models,
-			"MLSCHED_CONCURRENCY": strconv.Itoa(r.o.Concurrency),
-		}, r.o.WorkerEnv))
+	for i, node := range r.nodes() {
+		env := map[string]string{
+			"MLSCHED_NATS_URL":        r.natsURL,
+			"MLSCHED_NODE_ID":         node,
+			"MLSCHED_MODELS_FILE":     models,
+			"MLSCHED_CONCURRENCY":     strconv.Itoa(r.o.Concurrency),
+			"MLSCHED_STREAM_REPLICAS": strconv.Itoa(r.o.replicas()),
+		}
+		if i == 0 && r.o.ProfilePath != "" { // one worker is profiled: they all run the same code
+			wport, err := harness.FreePort()
+			if err != nil {
+				return err
+			}
+			r.workerPprofAddr = fmt.Sprintf("127.0.0.1:%d", wport)
+			env["MLSCHED_PPROF_ADDR"] = r.workerPprofAddr
+		}
+		w, err := r.g.Process("worker-"+node, wbin, nil, withEnv(env, r.o.WorkerEnv))
 		if err != nil {
 			return err
 		}
@@ -396,7 +438,7 @@ func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n
 // it to the stream, so a point marks the arrival of a publish, before it is
 // stored.
 func (r *run) trace() error {
-	nc, err := nats.Connect(r.nats.URL, nats.Name("bench-trace"))
+	nc, err := nats.Connect(r.natsURL, nats.Name("bench-trace"))
 	if err != nil {
 		return err
 	}
@@ -451,11 +493,11 @@ type profResult struct {
 // dispatcher's net/http/pprof until stop is closed, so the measured phases
 // are covered whatever their length, merges them into ProfilePath and
 // renders the top entries with go tool pprof.
-func (r *run) profile(ctx context.Context, stop <-chan struct{}) profResult {
+func (r *run) profile(ctx context.Context, stop <-chan struct{}, addr, out string) profResult {
 	var windows []string
 	for i := 0; ; i++ {
-		path := fmt.Sprintf("%s.%d", r.o.ProfilePath, i)
-		if err := r.profileWindow(ctx, path); err != nil {
+		path := fmt.Sprintf("%s.%d", out, i)
+		if err := r.profileWindow(ctx, addr, path); err != nil {
 			return profResult{err: err}
 		}
 		windows = append(windows, path)
@@ -466,30 +508,30 @@ func (r *run) profile(ctx context.Context, stop <-chan struct{}) profResult {
 		}
 		break
 	}
-	p := &Profile{Path: r.o.ProfilePath, Seconds: r.o.ProfileSeconds * len(windows)}
+	p := &Profile{Path: out, Seconds: r.o.ProfileSeconds * len(windows)}
 	merged, err := exec.CommandContext(ctx, "go", append([]string{"tool", "pprof", "-proto"}, windows...)...).Output()
 	if err != nil {
 		// Without the go tool the windows stay, unmerged.
 		p.Path = strings.Join(windows, " ")
 		return profResult{p: p}
 	}
-	if err := os.WriteFile(r.o.ProfilePath, merged, 0o644); err != nil {
+	if err := os.WriteFile(out, merged, 0o644); err != nil {
 		return profResult{err: err}
 	}
 	for _, w := range windows {
 		os.Remove(w)
 	}
-	if out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=15", r.o.ProfilePath).Output(); err == nil {
+	if out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=15", out).Output(); err == nil {
 		p.Top = string(out)
 	}
 	return profResult{p: p}
 }
 
-func (r *run) profileWindow(ctx context.Context, path string) error {
+func (r *run) profileWindow(ctx context.Context, addr, path string) error {
 	secs := r.o.ProfileSeconds
 	cctx, cancel := context.WithTimeout(ctx, time.Duration(secs)*time.Second+30*time.Second)
 	defer cancel()
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.pprofAddr, secs)
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs)
 	req, err := http.NewRequestWithContext(cctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err

@@ -22,6 +22,9 @@ type NATSClusterOptions struct {
 	// Name is the cluster name and the prefix of the server names (default
 	// "e2e").
 	Name string
+	// Direct connects servers and clients without the proxies (default
+	// off), for benchmarks: no extra hop, but no Partition either.
+	Direct bool
 }
 
 // NATSCluster is a cluster of nats-server processes whose every link goes
@@ -70,12 +73,17 @@ func renderNATSNodeConfig(n natsNodeConfig) string {
 	for i, r := range n.Routes {
 		routes[i] = fmt.Sprintf("    %q", "nats-route://"+r)
 	}
+	clientAdv, routeAdv := "", ""
+	if n.ClientAdvertise != "" {
+		clientAdv = fmt.Sprintf("# clients learn the proxied address, not the real one\nclient_advertise: %q\n", n.ClientAdvertise)
+	}
+	if n.RouteAdvertise != "" {
+		routeAdv = fmt.Sprintf("  # peers that learn this server by gossip dial its proxy\n  advertise: %q\n", n.RouteAdvertise)
+	}
 	return fmt.Sprintf(`# written by the e2e harness: one server of a %[6]s cluster
 server_name: %[1]q
 listen: "127.0.0.1:%[2]d"
-# clients learn the proxied address, not the real one
-client_advertise: %[7]q
-http: "127.0.0.1:%[3]d"
+%[7]shttp: "127.0.0.1:%[3]d"
 max_payload: 8MB
 jetstream {
   store_dir: %[4]q
@@ -86,14 +94,12 @@ jetstream {
 cluster {
   name: %[6]q
   listen: "127.0.0.1:%[8]d"
-  # peers that learn this server by gossip dial its proxy
-  advertise: %[9]q
-  routes: [
+%[9]s  routes: [
 %[10]s
   ]
 }
-`, n.ServerName, n.Port, n.MonitorPort, n.StoreDir, sync, n.ClusterName, n.ClientAdvertise,
-		n.ClusterPort, n.RouteAdvertise, strings.Join(routes, "\n"))
+`, n.ServerName, n.Port, n.MonitorPort, n.StoreDir, sync, n.ClusterName, clientAdv,
+		n.ClusterPort, routeAdv, strings.Join(routes, "\n"))
 }
 
 // startNATSCluster starts o.Nodes servers with newProc making their
@@ -144,6 +150,9 @@ func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(stri
 	}
 	name := func(i int) string { return fmt.Sprintf("%s-n%d", o.Name, i+1) }
 	for i, p := range ps {
+		if o.Direct {
+			break
+		}
 		cp, err := StartProxy(name(i)+" clients", fmt.Sprintf("127.0.0.1:%d", p.client))
 		if err != nil {
 			return nil, err
@@ -157,7 +166,7 @@ func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(stri
 	}
 	for from := range ps {
 		for to, p := range ps {
-			if from == to {
+			if from == to || o.Direct {
 				continue
 			}
 			lp, err := StartProxy(fmt.Sprintf("route %s->%s", name(from), name(to)), fmt.Sprintf("127.0.0.1:%d", p.cluster))
@@ -170,10 +179,19 @@ func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(stri
 	var urls []string
 	for i, p := range ps {
 		var routes []string
-		for to := range ps {
-			if to != i {
+		for to, pt := range ps {
+			switch {
+			case to == i:
+			case o.Direct:
+				routes = append(routes, fmt.Sprintf("127.0.0.1:%d", pt.cluster))
+			default:
 				routes = append(routes, nc.links[[2]int{i, to}].Addr())
 			}
+		}
+		clientAddr, clientAdv, routeAdv := fmt.Sprintf("127.0.0.1:%d", p.client), "", ""
+		if !o.Direct {
+			clientAddr = nc.client[i].Addr()
+			clientAdv, routeAdv = clientAddr, nc.inbound[i].Addr()
 		}
 		procName := name(i)
 		if try > 0 {
@@ -184,12 +202,12 @@ func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(stri
 			return nil, err
 		}
 		n := &NATS{Process: proc, Port: p.client, MonitorPort: p.monitor, ServerName: name(i),
-			URL:        "nats://" + nc.client[i].Addr(),
+			URL:        "nats://" + clientAddr,
 			MonitorURL: fmt.Sprintf("http://127.0.0.1:%d", p.monitor),
 			StoreDir:   filepath.Join(proc.Dir, "jetstream"), ConfigPath: filepath.Join(proc.Dir, "nats.conf")}
 		conf := renderNATSNodeConfig(natsNodeConfig{ServerName: name(i), Port: p.client, MonitorPort: p.monitor,
 			StoreDir: n.StoreDir, SyncInterval: o.SyncInterval, ClusterName: o.Name, ClusterPort: p.cluster,
-			ClientAdvertise: nc.client[i].Addr(), RouteAdvertise: nc.inbound[i].Addr(), Routes: routes})
+			ClientAdvertise: clientAdv, RouteAdvertise: routeAdv, Routes: routes})
 		if err := os.WriteFile(n.ConfigPath, []byte(conf), 0o644); err != nil {
 			return nil, err
 		}
@@ -249,17 +267,24 @@ func (nc *NATSCluster) nodeProxies(i int) []*Proxy {
 // Partition cuts node i off from the other servers and from its clients:
 // every connection to or from it is closed and new ones are refused until
 // Heal. The server itself keeps running.
-func (nc *NATSCluster) Partition(i int) {
+func (nc *NATSCluster) Partition(i int) error {
+	if len(nc.client) == 0 {
+		return errors.New("a cluster started Direct has no proxies to cut")
+	}
 	nc.mu.Lock()
 	nc.partitioned[i] = true
 	nc.mu.Unlock()
 	for _, p := range nc.nodeProxies(i) {
 		p.Cut()
 	}
+	return nil
 }
 
 // Heal reconnects node i, keeping the links to other partitioned nodes cut.
 func (nc *NATSCluster) Heal(i int) {
+	if len(nc.client) == 0 {
+		return
+	}
 	nc.mu.Lock()
 	delete(nc.partitioned, i)
 	cut := make(map[int]bool, len(nc.partitioned))

@@ -128,7 +128,9 @@ func TestNATSClusterPartition(t *testing.T) {
 		t.Fatalf("stream cluster info %+v: want a leader and 2 replicas", info.Cluster)
 	}
 
-	nc.Partition(0)
+	if err := nc.Partition(0); err != nil {
+		t.Fatal(err)
+	}
 	if cl, err := nats.Connect(nc.Nodes[0].URL, nats.Timeout(time.Second), nats.MaxReconnects(0)); err == nil {
 		cl.Close()
 		t.Fatal("a client connected to the partitioned node")

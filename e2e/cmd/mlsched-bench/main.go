@@ -45,13 +45,15 @@ func benchMain(args []string) int {
 	fs.StringVar(&o.Policy, "policy", "reliability", "dispatcher policy")
 	fs.IntVar(&o.Rate, "rate", 5000, "offered load of the latency phase, tasks/s")
 	fs.IntVar(&o.Concurrency, "concurrency", 64, "worker concurrency and sink MaxAckPending")
-	fs.StringVar(&o.SyncInterval, "nats-sync", "always", "nats-server jetstream sync_interval (always = production; e.g. 2m to measure the fsync cost)")
+	fs.StringVar(&o.SyncInterval, "nats-sync", "", "run one mode with this nats-server jetstream sync_interval instead of -modes (always = production, 2m = the server's default)")
+	modes := fs.String("modes", "durable,fast", "modes to run, each relay vs mlsched: durable (sync_interval always) and fast (the server's default, 2m)")
+	clusterNodes := fs.Int("cluster-nodes", 3, "also run every mode on a cluster of this many nats-server processes with streams of as many replicas (0: one server only)")
 	fs.BoolVar(&o.Trace, "trace", false, "time every hop with core-NATS observers of the dispatch, outcome and result subjects (adds server load)")
 	dispEnv := fs.String("dispatcher-env", "", "extra dispatcher variables, KEY=VALUE,... (e.g. MLSCHED_MAX_IN_FLIGHT=4096)")
 	workerEnv := fs.String("worker-env", "", "extra worker variables, KEY=VALUE,... (e.g. MLSCHED_LOG_LEVEL=warn)")
 	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order")
 	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
-	profile := fs.Bool("profile", false, "profile the dispatcher's CPU over the mlsched measured phases (back-to-back 20s windows, merged)")
+	profile := fs.Bool("profile", false, "profile the dispatcher's and one worker's CPU over the mlsched measured phases (back-to-back 20s windows, merged; the worker's next to -profile-out, .worker before the extension)")
 	fs.StringVar(&o.ProfilePath, "profile-out", ".bench/dispatcher.cpu.pprof", "where -profile saves the profile")
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 20, "length of one -profile window")
 	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
@@ -98,24 +100,49 @@ func benchMain(args []string) int {
 		}
 	}
 
+	var ms []bench.Mode
+	if o.SyncInterval != "" {
+		ms = []bench.Mode{bench.ModeOf(o.SyncInterval)}
+	} else {
+		for _, m := range strings.Split(*modes, ",") {
+			switch strings.TrimSpace(m) {
+			case bench.ModeDurable.Name:
+				ms = append(ms, bench.ModeDurable)
+			case bench.ModeFast.Name:
+				ms = append(ms, bench.ModeFast)
+			default:
+				fmt.Fprintf(os.Stderr, "mlsched-bench: -modes: unknown mode %q (want durable or fast)\n", m)
+				return 2
+			}
+		}
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep, err := bench.Run(ctx, o)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
-		return 1
+	suite, runErr := bench.RunSuite(ctx, o, ms, *clusterNodes)
+	suite.Command = "mlsched-bench " + strings.Join(args, " ")
+	for _, rep := range suite.Reports {
+		rep.Command = suite.Command
+		fmt.Printf("\n==================== mode %s ====================\n", bench.ModeOf(rep.Options.SyncInterval).Name)
+		if err := rep.WriteTable(os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
+			return 1
+		}
 	}
-	rep.Command = "mlsched-bench " + strings.Join(args, " ")
-	if err := rep.WriteTable(os.Stdout); err != nil {
+	if err := suite.WriteSummary(os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
 		return 1
 	}
 	if *jsonPath != "" {
-		if err := rep.WriteJSON(*jsonPath); err != nil {
+		if err := suite.WriteJSON(*jsonPath); err != nil {
 			fmt.Fprintln(os.Stderr, "mlsched-bench:", err)
 			return 1
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s\n", *jsonPath)
+	}
+	if runErr != nil {
+		fmt.Fprintln(os.Stderr, "mlsched-bench:", runErr)
+		return 1
 	}
 	return 0
 }

@@ -8,6 +8,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	_ "net/http/pprof" // served on MLSCHED_PPROF_ADDR only
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,6 +33,11 @@ func run() int {
 	if err := config.Load(&cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
+	}
+	if cfg.PprofAddr != "" {
+		go func() {
+			fmt.Fprintln(os.Stderr, "worker: pprof server stopped:", http.ListenAndServe(cfg.PprofAddr, nil))
+		}()
 	}
 	w, err := worker.New(cfg)
 	if err != nil {

@@ -1,0 +1,243 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Mode is a durability setting of the NATS servers.
+type Mode struct {
+	Name string `json:"name"`
+	// SyncInterval is the servers' jetstream sync_interval.
+	SyncInterval string `json:"sync_interval"`
+}
+
+// The two modes `make bench` compares.
+var (
+	// ModeDurable fsyncs every write, as production must.
+	ModeDurable = Mode{Name: "durable", SyncInterval: "always"}
+	// ModeFast is the server's default: an fsync every 2 minutes, so
+	// CPU, not the disk, is the limit.
+	ModeFast = Mode{Name: "fast", SyncInterval: "2m"}
+)
+
+// ModeOf names a sync_interval: durable, fast or "sync <value>".
+func ModeOf(syncInterval string) Mode {
+	switch syncInterval {
+	case "", ModeDurable.SyncInterval:
+		return ModeDurable
+	case ModeFast.SyncInterval:
+		return ModeFast
+	}
+	return Mode{Name: "sync " + syncInterval, SyncInterval: syncInterval}
+}
+
+// Targets are what mlsched should reach against the relay in the same run
+// (issue 13); measured and reported, never asserted. A zero field has no
+// target.
+type Targets struct {
+	ThroughputRatio float64 `json:"throughput_ratio_min,omitempty"`
+	P50Ratio        float64 `json:"p50_ratio_max,omitempty"`
+	P99Ratio        float64 `json:"p99_ratio_max,omitempty"`
+	// CPUPerTaskMicros bounds the dispatcher's plus the workers' CPU per
+	// task in the throughput phase.
+	CPUPerTaskMicros float64 `json:"cpu_per_task_us_max,omitempty"`
+}
+
+// TargetsFor returns the targets of a sync_interval: fast mode (CPU-bound)
+// has latency targets, durable mode (fsync-bound) a throughput target.
+func TargetsFor(syncInterval string) Targets {
+	if ModeOf(syncInterval) == ModeDurable {
+		return Targets{ThroughputRatio: 0.6, CPUPerTaskMicros: 100}
+	}
+	return Targets{ThroughputRatio: 0.45, P50Ratio: 2.5, P99Ratio: 3, CPUPerTaskMicros: 100}
+}
+
+// Suite is one `make bench`: a Report per mode and topology (one server,
+// and a cluster with replicated streams).
+type Suite struct {
+	Date    time.Time `json:"date"`
+	Command string    `json:"command"`
+	Machine Machine   `json:"machine"`
+	// LoadAvg is /proc/loadavg at the end (Machine has it at the start).
+	LoadAvgEnd string    `json:"loadavg_end"`
+	Reports    []*Report `json:"reports"`
+}
+
+// RunSuite runs o once per mode, on one server and, with clusterNodes > 0,
+// on a cluster of that many servers. It returns what ran when one fails.
+func RunSuite(ctx context.Context, o Options, modes []Mode, clusterNodes int) (*Suite, error) {
+	s := &Suite{Date: time.Now().UTC(), Machine: machine()}
+	topologies := []int{0}
+	if clusterNodes > 0 {
+		topologies = append(topologies, clusterNodes)
+	}
+	for _, m := range modes {
+		for _, n := range topologies {
+			ro := o
+			ro.SyncInterval, ro.ClusterNodes = m.SyncInterval, n
+			if o.Dir != "" {
+				ro.Dir = filepath.Join(o.Dir, fmt.Sprintf("%s-%s", m.Name, topologyName(n)))
+			}
+			if o.ProfilePath != "" {
+				ro.ProfilePath = strings.TrimSuffix(o.ProfilePath, ".pprof") + fmt.Sprintf(".%s-%s.pprof", m.Name, topologyName(n))
+			}
+			fmt.Fprintf(ro.withDefaults().Progress, "=== mode %s (sync_interval %s), %s\n", m.Name, m.SyncInterval, topologyName(n))
+			rep, err := Run(ctx, ro)
+			if rep != nil && err == nil {
+				s.Reports = append(s.Reports, rep)
+			}
+			if err != nil {
+				return s, fmt.Errorf("mode %s, %s: %w", m.Name, topologyName(n), err)
+			}
+		}
+	}
+	s.LoadAvgEnd = machine().LoadAvg
+	return s, nil
+}
+
+func topologyName(clusterNodes int) string {
+	if clusterNodes <= 0 {
+		return "1 server R1"
+	}
+	return fmt.Sprintf("%d servers R%d", clusterNodes, clusterNodes)
+}
+
+// WriteJSON writes the suite, indented, to path.
+func (s *Suite) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// SummaryRow is one line of the suite's summary: relay and mlsched side by
+// side in one mode and topology.
+type SummaryRow struct {
+	Mode, Topology                string
+	RelayTput, MlsTput, TputRatio float64
+	RelayP50, MlsP50, P50Ratio    float64
+	RelayP99, MlsP99, P99Ratio    float64
+	CPUPerTask                    float64 // dispatcher + workers, µs per task, throughput phase
+	NATSCPUPerTask, RelayNATSCPU  float64 // nats-server(s), µs per task, throughput phase
+	MlsTputVsOneServer            float64 // this topology's mlsched throughput over one server's (same mode)
+	Targets                       Targets
+	Overloaded                    []string
+}
+
+// Summary computes a row per report.
+func (s *Suite) Summary() []SummaryRow {
+	var rows []SummaryRow
+	oneServer := map[string]float64{}
+	for _, r := range s.Reports {
+		row := SummaryRow{Mode: ModeOf(r.Options.SyncInterval).Name, Topology: topologyName(r.Options.ClusterNodes),
+			Targets: TargetsFor(r.Options.SyncInterval)}
+		relay, mls := r.Scenario(ScenarioRelay), r.Scenario(ScenarioMlsched)
+		ratio := func(a, b float64) float64 {
+			if b <= 0 {
+				return 0
+			}
+			return a / b
+		}
+		perTask := func(sc *Scenario, match func(string) bool) float64 {
+			if sc == nil || sc.Throughput.Tasks == 0 {
+				return 0
+			}
+			sum := 0.0
+			for k, v := range sc.Throughput.CPU {
+				if match(k) {
+					sum += v
+				}
+			}
+			return sum * 1e6 / float64(sc.Throughput.Tasks)
+		}
+		isNATS := func(k string) bool { return strings.HasPrefix(k, "nats-server") }
+		if relay != nil {
+			row.RelayTput, row.RelayP50, row.RelayP99 = relay.Throughput.Throughput, relay.Latency.Latency.P50, relay.Latency.Latency.P99
+			row.RelayNATSCPU = perTask(relay, isNATS)
+		}
+		if mls != nil {
+			row.MlsTput, row.MlsP50, row.MlsP99 = mls.Throughput.Throughput, mls.Latency.Latency.P50, mls.Latency.Latency.P99
+			row.CPUPerTask = perTask(mls, func(k string) bool { return k == "dispatcher" || strings.HasPrefix(k, "workers") })
+			row.NATSCPUPerTask = perTask(mls, isNATS)
+		}
+		for _, sc := range r.Scenarios {
+			if sc.Latency.Throughput < 0.95*float64(r.Options.Rate) {
+				row.Overloaded = append(row.Overloaded, sc.Name)
+			}
+		}
+		row.TputRatio, row.P50Ratio, row.P99Ratio = ratio(row.MlsTput, row.RelayTput), ratio(row.MlsP50, row.RelayP50), ratio(row.MlsP99, row.RelayP99)
+		if r.Options.ClusterNodes == 0 {
+			oneServer[row.Mode] = row.MlsTput
+		}
+		row.MlsTputVsOneServer = ratio(row.MlsTput, oneServer[row.Mode])
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// WriteSummary prints the side-by-side table of every mode and topology,
+// with the targets' verdicts.
+func (s *Suite) WriteSummary(w io.Writer) error {
+	fmt.Fprintf(w, "\n==================== summary: relay vs mlsched per mode ====================\n")
+	fmt.Fprintf(w, "%d CPUs (%s); load average at start %s, at end %s\n", s.Machine.NProc, s.Machine.CPU, s.Machine.LoadAvg, s.LoadAvgEnd)
+	if len(s.Reports) > 0 {
+		o := s.Reports[0].Options
+		fmt.Fprintf(w, "throughput phase %d tasks; latency at %d/s over %d tasks; %d nodes x %d no-op models, concurrency %d\n",
+			o.Tasks, o.Rate, o.LatencyTasks, o.Nodes, o.Models, o.Concurrency)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tservers\trelay tasks/s\tmlsched tasks/s\tratio\trelay p50 ms\tmlsched p50 ms\tratio\trelay p99 ms\tmlsched p99 ms\tratio\tdisp+workers µs/task\tnats µs/task (relay / mlsched)\tvs 1 server\t")
+	verdict := func(v, target float64, atLeast bool) string {
+		if target == 0 || v == 0 {
+			return fmt.Sprintf("%.2fx", v)
+		}
+		ok := (atLeast && v >= target) || (!atLeast && v <= target)
+		cmp, word := "<=", "met"
+		if atLeast {
+			cmp = ">="
+		}
+		if !ok {
+			word = "MISSED"
+		}
+		return fmt.Sprintf("%.2fx (%s%.2g %s)", v, cmp, target, word)
+	}
+	for _, r := range s.Summary() {
+		cpu := fmt.Sprintf("%.0f", r.CPUPerTask)
+		if r.Targets.CPUPerTaskMicros > 0 && r.CPUPerTask > 0 {
+			word := "met"
+			if r.CPUPerTask > r.Targets.CPUPerTaskMicros {
+				word = "MISSED"
+			}
+			cpu += fmt.Sprintf(" (<=%.0f %s)", r.Targets.CPUPerTaskMicros, word)
+		}
+		vs := "-"
+		if r.Topology != topologyName(0) {
+			vs = fmt.Sprintf("%.2fx", r.MlsTputVsOneServer)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f / %.0f\t%s\t\n",
+			r.Mode, r.Topology, r.RelayTput, r.MlsTput, verdict(r.TputRatio, r.Targets.ThroughputRatio, true),
+			r.RelayP50, r.MlsP50, verdict(r.P50Ratio, r.Targets.P50Ratio, false),
+			r.RelayP99, r.MlsP99, verdict(r.P99Ratio, r.Targets.P99Ratio, false),
+			cpu, r.RelayNATSCPU, r.NATSCPUPerTask, vs)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range s.Summary() {
+		if len(r.Overloaded) > 0 {
+			fmt.Fprintf(w, "note: %s, %s: %s overloaded at the latency phase's rate: its latencies are mostly queueing\n",
+				r.Mode, r.Topology, strings.Join(r.Overloaded, " and "))
+		}
+	}
+	fmt.Fprintln(w, "targets apply to one server (issue 13); the R3 rows report the cost of replication. Never asserted: the machine may be shared.")
+	return nil
+}

@@ -1,0 +1,29 @@
+package e2e
+
+import (
+	"os"
+	"testing"
+)
+
+// EnvChaosCluster enables TestChaosCluster (make chaos-cluster sets it): its
+// faults last seconds each (a pause must outlast the Raft election timeout),
+// so even a short run takes minutes.
+const EnvChaosCluster = "MLSCHED_CHAOS_CLUSTER"
+
+// TestChaosCluster is TestChaos on a 3-server NATS cluster with R3 streams,
+// every link through the harness's proxies, under a seeded schedule of
+// worker and dispatcher kills (kill -9, restarted) and faults of one server
+// at a time: kill -9 and restart; SIGSTOP for longer than the Raft election
+// timeout, then SIGCONT; a partition from its peers and its clients, then
+// healed; and a rolling restart of all three. Each cluster fault ends when
+// every server is healthy again. The verdict is TestChaos's: every task has
+// exactly one final result that never changed, nothing left in flight, bad
+// input rejected or dead-lettered.
+func TestChaosCluster(t *testing.T) {
+	if os.Getenv(EnvChaosCluster) == "" {
+		t.Skipf("the NATS-cluster chaos run takes minutes: run make chaos-cluster (or set %s=1)", EnvChaosCluster)
+	}
+	requireBinaries(t, "dispatcher", "worker", "nats-server")
+	t.Parallel()
+	runChaos(t, chaosVariant{natsNodes: 3, kinds: clusterFaultKinds, roundTasks: 10000})
+}

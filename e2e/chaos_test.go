@@ -126,6 +126,8 @@ type chaosVariant struct {
 	kinds     []faultKind
 	// roundTasks is how many tasks make one round of faults by default.
 	roundTasks int
+	// dispatcherEnv overrides chaosDispatcherEnv.
+	dispatcherEnv map[string]string
 }
 
 func runChaos(t *testing.T, cv chaosVariant) {
@@ -151,7 +153,7 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	c.StartRedis()
 	var disps []*harness.Dispatcher
 	for range 2 {
-		disps = append(disps, c.StartDispatcher(harness.DispatcherOptions{Env: chaosDispatcherEnv}))
+		disps = append(disps, c.StartDispatcher(harness.DispatcherOptions{Env: mergeEnv(chaosDispatcherEnv, cv.dispatcherEnv)}))
 	}
 	var workers []*harness.Worker
 	for i, node := range chaosNodes {
@@ -714,6 +716,18 @@ func (r *chaosRunner) injectCluster(ctx context.Context, f fault) (string, error
 		return target, fmt.Errorf("cluster not healthy after the fault: %w", err)
 	}
 	return target, nil
+}
+
+// mergeEnv returns base with over's entries added or replaced.
+func mergeEnv(base, over map[string]string) map[string]string {
+	out := make(map[string]string, len(base)+len(over))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range over {
+		out[k] = v
+	}
+	return out
 }
 
 // isExit: a server stopped by SIGTERM may exit non-zero; that is a stop.

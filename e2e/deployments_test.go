@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -160,5 +161,95 @@ func TestComposeFile(t *testing.T) {
 	}
 	if _, ok := f.Volumes["nats-data"]; !ok {
 		t.Error("volume nats-data is not declared")
+	}
+}
+
+// deployments/nats/cluster.conf, as each server of the compose "cluster"
+// profile reads it: fsync always, JetStream, one cluster with routes to all
+// three servers, replicas spread over zones.
+func TestNATSClusterConfig(t *testing.T) {
+	data, err := os.ReadFile(repoPath(t, "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]struct {
+			Hostname    string            `yaml:"hostname"`
+			Environment map[string]string `yaml:"environment"`
+			Volumes     []string          `yaml:"volumes"`
+			Profiles    []string          `yaml:"profiles"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	zones, stores := map[string]bool{}, map[string]bool{}
+	var urls []string
+	for _, name := range []string{"nats-1", "nats-2", "nats-3"} {
+		s, ok := f.Services[name]
+		if !ok {
+			t.Fatalf("no %s service", name)
+		}
+		if !slices.Contains(s.Profiles, "cluster") {
+			t.Errorf("%s is not in the cluster profile: %v", name, s.Profiles)
+		}
+		if s.Hostname != name || s.Environment["NATS_SERVER_NAME"] != name {
+			t.Errorf("%s: hostname %q, NATS_SERVER_NAME %q: both must be the service name (the routes use it)",
+				name, s.Hostname, s.Environment["NATS_SERVER_NAME"])
+		}
+		if !slices.Contains(s.Volumes, "./deployments/nats/cluster.conf:/etc/nats/nats.conf:ro") {
+			t.Errorf("%s does not mount deployments/nats/cluster.conf: %v", name, s.Volumes)
+		}
+		for _, v := range s.Volumes {
+			if strings.HasSuffix(v, ":/data") {
+				stores[v] = true
+			}
+		}
+		zones[s.Environment["NATS_ZONE"]] = true
+		urls = append(urls, "nats://"+name+":4222")
+
+		t.Setenv("NATS_SERVER_NAME", name)
+		t.Setenv("NATS_ZONE", s.Environment["NATS_ZONE"])
+		opts, err := server.ProcessConfigFile(repoPath(t, "deployments/nats/cluster.conf"))
+		if err != nil {
+			t.Fatalf("cluster.conf as %s: %v", name, err)
+		}
+		if opts.ServerName != name || !opts.JetStream || !opts.SyncAlways || opts.StoreDir != "/data" {
+			t.Errorf("cluster.conf as %s: server %q, JetStream %v, sync always %v, store %q", name, opts.ServerName,
+				opts.JetStream, opts.SyncAlways, opts.StoreDir)
+		}
+		if opts.Cluster.Name != "mlsched" || opts.Cluster.Port != 6222 || len(opts.Routes) != 3 {
+			t.Errorf("cluster.conf as %s: cluster %q port %d, %d routes; want mlsched, 6222, 3",
+				name, opts.Cluster.Name, opts.Cluster.Port, len(opts.Routes))
+		}
+		for i, r := range opts.Routes {
+			if want := fmt.Sprintf("nats-%d:6222", i+1); r.Host != want {
+				t.Errorf("cluster.conf route %d is %s, want %s", i, r.Host, want)
+			}
+		}
+		if opts.JetStreamUniqueTag != "az:" || len(opts.Tags) != 1 || opts.Tags[0] != s.Environment["NATS_ZONE"] {
+			t.Errorf("cluster.conf as %s: unique_tag %q, tags %v; want az: and the server's NATS_ZONE", name, opts.JetStreamUniqueTag, opts.Tags)
+		}
+	}
+	if len(zones) != 3 || zones[""] {
+		t.Errorf("the three servers must be in three zones (NATS_ZONE az:...): %v", zones)
+	}
+	if len(stores) != 3 {
+		t.Errorf("the three servers must have their own store volume: %v", stores)
+	}
+	for _, name := range []string{"dispatcher-r3", "worker-r3"} {
+		s, ok := f.Services[name]
+		if !ok {
+			t.Fatalf("no %s service", name)
+		}
+		if got, want := s.Environment["MLSCHED_NATS_URL"], strings.Join(urls, ","); got != want {
+			t.Errorf("%s MLSCHED_NATS_URL = %q, want %q", name, got, want)
+		}
+		if s.Environment["MLSCHED_STREAM_REPLICAS"] != "3" {
+			t.Errorf("%s MLSCHED_STREAM_REPLICAS = %q, want 3", name, s.Environment["MLSCHED_STREAM_REPLICAS"])
+		}
+		if !slices.Contains(s.Profiles, "cluster") {
+			t.Errorf("%s is not in the cluster profile", name)
+		}
 	}
 }

@@ -88,7 +88,7 @@ BENCH_FLAGS   ?=
 BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/...
 
 .PHONY: bench
-bench: build redis-server ## relay baseline vs mlsched end to end (tasks/s, latency, CPU, RSS), then the hot-path go benchmarks
+bench: build redis-server ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), then the hot-path go benchmarks
 	@mkdir -p .bench
 	$(GO) build -o $(BIN)/mlsched-bench ./e2e/cmd/mlsched-bench
 	$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json $(BENCH_FLAGS) | tee .bench/bench-table.txt

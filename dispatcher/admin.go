@@ -1,20 +1,31 @@
 package dispatcher
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // serveAdmin answers `mlsched stats` with this replica's report. Every
 // replica answers; the CLI takes the first answer.
 func (d *Dispatcher) serveAdmin() (*nats.Subscription, error) {
 	return d.nc.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) {
-		data, err := json.Marshal(d.Report())
+		r := d.Report()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if b, err := d.Backlog(ctx); err == nil {
+			r.Backlog = b
+		}
+		cancel()
+		data, err := json.Marshal(r)
 		if err == nil {
 			_ = m.Respond(data)
 		}
@@ -32,7 +43,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	r.Counters = map[string]int64{
 		"dispatched": c.Dispatched.Load(), "redispatched": c.Redispatched.Load(), "results": c.Results.Load(),
 		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
-		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(),
+		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(), "cancelled": c.Cancelled.Load(),
 	}
 	if reason := d.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
@@ -71,6 +82,24 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	}
 	sort.Slice(r.Models, func(i, j int) bool { return r.Models[i].Name < r.Models[j].Name })
 	return r
+}
+
+// Backlog counts the tasks waiting in MLSCHED_TASKS per type (submitted, not
+// yet dispatched): one stream-info request, off the dispatch path.
+func (d *Dispatcher) Backlog(ctx context.Context) (map[string]int64, error) {
+	s, err := d.js.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTasksAll))
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	out := make(map[string]int64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		out[strings.TrimPrefix(subj, "mlsched.tasks.")] = int64(n)
+	}
+	return out, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -71,6 +71,8 @@ type Counters struct {
 	// Panic counts decisions made in panic mode: every candidate's breaker
 	// was open and the engine routed among all of them anyway.
 	Panic atomic.Int64
+	// Cancelled counts the cancel requests this replica carried out.
+	Cancelled atomic.Int64
 }
 
 // Option configures a Dispatcher.
@@ -226,6 +228,11 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return err
 	}
 	defer admin.Unsubscribe()
+	cancelSub, err := d.serveCancel()
+	if err != nil {
+		return err
+	}
+	defer cancelSub.Unsubscribe()
 
 	tasks := d.newConsumer(topology.StreamTasks, d.handleTask)
 	outcomes := d.newConsumer(topology.StreamOutcomes, d.handleOutcome)

@@ -34,6 +34,10 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 			submitted: submitted, submission: submission}, settleMsg(msg))
 		return
 	}
+	if d.superseded.Cancelled(task.ID, submission) { // cancelled while it waited: it has its result
+		_ = msg.Ack()
+		return
+	}
 	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission}, msg)
 }
 

@@ -45,7 +45,8 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	}
 	log := d.log.With().Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt).Logger()
 
-	late := o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)
+	late := (o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)) ||
+		d.superseded.Cancelled(o.TaskID, submission)
 	if first {
 		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: eventKind(o.Status),
 			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: late})

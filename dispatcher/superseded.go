@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"encoding/base64"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -41,18 +42,38 @@ func (s *supersededSet) Is(task, submission string, attempt int) bool {
 	return s.m[supersededKey(task, submission)] >= attempt
 }
 
+// cancelledAttempt marks a cancelled submission: every attempt of it, past
+// and future, is superseded.
+const cancelledAttempt = math.MaxInt32
+
+// Cancelled reports whether that submission of the task was cancelled.
+func (s *supersededSet) Cancelled(task, submission string) bool {
+	return s.Is(task, submission, cancelledAttempt)
+}
+
 // Mark records that the attempt was superseded, here and for every replica.
 func (s *supersededSet) Mark(task, submission string, attempt int) {
+	if err := s.put(context.Background(), task, submission, attempt); err != nil {
+		s.log.Warn().Err(err).Str("task_id", task).Msg("cannot record a superseded attempt for other replicas")
+	}
+}
+
+// Cancel records, here and for every replica, that the submission was
+// cancelled: it is not dispatched again and its outcomes are late.
+func (s *supersededSet) Cancel(ctx context.Context, task, submission string) error {
+	return s.put(ctx, task, submission, cancelledAttempt)
+}
+
+func (s *supersededSet) put(ctx context.Context, task, submission string, attempt int) error {
 	key := supersededKey(task, submission)
 	s.set(key, attempt)
 	if s.kv == nil {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := s.kv.Put(ctx, key, []byte(strconv.Itoa(attempt))); err != nil {
-		s.log.Warn().Err(err).Str("task_id", task).Msg("cannot record a superseded attempt for other replicas")
-	}
+	_, err := s.kv.Put(ctx, key, []byte(strconv.Itoa(attempt)))
+	return err
 }
 
 func (s *supersededSet) set(key string, attempt int) {

@@ -32,6 +32,10 @@ type StatsReport struct {
 	// (decisions routed in panic mode: every candidate's breaker open).
 	Counters map[string]int64 `json:"counters"`
 	Nodes    []Heartbeat      `json:"nodes"`
+	// Backlog maps task types to the number of tasks waiting in
+	// MLSCHED_TASKS (submitted, not yet dispatched). It is absent when the
+	// stream could not be read in time.
+	Backlog map[string]int64 `json:"backlog,omitempty"`
 }
 
 // ModelReport is one model's line in a StatsReport.
@@ -50,4 +54,45 @@ type ModelReport struct {
 	InFlight     int64   `json:"in_flight"`
 	Breaker      string  `json:"breaker"`
 	TrafficShare float64 `json:"traffic_share"`
+}
+
+// SubjectAdminCancel is a core-NATS request subject: one dispatcher replica
+// (queue group QueueAdminCancel) answers a CancelRequest with a CancelReply.
+// `mlsched cancel` uses it.
+const (
+	SubjectAdminCancel = "mlsched.admin.cancel"
+	QueueAdminCancel   = "mlsched-dispatchers"
+)
+
+// CancelRequest asks to cancel the task with that id.
+type CancelRequest struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// CancelOutcome says what a cancel request did.
+type CancelOutcome string
+
+const (
+	// CancelDone: the task had no result; it now has a cancelled one.
+	CancelDone CancelOutcome = "cancelled"
+	// CancelFinished: the task already had a final result (Status says
+	// which); nothing changed.
+	CancelFinished CancelOutcome = "finished"
+	// CancelUnknown: no task with that id is waiting, running or finished.
+	CancelUnknown CancelOutcome = "unknown"
+	// CancelInvalid: the request was malformed (Error says why).
+	CancelInvalid CancelOutcome = "invalid"
+)
+
+// CancelReply answers a CancelRequest.
+type CancelReply struct {
+	ID      string        `json:"id"`
+	Outcome CancelOutcome `json:"outcome"`
+	// Status is the task's final status: cancelled, or the one it already had.
+	Status Status `json:"status,omitempty"`
+	// Where lists where the task was found: waiting, dispatched, retrying.
+	Where      []string `json:"where,omitempty"`
+	Error      string   `json:"error,omitempty"`
+	Dispatcher string   `json:"dispatcher"`
 }

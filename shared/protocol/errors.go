@@ -33,6 +33,8 @@ const (
 	// CodeInvalidDispatch: a dispatch (or the outcome echoing it) whose
 	// headers are missing or unreadable; see ParseDispatch.
 	CodeInvalidDispatch Code = "invalid_dispatch"
+	// CodeCancelled: an operator cancelled the task (`mlsched cancel`).
+	CodeCancelled Code = "cancelled"
 )
 
 // Error is a protocol error with a stable Code and a human-readable message.

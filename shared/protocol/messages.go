@@ -13,6 +13,10 @@ const (
 	StatusSucceeded Status = "succeeded"
 	StatusFailed    Status = "failed"
 	StatusRejected  Status = "rejected"
+	// StatusCancelled: an operator cancelled the task (`mlsched cancel`)
+	// before it had a result; it is not dispatched again and the outcome of
+	// a running attempt is ignored as late.
+	StatusCancelled Status = "cancelled"
 )
 
 // Result is the one final message for a task, published to

@@ -5,7 +5,8 @@
 //
 // Exit codes: 0 success; 1 an operation failed (connection, I/O, no result);
 // 2 usage error; 3 partial: some task did not succeed (or was not submitted
-// because its line was bad, or a dead letter could not be replayed).
+// because its line was bad, or a dead letter could not be replayed); 4 cancel
+// found no such task; 5 cancel found the task already finished.
 package main
 
 import (
@@ -36,6 +37,10 @@ const (
 	exitFailed  = 1
 	exitUsage   = 2
 	exitPartial = 3
+	// exitUnknown: `cancel` found no task with that id.
+	exitUnknown = 4
+	// exitFinished: `cancel` found the task already has its final result.
+	exitFinished = 5
 )
 
 // errPartial makes a subcommand exit with exitPartial after it has printed
@@ -87,6 +92,7 @@ func commands() []command {
 		{name: "wait", summary: "wait for the results of task ids and print them", run: runWait},
 		{name: "result", summary: "print a task's result if it exists", run: runResult},
 		{name: "stats", summary: "show a dispatcher's statistics, breakers and degraded mode", run: runStats, admin: true},
+		{name: "cancel", summary: "cancel a task that has no result yet: it gets a cancelled result", run: runCancel, admin: true},
 		{name: "nodes", summary: "list live worker nodes", run: runNodes, admin: true},
 		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ, admin: true},
 		{name: "simulate", summary: "run the scheduling simulator",
@@ -164,6 +170,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return exitUsage
 	case errors.Is(err, errPartial):
 		return exitPartial
+	case errors.Is(err, errUnknownTask):
+		return exitUnknown
+	case errors.Is(err, errFinished):
+		return exitFinished
 	default:
 		fmt.Fprintf(stderr, "mlsched %s: %v\n", name, err)
 		return exitFailed
@@ -184,7 +194,8 @@ Commands:
 	_ = config.Usage(w, &Config{})
 	fmt.Fprint(w, `
 Exit codes: 0 success, 1 failure, 2 usage error,
-3 partial (a task did not succeed, a line was bad, an entry was not replayed).
+3 partial (a task did not succeed, a line was bad, an entry was not replayed),
+4 cancel: no such task, 5 cancel: the task had already finished.
 `)
 }
 

@@ -35,6 +35,7 @@ type submitAck struct {
 type summary struct {
 	Submitted, Duplicates, Bad, Unsent  int
 	Succeeded, Failed, Rejected, Waited int
+	Cancelled                           int
 }
 
 func runSubmit(ctx context.Context, a *app, args []string) error {
@@ -218,6 +219,8 @@ func (a *app) waitAndPrint(ctx context.Context, ids []string, timeout time.Durat
 			sum.Succeeded++
 		case protocol.StatusFailed:
 			sum.Failed++
+		case protocol.StatusCancelled:
+			sum.Cancelled++
 		default:
 			sum.Rejected++
 		}
@@ -238,6 +241,9 @@ func (a *app) printSummary(s summary, waitOnly bool) {
 	}
 	if waitOnly || s.Waited > 0 {
 		fmt.Fprintf(a.stderr, " results=%d succeeded=%d failed=%d rejected=%d", s.Waited, s.Succeeded, s.Failed, s.Rejected)
+		if s.Cancelled > 0 {
+			fmt.Fprintf(a.stderr, " cancelled=%d", s.Cancelled)
+		}
 	}
 	fmt.Fprintln(a.stderr)
 }

@@ -1,0 +1,240 @@
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// cancelTimeout bounds the work of one cancel request (a scan of the
+// backlog); `mlsched cancel` waits a little longer.
+const cancelTimeout = 20 * time.Second
+
+// serveCancel answers `mlsched cancel`. One replica of the queue group takes
+// each request; what it does holds for every replica:
+//
+//  1. it finds the task's submissions where a live task can be: waiting in
+//     MLSCHED_TASKS, dispatched in MLSCHED_DISPATCH, or retrying in
+//     MLSCHED_OUTCOMES;
+//  2. it marks each submission cancelled in MLSCHED_SUPERSEDED, which every
+//     replica follows: intake drops the task if it still waits, and every
+//     outcome of it is late (counted, never final, never retried);
+//  3. it publishes the cancelled result with the same expected-last-sequence
+//     0 rule that makes every result final, so a result that won the race
+//     stays and the reply says the task had finished.
+//
+// The requests are handled one at a time on the subscription's goroutine,
+// off the dispatch path.
+func (d *Dispatcher) serveCancel() (*nats.Subscription, error) {
+	return d.nc.QueueSubscribe(protocol.SubjectAdminCancel, protocol.QueueAdminCancel, func(m *nats.Msg) {
+		var req protocol.CancelRequest
+		var reply protocol.CancelReply
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			reply = protocol.CancelReply{Outcome: protocol.CancelInvalid, Error: "request is not a JSON CancelRequest: " + err.Error()}
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+			reply = d.Cancel(ctx, req)
+			cancel()
+		}
+		reply.Dispatcher = d.cfg.Name
+		data, _ := json.Marshal(reply)
+		_ = m.Respond(data)
+	})
+}
+
+// Cancel cancels a task that has no result yet (see serveCancel).
+func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) protocol.CancelReply {
+	id := req.ID
+	reply := protocol.CancelReply{ID: id}
+	fail := func(err error) protocol.CancelReply {
+		reply.Outcome, reply.Error = protocol.CancelInvalid, err.Error()
+		return reply
+	}
+	maxLen := d.cfg.Limits().MaxIDLen
+	if maxLen <= 0 {
+		maxLen = protocol.DefaultLimits.MaxIDLen
+	}
+	if err := protocol.ValidToken(id, maxLen); err != nil {
+		return fail(fmt.Errorf("id %q: %w", id, err))
+	}
+	if st, ok, err := d.storedStatus(ctx, id); err != nil {
+		return fail(err)
+	} else if ok {
+		reply.Outcome, reply.Status = protocol.CancelFinished, st
+		return reply
+	}
+	found, err := d.findTask(ctx, id)
+	if err != nil {
+		return fail(fmt.Errorf("looking for task %q: %w", id, err))
+	}
+	if len(found) == 0 {
+		// It may have finished while we looked.
+		if st, ok, err := d.storedStatus(ctx, id); err == nil && ok {
+			reply.Outcome, reply.Status = protocol.CancelFinished, st
+			return reply
+		}
+		reply.Outcome = protocol.CancelUnknown
+		return reply
+	}
+	taskType := ""
+	for _, f := range found {
+		if err := d.superseded.Cancel(ctx, id, f.submission); err != nil {
+			return fail(fmt.Errorf("marking task %q cancelled: %w", id, err))
+		}
+		reply.Where = append(reply.Where, f.where)
+		if taskType == "" {
+			taskType = f.taskType
+		}
+	}
+	msg := "cancelled by an operator"
+	if req.Reason != "" {
+		msg += ": " + req.Reason
+	}
+	res := protocol.Result{ID: id, Type: taskType, Status: protocol.StatusCancelled, Error: msg,
+		ErrorCode: protocol.CodeCancelled, FinishedAt: time.Now().UTC()}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return fail(err)
+	}
+	out := &nats.Msg{Subject: topology.ResultSubject(id), Data: data, Header: nats.Header{protocol.HdrTaskID: {id}}}
+	if _, err := d.js.PublishMsg(ctx, out, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+		if !isWrongLastSequence(err) {
+			return fail(fmt.Errorf("publishing the cancelled result: %w", err))
+		}
+		st, _, _ := d.storedStatus(ctx, id)
+		reply.Outcome, reply.Status = protocol.CancelFinished, st
+		return reply
+	}
+	// A task still waiting in the task stream will not be needed: intake
+	// would drop it, but removing it keeps the backlog true.
+	for _, f := range found {
+		if f.where == "waiting" {
+			_ = d.tasksStreamDelete(ctx, f.seq)
+		}
+	}
+	d.counters.Results.Add(1)
+	d.counters.Cancelled.Add(1)
+	d.log.Info().Str("task_id", id).Strs("where", reply.Where).Msg("task cancelled")
+	reply.Outcome, reply.Status = protocol.CancelDone, protocol.StatusCancelled
+	return reply
+}
+
+// storedStatus returns the status of the task's stored result, if any.
+func (d *Dispatcher) storedStatus(ctx context.Context, id string) (protocol.Status, bool, error) {
+	m, err := d.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("reading the result of %q: %w", id, err)
+	}
+	var r protocol.Result
+	_ = json.Unmarshal(m.Data, &r)
+	return r.Status, true, nil
+}
+
+func (d *Dispatcher) tasksStreamDelete(ctx context.Context, seq uint64) error {
+	s, err := d.js.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		return err
+	}
+	return s.DeleteMsg(ctx, seq)
+}
+
+// foundTask is one submission of a task found in a stream.
+type foundTask struct {
+	where      string // waiting, dispatched or retrying
+	submission string
+	taskType   string
+	seq        uint64 // in the stream it was found in
+}
+
+// findTask scans the streams where a task without a result can be. They are
+// work queues holding only live messages, so the scan is bounded by the
+// backlog; it is an operator's rare request and runs off the dispatch path.
+func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, error) {
+	var found []foundTask
+	seen := map[string]bool{}
+	add := func(f foundTask) {
+		if !seen[f.submission] {
+			seen[f.submission] = true
+			found = append(found, f)
+		}
+	}
+	quoted, _ := json.Marshal(id)
+	err := d.scanStream(ctx, topology.StreamTasks, topology.SubjectTasksAll, func(m *jetstream.RawStreamMsg) {
+		if !bytes.Contains(m.Data, quoted) {
+			return
+		}
+		var t struct{ ID, Type string }
+		if json.Unmarshal(m.Data, &t) == nil && t.ID == id {
+			add(foundTask{where: "waiting", submission: strconv.FormatUint(m.Sequence, 10), taskType: t.Type, seq: m.Sequence})
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = d.scanStream(ctx, topology.StreamDispatch, topology.SubjectDispatchAll, func(m *jetstream.RawStreamMsg) {
+		if h := m.Header; h.Get(protocol.HdrTaskID) == id {
+			add(foundTask{where: "dispatched", submission: h.Get(protocol.HdrTaskSeq), taskType: h.Get(protocol.HdrType), seq: m.Sequence})
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = d.scanStream(ctx, topology.StreamOutcomes, topology.SubjectOutcomesAll, func(m *jetstream.RawStreamMsg) {
+		if !bytes.Contains(m.Data, quoted) {
+			return
+		}
+		var o struct {
+			TaskID string `json:"task_id"`
+			Type   string `json:"type"`
+		}
+		if json.Unmarshal(m.Data, &o) == nil && o.TaskID == id {
+			add(foundTask{where: "retrying", submission: m.Header.Get(protocol.HdrTaskSeq), taskType: o.Type, seq: m.Sequence})
+		}
+	})
+	return found, err
+}
+
+// scanStream reads every message stored in the stream when the scan starts,
+// one "next message from this sequence" get at a time: work-queue streams
+// allow no second consumer.
+func (d *Dispatcher) scanStream(ctx context.Context, stream, subjects string, each func(*jetstream.RawStreamMsg)) error {
+	s, err := d.js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subjects))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if m.Sequence > info.State.LastSeq {
+			return nil
+		}
+		each(m)
+		seq = m.Sequence + 1
+	}
+	return nil
+}

@@ -16,7 +16,7 @@ import (
 func startDispatcher(t *testing.T, srv *natstest.Server) *dispatcher.Dispatcher {
 	t.Helper()
 	cfg := dispatcher.DefaultConfig()
-	cfg.NATSURL, cfg.Name, cfg.NoNodeWait = srv.URL, "cli-test", time.Minute
+	cfg.NATS.URL, cfg.Name, cfg.NoNodeWait = srv.URL, "cli-test", time.Minute
 	cfg.SnapshotInterval = 50 * time.Millisecond
 	d, err := dispatcher.New(cfg)
 	if err != nil {

@@ -21,7 +21,7 @@ func (d *Dispatcher) serveAdmin() (*nats.Subscription, error) {
 	return d.nc.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) {
 		r := d.Report()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		if b, err := d.Backlog(ctx); err == nil {
+		if b, err := d.backlogNow(ctx); err == nil {
 			r.Backlog = b
 		}
 		cancel()
@@ -84,9 +84,9 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	return r
 }
 
-// Backlog counts the tasks waiting in MLSCHED_TASKS per type (submitted, not
-// yet dispatched): one stream-info request, off the dispatch path.
-func (d *Dispatcher) Backlog(ctx context.Context) (map[string]int64, error) {
+// backlogNow counts the tasks waiting in MLSCHED_TASKS per type (submitted,
+// not yet dispatched): one stream-info request, off the dispatch path.
+func (d *Dispatcher) backlogNow(ctx context.Context) (map[string]int64, error) {
 	s, err := d.js.Stream(ctx, topology.StreamTasks)
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)

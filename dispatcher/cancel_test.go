@@ -10,6 +10,7 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // cancel sends a cancel request the way `mlsched cancel` does.
@@ -74,10 +75,7 @@ func TestCancelWaitingTask(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *dispatcher.Config) { c.NoNodeWait = time.Minute })
 	e.submit(protocol.Task{ID: "wait1", Type: "later"})
-	e.waitFor("the task in the backlog", func() bool {
-		b, err := e.d.Backlog(e.ctx)
-		return err == nil && b["later"] == 1
-	})
+	e.waitFor("the task in the backlog", func() bool { return e.waiting() == 1 })
 	r := e.cancel("wait1")
 	if r.Outcome != protocol.CancelDone || len(r.Where) != 1 || r.Where[0] != "waiting" {
 		t.Fatalf("cancel reply = %+v", r)
@@ -85,10 +83,7 @@ func TestCancelWaitingTask(t *testing.T) {
 	if res := e.result("wait1"); res.Status != protocol.StatusCancelled {
 		t.Fatalf("result = %+v", res)
 	}
-	e.waitFor("an empty backlog", func() bool {
-		b, err := e.d.Backlog(e.ctx)
-		return err == nil && b["later"] == 0
-	})
+	e.waitFor("an empty backlog", func() bool { return e.waiting() == 0 })
 	n := e.startNode("n1", []string{"later"}, map[string]behavior{"m": succeed})
 	e.submit(protocol.Task{ID: "wait2", Type: "later"})
 	e.result("wait2")
@@ -115,4 +110,17 @@ func TestCancelUnknownFinishedAndInvalid(t *testing.T) {
 	if c := e.resultCount("done1"); c != 1 {
 		t.Fatalf("done1 has %d results", c)
 	}
+}
+
+// waiting counts the messages in the task stream.
+func (e *env) waiting() uint64 {
+	s, err := e.ns.JS.Stream(e.ctx, topology.StreamTasks)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.State.Msgs
 }

@@ -32,6 +32,10 @@ type Config struct {
 	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"dispatch ack wait"`
 	// HeartbeatInterval is how often the node announces itself (default 1s).
 	HeartbeatInterval time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"1s" desc:"heartbeat interval"`
+	// ReadyInterval is how often models that can be unready (http servers,
+	// exec processes) are checked (default 1s); the node announces a model
+	// only while it is ready.
+	ReadyInterval time.Duration `envconfig:"READY_INTERVAL" default:"1s" desc:"how often model readiness is checked"`
 	// ShutdownGrace bounds how long in-flight tasks may finish on shutdown
 	// (default 20s); the rest are nak'ed for redelivery.
 	ShutdownGrace time.Duration `envconfig:"SHUTDOWN_GRACE" default:"20s" desc:"time in-flight tasks get on shutdown"`
@@ -74,6 +78,7 @@ func (c Config) withDefaults() Config {
 	}
 	def(&c.AckWait, 30*time.Second)
 	def(&c.HeartbeatInterval, time.Second)
+	def(&c.ReadyInterval, time.Second)
 	def(&c.ShutdownGrace, 20*time.Second)
 	def(&c.NodeTTL, 10*time.Second)
 	def(&c.DefaultTimeout, 30*time.Second)

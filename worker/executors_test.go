@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/worker/executor"
 	"github.com/mlsched/mlsched/worker/model"
 )
 
@@ -42,7 +43,7 @@ func TestNodeWithExecAndHTTPModels(t *testing.T) {
 	h := newHarness(t, "n-ex")
 	cfg := h.config()
 	cfg.Concurrency = 1 // keeps the exec requests in order around the crash
-	h.start(cfg, WithModels([]ModelSpec{
+	r := h.start(cfg, WithModels([]ModelSpec{
 		{Name: "py", Types: []string{"t"}, Executor: model.ExecutorExec, Exec: &model.ExecSpec{Command: []string{"python3", script}}},
 		{Name: "web", Types: []string{"t"}, Executor: model.ExecutorHTTP, HTTP: &model.HTTPSpec{URL: web.URL}},
 	}))
@@ -60,7 +61,14 @@ func TestNodeWithExecAndHTTPModels(t *testing.T) {
 		{"h2", "web", `"reject"`, protocol.OutcomeTaskError, ""},
 		{"h3", "web", `"crash"`, protocol.OutcomeModelError, ""},
 	}
+	h.waitAnnounced("py", true, 20*time.Second) // after its ready line
 	for _, s := range steps {
+		if s.id == "e5" { // e4 killed the process: wait for the new one to be ready
+			waitFor(t, 20*time.Second, "py restarted and ready", func() bool {
+				g := r.w.models["py"].exec.(*gate)
+				return g.Executor.(*executor.Exec).Starts() >= 2 && g.ready.Load()
+			})
+		}
 		h.dispatch(s.id, s.model, dispatchOpts{payload: s.payload})
 		o := h.next(20 * time.Second)
 		if o.TaskID != s.id || o.Status != s.status || (s.out != "" && string(o.Output) != s.out) {

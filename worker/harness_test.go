@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -230,4 +232,34 @@ func (s *syncBuffer) lines() [][]byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return bytes.Split(bytes.TrimSpace(append([]byte(nil), s.b.Bytes()...)), []byte("\n"))
+}
+
+// announced returns the models in the node's heartbeat (nil when none).
+func (h *harness) announced() []string {
+	kv, err := h.srv.JS.KeyValue(context.Background(), topology.BucketNodes)
+	if err != nil {
+		return nil
+	}
+	e, err := kv.Get(context.Background(), h.node)
+	if err != nil {
+		return nil
+	}
+	var hb protocol.Heartbeat
+	if json.Unmarshal(e.Value(), &hb) != nil {
+		return nil
+	}
+	var names []string
+	for _, m := range hb.Models {
+		names = append(names, m.Name)
+	}
+	return names
+}
+
+// waitAnnounced waits until the node's heartbeat does (or does not) list
+// the model.
+func (h *harness) waitAnnounced(model string, want bool, timeout time.Duration) {
+	h.t.Helper()
+	waitFor(h.t, timeout, fmt.Sprintf("model %s announced=%v", model, want), func() bool {
+		return slices.Contains(h.announced(), model) == want
+	})
 }

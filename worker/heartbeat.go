@@ -16,10 +16,12 @@ import (
 // heartbeat announces the node in the nodes bucket every interval; the
 // bucket's TTL removes a node that stops announcing.
 type heartbeat struct {
-	kv       jetstream.KeyValue
-	node     string
-	every    time.Duration
-	models   []protocol.ModelInfo
+	kv     jetstream.KeyValue
+	node   string
+	every  time.Duration
+	models func() []protocol.ModelInfo // the models announced now
+	// kick makes Run beat at once (a model turned ready or unready).
+	kick     chan struct{}
 	capacity int
 	inFlight func() int
 	draining *atomic.Bool
@@ -59,6 +61,7 @@ func (h *heartbeat) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-h.kick:
 		}
 	}
 }
@@ -66,7 +69,7 @@ func (h *heartbeat) Run(ctx context.Context) {
 // Beat puts the node's current heartbeat.
 func (h *heartbeat) Beat(ctx context.Context) error {
 	b, err := json.Marshal(protocol.Heartbeat{
-		Node: h.node, Models: h.models, Capacity: h.capacity, InFlight: h.inFlight(),
+		Node: h.node, Models: h.models(), Capacity: h.capacity, InFlight: h.inFlight(),
 		Draining: h.draining.Load(), StartedAt: h.started, SentAt: time.Now().UTC(),
 	})
 	if err != nil {
@@ -74,6 +77,14 @@ func (h *heartbeat) Beat(ctx context.Context) error {
 	}
 	_, err = h.bucket().Put(ctx, h.node, b)
 	return err
+}
+
+// Kick asks Run to beat now.
+func (h *heartbeat) Kick() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Remove deletes the node's entry, so dispatchers forget it at once.

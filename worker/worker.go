@@ -124,14 +124,9 @@ func (w *Worker) Node() string { return w.node }
 // InFlight returns how many tasks are running.
 func (w *Worker) InFlight() int { return int(w.inFlight.Load()) }
 
-// Models returns what the node announces.
-func (w *Worker) Models() []protocol.ModelInfo {
-	out := make([]protocol.ModelInfo, len(w.specs))
-	for i, s := range w.specs {
-		out[i] = s.Info(0) // no model timeout: the dispatcher applies its MLSCHED_TASK_TIMEOUT
-	}
-	return out
-}
+// Models returns what the node announces: its models, less those not ready
+// while it runs.
+func (w *Worker) Models() []protocol.ModelInfo { return w.announced() }
 
 func (w *Worker) topology() topology.Config {
 	t := topology.Config{Replicas: w.cfg.Replicas, NodeTTL: w.cfg.NodeTTL}
@@ -183,12 +178,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 
 	w.models = map[string]*hosted{}
+	poke := make(chan struct{}, 1)
+	pokeReadiness := func() {
+		select {
+		case poke <- struct{}{}:
+		default:
+		}
+	}
 	for _, s := range w.specs {
-		ex, err := executor.New(s, executor.Options{Handlers: w.handlers, Seed: w.cfg.SimSeed, Log: w.log})
+		ex, err := executor.New(s, executor.Options{Handlers: w.handlers, Seed: w.cfg.SimSeed, Log: w.log,
+			Concurrency: w.cfg.Concurrency})
 		if err != nil {
 			w.closeExecutors()
 			return err
 		}
+		ex = newGate(ex, pokeReadiness)
 		t := s.Timeout.D()
 		if t <= 0 {
 			t = w.cfg.DefaultTimeout
@@ -215,8 +219,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 
-	// Announce the node only once it consumes.
-	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.Models(),
+	// Announce the node only once it consumes, with the models ready by then.
+	w.checkReadiness(ctx)
+	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.announced, kick: make(chan struct{}, 1),
 		capacity: w.cfg.Concurrency, inFlight: w.InFlight, draining: &w.draining,
 		started: time.Now().UTC(), log: w.log,
 		ensure: func(ctx context.Context) (jetstream.KeyValue, error) {
@@ -225,9 +230,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	hbCtx, hbStop := context.WithCancel(context.WithoutCancel(ctx))
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); hb.Run(hbCtx) }()
+	readyDone := make(chan struct{})
+	go func() { defer close(readyDone); w.watchReadiness(hbCtx, poke, hb) }()
 	defer func() {
 		hbStop()
 		<-hbDone
+		<-readyDone
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.PublishTimeout)
 		defer cancel()
 		if err := hb.Remove(dctx); err != nil {

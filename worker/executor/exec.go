@@ -55,11 +55,12 @@ type execResult struct {
 	err error
 }
 
-// Exec runs tasks on a long-lived subprocess that speaks JSON lines: it
-// reads {"id","type","payload",...} requests on stdin and answers
-// {"id","output"} or {"id","error","task_error"} on stdout, in any order.
-// A process that dies fails its in-flight requests as model errors and is
-// restarted with backoff.
+// Exec runs tasks on a long-lived subprocess that speaks JSON lines
+// (docs/models.md): once loaded it prints {"ready": true}; then it reads
+// {"id","type","payload",...} requests on stdin and answers {"id","output"}
+// or {"id","error","task_error"} on stdout, in any order. A process that
+// dies fails its in-flight requests as model errors and is restarted with
+// backoff; until it is ready again requests fail at once (ErrNotReady).
 type Exec struct {
 	name string
 	spec model.ExecSpec
@@ -67,9 +68,9 @@ type Exec struct {
 	seq  atomic.Uint64
 
 	mu     sync.Mutex
-	proc   *execProc
-	up     chan struct{} // closed when proc is set
+	proc   *execProc // set while a process is ready
 	closed bool
+	state  atomic.Pointer[string] // why proc is nil
 
 	done     chan struct{}
 	finished chan struct{}
@@ -84,11 +85,14 @@ type execProc struct {
 	mu   sync.Mutex
 	pend map[string]chan execResult
 	dead bool
+	// ready is closed when the process prints its ready line.
+	ready chan struct{}
 }
 
 func newExec(s model.Spec, log zerolog.Logger) *Exec {
 	e := &Exec{name: s.Name, spec: *s.Exec, log: log.With().Str("model", s.Name).Logger(),
-		up: make(chan struct{}), done: make(chan struct{}), finished: make(chan struct{})}
+		done: make(chan struct{}), finished: make(chan struct{})}
+	e.setState("starting")
 	go e.supervise()
 	return e
 }
@@ -99,42 +103,37 @@ func (e *Exec) Starts() int64 { return e.starts.Load() }
 func (e *Exec) supervise() {
 	defer close(e.finished)
 	backoff := execBackoffMin
+	var lastErr error
 	for {
 		select {
 		case <-e.done:
 			return
 		default:
 		}
+		if lastErr != nil {
+			e.setState(fmt.Sprintf("starting again, waiting for its ready line (last: %v)", lastErr))
+		} else {
+			e.setState("starting, waiting for its ready line")
+		}
 		p, err := e.start()
 		if err == nil {
 			e.starts.Add(1)
+			var stop bool
 			began := time.Now()
-			e.mu.Lock()
-			if e.closed { // Close ran while the process started
-				e.mu.Unlock()
-				_ = p.cmd.Process.Kill()
-				_ = p.run()
+			if err, stop = e.serve(p); stop {
 				return
 			}
-			e.proc = p
-			close(e.up)
-			e.mu.Unlock()
-			waitErr := p.run()
-			e.mu.Lock()
-			e.proc = nil
-			e.up = make(chan struct{})
-			e.mu.Unlock()
-			p.failAll(fmt.Errorf("%w: %v", ErrProcessExited, waitErr))
 			if time.Since(began) > execStableAfter {
 				backoff = execBackoffMin
 			}
-			err = waitErr
 		}
 		select {
 		case <-e.done:
 			return
 		default:
 		}
+		lastErr = err
+		e.setState(fmt.Sprintf("restarting in %v: %v", backoff, err))
 		e.log.Warn().Err(err).Dur("restart_in", backoff).Msg("model process is not running")
 		t := time.NewTimer(backoff)
 		select {
@@ -145,6 +144,63 @@ func (e *Exec) supervise() {
 		}
 		backoff = min(2*backoff, execBackoffMax)
 	}
+}
+
+// serve waits for the process's ready line, serves requests until it exits,
+// and returns why it ended; stop is set when Close ended it.
+func (e *Exec) serve(p *execProc) (err error, stop bool) {
+	exited := make(chan error, 1)
+	go func() { exited <- p.run() }()
+	kill := func() error { _ = p.cmd.Process.Kill(); return <-exited }
+	readyTimeout := e.spec.ReadyTimeout.D()
+	if readyTimeout <= 0 {
+		readyTimeout = model.DefaultExecReadyTimeout
+	}
+	rt := time.NewTimer(readyTimeout)
+	defer rt.Stop()
+	select {
+	case <-p.ready:
+	case err := <-exited:
+		return fmt.Errorf("exited before its ready line: %v", err), false
+	case <-rt.C:
+		return fmt.Errorf("no ready line within %v (exec.ready_timeout): killed; exit: %v", readyTimeout, kill()), false
+	case <-e.done:
+		kill()
+		return nil, true
+	}
+	e.mu.Lock()
+	if e.closed { // Close ran while the process started
+		e.mu.Unlock()
+		kill()
+		return nil, true
+	}
+	e.proc = p
+	e.setState("")
+	e.mu.Unlock()
+	e.log.Info().Msg("model process ready")
+	waitErr := <-exited
+	e.mu.Lock()
+	e.proc = nil
+	e.mu.Unlock()
+	e.setState(fmt.Sprintf("exited: %v", waitErr))
+	p.failAll(fmt.Errorf("%w: %v", ErrProcessExited, waitErr))
+	return waitErr, false
+}
+
+func (e *Exec) setState(s string) { e.state.Store(&s) }
+
+// Ready reports whether the process is running and has printed its ready
+// line; the error says what it is doing instead.
+func (e *Exec) Ready(context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errors.New("model executor is closed")
+	}
+	if e.proc != nil {
+		return nil
+	}
+	return fmt.Errorf("%w: model process %s", ErrNotReady, *e.state.Load())
 }
 
 func (e *Exec) start() (*execProc, error) {
@@ -166,20 +222,108 @@ func (e *Exec) start() (*execProc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %q: %w", e.spec.Command[0], err)
 	}
-	p := &execProc{cmd: cmd, in: in, pend: map[string]chan execResult{}}
-	go func() { // the reader; run waits for the process
-		r := bufio.NewReaderSize(out, 64<<10)
-		for {
-			line, err := r.ReadBytes('\n')
-			if len(bytes.TrimSpace(line)) > 0 {
-				p.deliver(line, e.log)
-			}
-			if err != nil {
+	p := &execProc{cmd: cmd, in: in, pend: map[string]chan execResult{}, ready: make(chan struct{})}
+	maxLine := e.spec.MaxLineBytes
+	if maxLine <= 0 {
+		maxLine = model.DefaultMaxLineBytes
+	}
+	go p.read(out, maxLine, e.log) // run waits for the process
+	return p, nil
+}
+
+// read handles the process's stdout: lines before the ready line are logged,
+// then each line is a response. A line over maxLine bytes fails its request
+// (when its id comes early enough to be read) or else kills the process.
+func (p *execProc) read(out io.Reader, maxLine int, log zerolog.Logger) {
+	r := bufio.NewReaderSize(out, 64<<10)
+	ready := false
+	for {
+		line, long, err := readLine(r, maxLine)
+		switch {
+		case long:
+			id := leadingID(line)
+			msg := fmt.Sprintf("model process wrote a line over %d bytes (exec.max_line_bytes)", maxLine)
+			if !ready || id == "" || !p.fail(id, errors.New(msg)) {
+				log.Error().Str("line", snippet(line)).Msg(msg + " that names no pending request: killing the process")
+				_ = p.cmd.Process.Kill()
 				return
 			}
+		case !ready && len(bytes.TrimSpace(line)) > 0:
+			var hello struct {
+				Ready bool `json:"ready"`
+			}
+			if json.Unmarshal(line, &hello) == nil && hello.Ready {
+				ready = true
+				close(p.ready)
+			} else {
+				log.Info().Str("stdout", snippet(line)).Msg("model process output before its ready line")
+			}
+		case len(bytes.TrimSpace(line)) > 0:
+			p.deliver(line, log)
 		}
-	}()
-	return p, nil
+		if err != nil {
+			return
+		}
+	}
+}
+
+// readLine reads one line of at most max bytes. A longer line is consumed to
+// its end and its first max bytes returned with long set.
+func readLine(r *bufio.Reader, max int) (line []byte, long bool, err error) {
+	for {
+		frag, err := r.ReadSlice('\n')
+		if len(line)+len(frag) > max {
+			long = true
+			if room := max - len(line); room > 0 {
+				line = append(line, frag[:room]...)
+			}
+		} else {
+			line = append(line, frag...)
+		}
+		if err != bufio.ErrBufferFull {
+			return line, long, err
+		}
+	}
+}
+
+// leadingID returns the "id" of a JSON object whose text may be cut off,
+// when it comes before the cut; "" otherwise.
+func leadingID(prefix []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(prefix))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	for {
+		tok, err := dec.Token()
+		key, ok := tok.(string)
+		if err != nil || !ok {
+			return ""
+		}
+		if key == "id" {
+			if tok, err := dec.Token(); err == nil {
+				if s, ok := tok.(string); ok {
+					return s
+				}
+			}
+			return ""
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return ""
+		}
+	}
+}
+
+// fail ends the pending request id with err; false when no such request.
+func (p *execProc) fail(id string, err error) bool {
+	p.mu.Lock()
+	ch, ok := p.pend[id]
+	delete(p.pend, id)
+	p.mu.Unlock()
+	if ok {
+		ch <- execResult{err: err}
+	}
+	return ok
 }
 
 // run waits for the process to exit.
@@ -230,23 +374,16 @@ func (p *execProc) failAll(err error) {
 
 // Run sends the task to the process and waits for its answer.
 func (e *Exec) Run(ctx context.Context, t Task) (json.RawMessage, error) {
-	var p *execProc
-	for p == nil {
-		e.mu.Lock()
-		cur, up, closed := e.proc, e.up, e.closed
-		e.mu.Unlock()
-		if closed {
-			return nil, errors.New("model executor is closed")
-		}
-		if cur != nil {
-			p = cur
-			break
-		}
-		select {
-		case <-up:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	e.mu.Lock()
+	p, closed := e.proc, e.closed
+	e.mu.Unlock()
+	if closed {
+		return nil, errors.New("model executor is closed")
+	}
+	if p == nil {
+		// Not announced while not ready: a dispatch sent before the node
+		// withdrew the model fails at once, to be retried elsewhere.
+		return nil, e.Ready(ctx)
 	}
 	id := strconv.FormatUint(e.seq.Add(1), 10)
 	line, err := json.Marshal(execRequest{ID: id, TaskID: t.ID, Type: t.Type, Model: t.Model, Attempt: t.Attempt, Payload: t.Payload})

@@ -5,6 +5,7 @@
 // Executors report bad input by returning an error that wraps ErrTaskError
 // (or a *TaskError); any other error counts against the model. Timeouts are
 // the caller's context: an executor returns ctx.Err() when it gives up.
+// docs/models.md has the error table of each executor.
 package executor
 
 import (
@@ -40,6 +41,21 @@ type Executor interface {
 	// Close releases the executor's resources (e.g. stops a subprocess).
 	Close() error
 }
+
+// Readier is implemented by executors whose model may be unable to take
+// tasks for a while: loading, restarting, its server unready, or cooling
+// down after a 429. A node announces such a model in its heartbeat only
+// while Ready returns nil.
+type Readier interface {
+	// Ready reports whether the model can take tasks now; the error says
+	// why not. It may do I/O bounded by ctx.
+	Ready(ctx context.Context) error
+}
+
+// ErrNotReady is wrapped by the error of a task given to a model that is
+// not ready (loading, restarting, unready, cooling down): a model error, so
+// the task is retried elsewhere at once.
+var ErrNotReady = errors.New("model not ready")
 
 // ErrTaskError marks an error caused by the task's input: it never counts
 // against the model and is never retried.
@@ -78,8 +94,11 @@ type Options struct {
 	Seed int64
 	// Log receives executor diagnostics (e.g. a subprocess's stderr).
 	Log zerolog.Logger
-	// Now is the clock of sim schedules (default time.Now).
+	// Now is the clock of sim schedules and http cooldowns (default time.Now).
 	Now func() time.Time
+	// Concurrency is how many tasks the node runs at once; an http model
+	// keeps that many idle connections (default 1).
+	Concurrency int
 }
 
 // New builds the executor of a validated spec.
@@ -97,7 +116,7 @@ func New(s model.Spec, o Options) (Executor, error) {
 	case model.ExecutorExec:
 		return newExec(s, o.Log), nil
 	case model.ExecutorHTTP:
-		return newHTTP(s), nil
+		return newHTTP(s, o), nil
 	case model.ExecutorSim:
 		var sim model.SimSpec
 		if s.Sim != nil {

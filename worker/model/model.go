@@ -4,30 +4,8 @@
 // errors naming the model and the field), because a typo in a models file
 // would otherwise silently change what the node announces.
 //
-// Schema (durations are Go duration strings such as "250ms"):
-//
-//	models:
-//	  - name: fraud-fast          # required, a protocol token, unique
-//	    types: [fraud]            # required, task types served
-//	    executor: sim             # required: go | exec | http | sim
-//	    timeout: 2s               # per-task timeout when the dispatch gives none
-//	    sim:                      # only the section of the executor may be set
-//	      latency: {dist: lognormal, median: 5ms, sigma: 0.4}
-//	               # or {dist: fixed, value}, {dist: uniform, min, max},
-//	               #    {dist: normal, mean, stddev}
-//	      failure_rate: 0.3       # model errors
-//	      timeout_rate: 0.01      # hangs until the task times out
-//	      task_error_rate: 0      # bad-input errors
-//	      schedule: [{after: 60s, failure_rate: 0.05}]
-//	  - {name: echo, types: [echo], executor: go, go: {handler: echo}}
-//	  - name: script
-//	    types: [text]
-//	    executor: exec
-//	    exec: {command: [python3, model.py], dir: ".", env: ["K=V"]}
-//	  - name: remote
-//	    types: [classify]
-//	    executor: http
-//	    http: {url: "http://127.0.0.1:8000", mode: oip, model: resnet, headers: {Authorization: "Bearer x"}}
+// The schema, every executor and its protocol are documented in
+// docs/models.md; deployments/models/example.yaml shows each executor.
 package model
 
 import (
@@ -35,7 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -96,7 +77,7 @@ type GoSpec struct {
 	Handler string `yaml:"handler"`
 }
 
-// ExecSpec runs a long-lived subprocess speaking JSON lines.
+// ExecSpec runs a long-lived subprocess speaking JSON lines (docs/models.md).
 type ExecSpec struct {
 	// Command is the program and its arguments (required).
 	Command []string `yaml:"command"`
@@ -104,20 +85,68 @@ type ExecSpec struct {
 	Dir string `yaml:"dir,omitempty"`
 	// Env adds KEY=VALUE entries to the worker's environment.
 	Env []string `yaml:"env,omitempty"`
+	// ReadyTimeout bounds how long a started process may take to print its
+	// ready line (default 60s); past it the process is killed and restarted.
+	ReadyTimeout Duration `yaml:"ready_timeout,omitempty"`
+	// MaxLineBytes bounds one line the process writes (default 1 MiB).
+	MaxLineBytes int `yaml:"max_line_bytes,omitempty"`
 }
 
-// HTTPSpec posts tasks to a model server.
+// Exec defaults.
+const (
+	DefaultExecReadyTimeout = 60 * time.Second
+	DefaultMaxLineBytes     = 1 << 20
+)
+
+// HTTPSpec posts tasks to a model server (docs/models.md).
 type HTTPSpec struct {
-	// URL is the server base URL (required).
+	// URL is the server base URL, http or https (required).
 	URL string `yaml:"url"`
 	// Mode is passthrough (default: POST URL, body = payload) or oip
-	// (Open Inference Protocol v2: POST URL/v2/models/{model}/infer).
+	// (Open Inference Protocol v2: POST
+	// URL/v2/models/{model}[/versions/{version}]/infer).
 	Mode string `yaml:"mode,omitempty"`
 	// Model is the model name on the server in oip mode (default: Name).
 	Model string `yaml:"model,omitempty"`
+	// Version is the model version on the server in oip mode (default:
+	// none, the server's choice).
+	Version string `yaml:"version,omitempty"`
+	// Inputs map a plain JSON payload onto named input tensors in oip mode
+	// (default: none; the payload must then be an inference request).
+	Inputs []TensorSpec `yaml:"inputs,omitempty"`
 	// Headers are added to every request.
 	Headers map[string]string `yaml:"headers,omitempty"`
+	// ReadyURL is polled with GET in passthrough mode; the model is
+	// announced only while it answers 2xx (default: none, always ready). In
+	// oip mode readiness is the protocol's /v2/health/ready and model ready
+	// endpoints.
+	ReadyURL string `yaml:"ready_url,omitempty"`
+	// MaxResponseBytes bounds a response body (default 1 MiB); a longer one
+	// is a model error.
+	MaxResponseBytes int64 `yaml:"max_response_bytes,omitempty"`
 }
+
+// DefaultMaxResponseBytes bounds an http model's response by default.
+const DefaultMaxResponseBytes = 1 << 20
+
+// TensorSpec maps a payload field onto an OIP v2 input tensor.
+type TensorSpec struct {
+	// Name is the tensor name the model expects (required).
+	Name string `yaml:"name"`
+	// Datatype is an OIP datatype: BOOL, UINT8..UINT64, INT8..INT64, FP16,
+	// FP32, FP64 or BYTES (required).
+	Datatype string `yaml:"datatype"`
+	// Shape is the tensor shape (required); one dimension may be -1, taken
+	// from the number of elements the payload gives.
+	Shape []int64 `yaml:"shape"`
+	// Field is the payload object's field holding the data (default: the
+	// tensor's name). A payload that is a JSON array feeds a single input.
+	Field string `yaml:"field,omitempty"`
+}
+
+// Datatypes are the OIP v2 tensor datatypes.
+var Datatypes = []string{"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+	"FP16", "FP32", "FP64", "BYTES"}
 
 // SimSpec describes a simulated model, for demos, tests and benchmarks.
 type SimSpec struct {
@@ -271,15 +300,14 @@ func (s Spec) Validate() error {
 		if s.Exec == nil || len(s.Exec.Command) == 0 || s.Exec.Command[0] == "" {
 			return errors.New("exec.command: missing")
 		}
+		if s.Exec.MaxLineBytes < 0 {
+			return fmt.Errorf("exec.max_line_bytes: %d is negative", s.Exec.MaxLineBytes)
+		}
 	case ExecutorHTTP:
-		if s.HTTP == nil || s.HTTP.URL == "" {
-			return errors.New("http.url: missing")
+		if s.HTTP == nil {
+			return errors.New("http: missing (http.url is required)")
 		}
-		switch s.HTTP.Mode {
-		case "", HTTPPassthrough, HTTPOIP:
-		default:
-			return fmt.Errorf("http.mode: %q is not passthrough or oip", s.HTTP.Mode)
-		}
+		return s.HTTP.validate()
 	case ExecutorSim:
 		if s.Sim == nil {
 			return nil // an instant, always successful model
@@ -289,6 +317,101 @@ func (s Spec) Validate() error {
 		return errors.New("executor: missing (go, exec, http or sim)")
 	default:
 		return fmt.Errorf("executor: unknown %q (want go, exec, http or sim)", s.Executor)
+	}
+	return nil
+}
+
+func (h *HTTPSpec) validate() error {
+	if h.URL == "" {
+		return errors.New("http.url: missing")
+	}
+	if err := validURL(h.URL); err != nil {
+		return fmt.Errorf("http.url: %v", err)
+	}
+	if h.ReadyURL != "" {
+		if err := validURL(h.ReadyURL); err != nil {
+			return fmt.Errorf("http.ready_url: %v", err)
+		}
+	}
+	if h.MaxResponseBytes < 0 {
+		return fmt.Errorf("http.max_response_bytes: %d is negative", h.MaxResponseBytes)
+	}
+	switch h.Mode {
+	case "", HTTPPassthrough:
+		for _, f := range []struct{ name, v string }{{"model", h.Model}, {"version", h.Version}} {
+			if f.v != "" {
+				return fmt.Errorf("http.%s: only for mode oip", f.name)
+			}
+		}
+		if len(h.Inputs) > 0 {
+			return errors.New("http.inputs: only for mode oip")
+		}
+	case HTTPOIP:
+		if h.ReadyURL != "" {
+			return errors.New("http.ready_url: not for mode oip (readiness is the protocol's ready endpoints)")
+		}
+		for _, f := range []struct{ name, v string }{{"model", h.Model}, {"version", h.Version}} {
+			if f.v != "" && (strings.ContainsAny(f.v, "/?#") || strings.TrimSpace(f.v) != f.v) {
+				return fmt.Errorf("http.%s: %q is not a path segment", f.name, f.v)
+			}
+		}
+		names := map[string]bool{}
+		fields := map[string]bool{}
+		for i, in := range h.Inputs {
+			f := fmt.Sprintf("http.inputs[%d]", i)
+			if in.Name == "" {
+				return fmt.Errorf("%s.name: missing (the input tensor's name)", f)
+			}
+			if names[in.Name] {
+				return fmt.Errorf("%s.name: duplicate %q", f, in.Name)
+			}
+			names[in.Name] = true
+			if in.Datatype == "" {
+				return fmt.Errorf("%s.datatype: missing (%s)", f, strings.Join(Datatypes, ", "))
+			}
+			if !slices.Contains(Datatypes, in.Datatype) {
+				return fmt.Errorf("%s.datatype: unknown %q (want %s)", f, in.Datatype, strings.Join(Datatypes, ", "))
+			}
+			if len(in.Shape) == 0 {
+				return fmt.Errorf("%s.shape: missing", f)
+			}
+			free := 0
+			for _, d := range in.Shape {
+				switch {
+				case d == -1:
+					free++
+				case d <= 0:
+					return fmt.Errorf("%s.shape: dimension %d is not positive (or -1)", f, d)
+				}
+			}
+			if free > 1 {
+				return fmt.Errorf("%s.shape: at most one dimension may be -1", f)
+			}
+			field := in.Field
+			if field == "" {
+				field = in.Name
+			}
+			if fields[field] {
+				return fmt.Errorf("%s.field: %q feeds another input too", f, field)
+			}
+			fields[field] = true
+		}
+	default:
+		return fmt.Errorf("http.mode: %q is not passthrough or oip", h.Mode)
+	}
+	return nil
+}
+
+func validURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: want an http or https URL", s)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q: no host", s)
 	}
 	return nil
 }

@@ -1,0 +1,129 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/worker/executor"
+)
+
+// readyProbeTimeout bounds one readiness check of a model.
+const readyProbeTimeout = 2 * time.Second
+
+// gate is the readiness of a model whose executor can be unready (an
+// executor.Readier). The node announces the model only while it is ready;
+// a task given to it meanwhile (dispatched before the withdrawal reached the
+// dispatchers) fails at once as a model error, to be retried elsewhere.
+type gate struct {
+	executor.Executor
+	readier executor.Readier
+	ready   atomic.Bool
+	why     atomic.Pointer[string]
+	// changed is called when a task's error says readiness has changed (a
+	// 429 cooldown, a crashed process), to check and announce it at once.
+	changed func()
+}
+
+func newGate(ex executor.Executor, changed func()) executor.Executor {
+	r, ok := ex.(executor.Readier)
+	if !ok {
+		return ex
+	}
+	g := &gate{Executor: ex, readier: r, changed: changed}
+	why := "not checked yet"
+	g.why.Store(&why)
+	return g
+}
+
+func (g *gate) Run(ctx context.Context, t executor.Task) (json.RawMessage, error) {
+	if !g.ready.Load() {
+		return nil, fmt.Errorf("%w: %s", executor.ErrNotReady, *g.why.Load())
+	}
+	out, err := g.Executor.Run(ctx, t)
+	var ce *executor.CooldownError
+	if errors.As(err, &ce) || errors.Is(err, executor.ErrProcessExited) || errors.Is(err, executor.ErrNotReady) {
+		g.changed()
+	}
+	return out, err
+}
+
+// check probes the model and reports whether its readiness changed.
+func (g *gate) check(ctx context.Context, log zerolog.Logger) bool {
+	ctx, cancel := context.WithTimeout(ctx, readyProbeTimeout)
+	defer cancel()
+	err := g.readier.Ready(ctx)
+	was := g.ready.Load()
+	if err != nil {
+		why := strings.TrimPrefix(err.Error(), executor.ErrNotReady.Error()+": ")
+		g.why.Store(&why)
+	}
+	g.ready.Store(err == nil)
+	switch {
+	case err == nil && !was:
+		log.Info().Msg("model ready: announced")
+	case err != nil && was:
+		log.Warn().Err(err).Msg("model not ready: withdrawn from the heartbeat")
+	}
+	return (err == nil) != was
+}
+
+// announced returns the models the node announces now: those ready.
+func (w *Worker) announced() []protocol.ModelInfo {
+	out := make([]protocol.ModelInfo, 0, len(w.specs))
+	for _, s := range w.specs {
+		if h := w.models[s.Name]; h != nil {
+			if g, ok := h.exec.(*gate); ok && !g.ready.Load() {
+				continue
+			}
+		}
+		out = append(out, s.Info(0)) // no model timeout: the dispatcher applies its MLSCHED_TASK_TIMEOUT
+	}
+	return out
+}
+
+// checkReadiness probes every gated model at once and reports whether any
+// changed.
+func (w *Worker) checkReadiness(ctx context.Context) bool {
+	var changed atomic.Bool
+	var wg sync.WaitGroup
+	for name, h := range w.models {
+		if g, ok := h.exec.(*gate); ok {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if g.check(ctx, w.log.With().Str("model", name).Logger()) {
+					changed.Store(true)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return changed.Load()
+}
+
+// watchReadiness re-checks the models every ReadyInterval, or at once when
+// poked, and makes the heartbeat announce a change at once.
+func (w *Worker) watchReadiness(ctx context.Context, poke <-chan struct{}, hb *heartbeat) {
+	t := time.NewTicker(w.cfg.ReadyInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-poke:
+		}
+		if w.checkReadiness(ctx) {
+			hb.Kick()
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/settle"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -192,6 +193,11 @@ func (c *Config) Topology() topology.Config {
 		t.Storage = jetstream.MemoryStorage
 	}
 	return t
+}
+
+// Retry is the retry rules.
+func (c *Config) Retry() settle.Rules {
+	return settle.Rules{Backoff: c.RetryBackoff, BackoffMax: c.RetryBackoffMax}
 }
 
 // Limits are the task validation limits.

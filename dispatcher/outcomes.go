@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/settle"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -35,7 +36,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data}, "", settleMsg(msg))
 		return
 	}
-	attempt, maxAttempts, submitted, submission := pd.Attempt, pd.MaxAttempts, pd.Submitted, pd.Submission
+	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
 	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
 		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
 
@@ -45,91 +46,57 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	}
 	log := d.log.With().Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt).Logger()
 
-	late := (o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)) ||
-		d.superseded.Cancelled(o.TaskID, submission)
-	if first {
-		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: eventKind(o.Status),
-			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: late})
+	state := settle.State{Redelivered: !first, Cancelled: d.superseded.Cancelled(o.TaskID, submission),
+		Superseded: o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)}
+	var task protocol.Task
+	if o.Status != protocol.OutcomeSuccess && o.Status != protocol.OutcomeTaskError { // the bytes matter for a retry only
+		if len(o.Task) == 0 {
+			state.TaskErr = fmt.Errorf("the outcome carries no task bytes")
+		} else {
+			task, state.TaskErr = protocol.DecodeTask(o.Task, d.cfg.Limits())
+		}
 	}
-	if late {
-		// The attempt was declared lost and re-dispatched: its outcome counts
-		// in the statistics, but the task's result comes from a later attempt.
-		d.counters.Late.Add(1)
-		log.Info().Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
-		_ = msg.Ack()
-		return
+	dec := settle.Settle(d.cfg.Retry(), pd, o, state)
+	if dec.Record {
+		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
+			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: dec.Action == settle.Late})
 	}
-	if o.Status == protocol.OutcomeLost {
+	if dec.Supersede {
 		if first { // a retried outcome is first nak'ed for backoff, then handled again
 			d.counters.Lost.Add(1)
 		}
 		d.superseded.Mark(o.TaskID, submission, attempt)
 	}
-
-	switch o.Status {
-	case protocol.OutcomeSuccess:
-		log.Debug().Msg("attempt succeeded")
-		d.publishResult(&protocol.Result{ID: o.TaskID, Type: o.Type, Status: protocol.StatusSucceeded, Model: o.Model,
-			Node: o.Node, Attempts: attempt, Output: o.Output, LatencyMs: msSince(submitted), History: history}, settleMsg(msg), nil)
-		return
-	case protocol.OutcomeTaskError:
-		// Bad input: not the model's fault, and another attempt would fail too.
-		log.Info().Str("error", o.Error).Msg("task error: not retried")
-		d.publishResult(&protocol.Result{ID: o.TaskID, Type: o.Type, Status: protocol.StatusFailed, Model: o.Model,
-			Node: o.Node, Attempts: attempt, Error: o.Error, ErrorCode: protocol.CodeTaskError,
+	switch dec.Action {
+	case settle.Late:
+		// The attempt was declared lost and re-dispatched, or the task was
+		// cancelled: its outcome counts in the statistics, but the task's
+		// result comes from a later attempt or the cancellation.
+		d.counters.Late.Add(1)
+		log.Info().Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
+		_ = msg.Ack()
+	case settle.Finish:
+		if dec.Status == protocol.StatusSucceeded {
+			log.Debug().Msg("attempt succeeded")
+		} else {
+			log.Info().Str("error", o.Error).Msg("task error: not retried")
+		}
+		d.publishResult(&protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
+			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
 			LatencyMs: msSince(submitted), History: history}, settleMsg(msg), nil)
-		return
-	}
-
-	// A failed, timed-out, lost or expired attempt.
-	var task protocol.Task
-	var taskErr error
-	if len(o.Task) == 0 {
-		taskErr = fmt.Errorf("the outcome carries no task bytes")
-	} else {
-		task, taskErr = protocol.DecodeTask(o.Task, d.cfg.Limits())
-	}
-	if attempt < maxAttempts && taskErr == nil {
-		if backoff := d.backoff(attempt); first && backoff > 0 && o.Status != protocol.OutcomeExpired {
-			_ = msg.NakWithDelay(backoff) // durable backoff: the redelivery re-dispatches
+	case settle.Retry:
+		if dec.Backoff > 0 {
+			_ = msg.NakWithDelay(dec.Backoff) // durable backoff: the redelivery re-dispatches
 			return
 		}
 		log.Info().Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
 		d.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
 			submission: submission}, msg)
-		return
-	}
-	err = protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, ended %s: %s",
-		attempt, o.Model, o.Node, o.Status, o.Error)
-	if taskErr != nil && attempt < maxAttempts {
-		err = protocol.Errorf(protocol.CodeAttemptsExhausted, "attempt %d on model %s node %s ended %s (%s) and cannot be retried: %v",
-			attempt, o.Model, o.Node, o.Status, o.Error, taskErr)
-	}
-	log.Warn().Err(err).Msg("task failed")
-	task.ID, task.Type = o.TaskID, o.Type
-	d.reject(ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: protocol.StatusFailed,
-		history: history, attempts: attempt, submitted: submitted, submission: submission}, settleMsg(msg))
-}
-
-func (d *Dispatcher) backoff(attempt int) time.Duration {
-	b := d.cfg.RetryBackoff
-	for i := 1; i < attempt && b < d.cfg.RetryBackoffMax; i++ {
-		b *= 2
-	}
-	return min(b, d.cfg.RetryBackoffMax)
-}
-
-func eventKind(s protocol.OutcomeStatus) stats.Kind {
-	switch s {
-	case protocol.OutcomeSuccess:
-		return stats.KindSuccess
-	case protocol.OutcomeTaskError:
-		return stats.KindTaskError
-	case protocol.OutcomeExpired:
-		return stats.KindExpired
-	case protocol.OutcomeTimeout, protocol.OutcomeLost:
-		return stats.KindTimeout
-	default:
-		return stats.KindModelError
+	default: // settle.DeadLetter
+		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
+		log.Warn().Err(err).Msg("task failed")
+		task.ID, task.Type = o.TaskID, o.Type
+		d.reject(ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
+			history: history, attempts: attempt, submitted: submitted, submission: submission}, settleMsg(msg))
 	}
 }

@@ -114,6 +114,11 @@ type Scenario struct {
 	// LostGrace is how long after the deadline the dispatcher's sweeper
 	// declares an unanswered attempt lost (default 1s, its sweep interval).
 	LostGrace Duration `json:"lost_grace,omitempty"`
+	// RetryBackoff delays the retry after a failed attempt, doubled per
+	// attempt up to RetryBackoffMax (defaults 100ms and 5s, the
+	// dispatcher's MLSCHED_RETRY_BACKOFF and MLSCHED_RETRY_BACKOFF_MAX).
+	RetryBackoff    Duration `json:"retry_backoff,omitempty"`
+	RetryBackoffMax Duration `json:"retry_backoff_max,omitempty"`
 	// Refresh is how often the dispatcher rebuilds its table (default
 	// 250ms).
 	Refresh Duration `json:"refresh,omitempty"`
@@ -328,6 +333,8 @@ func (sc *Scenario) validate() error {
 		{"refresh", &sc.Refresh, 250 * time.Millisecond},
 		{"deadline_slack", &sc.DeadlineSlack, 10 * time.Second},
 		{"lost_grace", &sc.LostGrace, time.Second},
+		{"retry_backoff", &sc.RetryBackoff, 100 * time.Millisecond},
+		{"retry_backoff_max", &sc.RetryBackoffMax, 5 * time.Second},
 		{"node_ttl", &sc.NodeTTL, 10 * time.Second},
 		{"window.size", &sc.Window.Size, 5 * time.Minute},
 		{"window.bucket", &sc.Window.Bucket, 10 * time.Second},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/settle"
 	"github.com/mlsched/mlsched/shared/stats"
 )
 
@@ -175,6 +176,7 @@ type decider interface {
 // sim is one policy's run.
 type sim struct {
 	sc      *Scenario
+	retry   settle.Rules
 	opt     Options
 	name    string
 	now     time.Duration
@@ -239,7 +241,8 @@ func (s *sim) push(at time.Duration, k evKind, e *event) {
 }
 
 func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
-	s := &sim{sc: sc, opt: opt, name: name, byNode: map[string]*node{}, models: map[string]*Model{}, joined: map[string]bool{}}
+	s := &sim{sc: sc, retry: settle.Rules{Backoff: sc.RetryBackoff.D(), BackoffMax: sc.RetryBackoffMax.D()},
+		opt: opt, name: name, byNode: map[string]*node{}, models: map[string]*Model{}, joined: map[string]bool{}}
 	for i := range sc.Models {
 		s.models[sc.Models[i].Name] = &sc.Models[i]
 		s.joined[sc.Models[i].Name] = true
@@ -572,35 +575,33 @@ func (s *sim) complete(ctx context.Context, a *attempt) error {
 	return err
 }
 
-var kindOf = map[protocol.OutcomeStatus]stats.Kind{
-	protocol.OutcomeSuccess:    stats.KindSuccess,
-	protocol.OutcomeModelError: stats.KindModelError,
-	protocol.OutcomeTimeout:    stats.KindTimeout,
-	protocol.OutcomeLost:       stats.KindTimeout,
-	protocol.OutcomeExpired:    stats.KindExpired,
-}
-
-// outcome records how an attempt ended and fails over or finishes the task.
+// outcome records how an attempt ended and fails over or finishes the task,
+// by the dispatcher's own rule (settle.Settle).
 func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus, lat time.Duration) error {
 	a.state = stFinished
-	s.rec[0] = stats.Event{Model: a.model, Node: a.node.spec.Name, Kind: kindOf[st], Latency: lat, At: s.clock()}
+	t := a.t
+	d := protocol.Dispatch{Model: a.model, Node: a.node.spec.Name, Attempt: a.n, MaxAttempts: s.sc.MaxAttempts}
+	o := protocol.Outcome{Model: a.model, Node: a.node.spec.Name, Attempt: a.n, Status: st}
+	dec := settle.Settle(s.retry, d, o, settle.State{})
+	s.rec[0] = stats.Event{Model: a.model, Node: a.node.spec.Name, Kind: dec.Kind, Latency: lat, At: s.clock()}
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record outcome: %w", err)
 	}
-	t := a.t
 	t.history = append(t.history, protocol.Attempt{Attempt: a.n, Model: a.model, Node: a.node.spec.Name, Status: st, LatencyMs: float64(lat) / float64(time.Millisecond)})
 	if a.n == 1 {
 		s.tasks[t.idx].firstOK = st == protocol.OutcomeSuccess
 	}
-	if st == protocol.OutcomeSuccess {
-		s.finish(t, true)
-		return nil
+	switch dec.Action {
+	case settle.Finish, settle.DeadLetter:
+		s.finish(t, dec.Status == protocol.StatusSucceeded)
+	case settle.Retry:
+		if dec.Backoff > 0 {
+			s.push(s.now+dec.Backoff, evRedecide, s.eventT(t))
+			return nil
+		}
+		return s.dispatch(ctx, t)
 	}
-	if a.n >= s.sc.MaxAttempts {
-		s.finish(t, false)
-		return nil
-	}
-	return s.dispatch(ctx, t)
+	return nil
 }
 
 func (s *sim) finish(t *task, ok bool) {

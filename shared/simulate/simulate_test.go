@@ -132,8 +132,11 @@ func TestDriftRecovery(t *testing.T) {
 	if r := rep.Get(policy.Reliability); r.RecoveryTasks == nil || *r.RecoveryTasks < rep.RecoveryWindow {
 		t.Fatalf("reliability recovery %v: want >= %d (it must recover)", r.RecoveryTasks, rep.RecoveryWindow)
 	}
-	if r := rep.Get(policy.Random); r.RecoveryTasks == nil || *r.RecoveryTasks != -1 {
-		t.Fatalf("random recovery %v: want -1 (never within 2 points)", r.RecoveryTasks)
+	// Random does not adapt: a 50-task window may come within 2 points by
+	// chance, but only long after reliability has recovered, if ever.
+	rel := *rep.Get(policy.Reliability).RecoveryTasks
+	if r := rep.Get(policy.Random); r.RecoveryTasks == nil || (*r.RecoveryTasks != -1 && *r.RecoveryTasks < 10*rel) {
+		t.Fatalf("random recovery %v: want -1 (never within 2 points) or at least 10x reliability's %d", r.RecoveryTasks, rel)
 	}
 }
 

@@ -48,6 +48,12 @@
 //	                        after the bucket ends
 //	<prefix>{stats}:g       hash, the gauges; no expiry
 //	<prefix>{stats}:br      hash, the breakers; no expiry
+//	<prefix>{stats}:gen     string, the store's generation (a random name)
+//	<prefix>{stats}:seq     integer, incremented by every Record
+//
+// The generation and the sequence let a replica notice that the store was
+// reset (restarted empty, or failed over to a replica that missed writes)
+// and re-seed it from its last snapshot; see package redisstats.
 //
 // Hash fields name the series and the counter separated by spaces, which
 // model and node names (protocol tokens) cannot contain; the model's own

@@ -1,12 +1,31 @@
 -- Applies one batch of statistics atomically (see redisstats.Record).
--- KEYS[1]   gauges hash; KEYS[2..] bucket hashes
--- ARGV      per bucket key: ttl_ms, nfields, nfields x (field, delta)
+-- KEYS[1]   gauges hash; KEYS[2] generation; KEYS[3] write sequence;
+-- KEYS[4..] bucket hashes
+-- ARGV      known generation ('' if none yet), known sequence, a new
+--           generation to create if there is none and none is known;
+--           then per bucket key: ttl_ms, nfields, nfields x (field, delta)
 --           then ngauges, ngauges x (series "<model> <node> ", if_add,
 --           cf_reset, cf_add, last_outcome or ""); in-flight is a signed
 --           sum, read clamped at 0
+-- Returns {0, generation, sequence} when applied; {1, generation or '',
+-- sequence} without applying anything when the store is not the one the
+-- caller knows (reset: generation missing or changed, or the sequence
+-- behind one the caller saw), so that the caller re-seeds it first.
+local gen = redis.call('GET', KEYS[2])
+local known = ARGV[1]
+if not gen then
+  if known ~= '' then return {1, '', 0} end
+  gen = ARGV[3]
+  redis.call('SET', KEYS[2], gen)
+elseif known ~= '' and gen ~= known then
+  return {1, gen, 0}
+end
+local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
+if seq < tonumber(ARGV[2]) then return {1, gen, seq} end
+
 local g = KEYS[1]
-local a = 1
-for k = 2, #KEYS do
+local a = 4
+for k = 4, #KEYS do
   local key = KEYS[k]
   local ttl = ARGV[a]
   local nf = tonumber(ARGV[a + 1])
@@ -46,4 +65,4 @@ for _ = 1, ng do
     if not cur or string.rep('0', 20 - #cur) .. cur < lo then redis.call('HSET', g, f, lo) end
   end
 end
-return 0
+return {0, gen, redis.call('INCR', KEYS[3])}

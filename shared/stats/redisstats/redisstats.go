@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,10 +52,18 @@ var (
 // Store is a stats.Store in Redis. It does not own the client: Close leaves
 // it open.
 type Store struct {
-	c      redis.UniversalClient
-	w      stats.Window
-	prefix string
-	now    func() time.Time
+	c       redis.UniversalClient
+	w       stats.Window
+	prefix  string
+	now     func() time.Time
+	onReset func(ResetInfo)
+
+	// what this replica knows of the store, to notice a reset and re-seed
+	// it (reseed.go)
+	mu       sync.Mutex
+	view     view
+	reseedMu sync.Mutex // one re-seed at a time
+	resets   atomic.Int64
 }
 
 var _ stats.Store = (*Store)(nil)
@@ -92,6 +102,8 @@ func (s *Store) bucketKey(idx int64) string {
 }
 func (s *Store) gaugeKey() string   { return s.prefix + "{stats}:g" }
 func (s *Store) breakerKey() string { return s.prefix + "{stats}:br" }
+func (s *Store) genKey() string     { return s.prefix + "{stats}:gen" }
+func (s *Store) seqKey() string     { return s.prefix + "{stats}:seq" }
 
 // series names a model (node "") or a (model, node). As a hash field prefix
 // it is "<model> <node>": names never hold a space.
@@ -143,6 +155,8 @@ func (g *gaugeOp) apply(k stats.Kind, late bool, at int64) {
 
 // Record applies the batch with one script call. An invalid event rejects
 // the whole batch with stats.ErrInvalidEvent before Redis is contacted.
+// When the script finds the store reset (see reseed.go) Record re-seeds it
+// from what this replica remembers and applies the batch after that.
 func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 	if len(events) == 0 {
 		return nil
@@ -200,9 +214,10 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 		}
 	}
 
-	keys := make([]string, 0, 1+len(bucketOrder))
-	keys = append(keys, s.gaugeKey())
-	args := make([]any, 0, 16*len(buckets)+6*len(gauges)+8)
+	keys := make([]string, 0, 3+len(bucketOrder))
+	keys = append(keys, s.gaugeKey(), s.genKey(), s.seqKey())
+	args := make([]any, 0, 16*len(buckets)+6*len(gauges)+11)
+	args = append(args, "", int64(0), "") // generation, sequence: set per try
 	fieldsOf := make(map[int64][]any, len(bucketOrder))
 	for bk, a := range buckets {
 		fieldsOf[bk.idx] = appendFields(fieldsOf[bk.idx], bk.series, a)
@@ -230,10 +245,32 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 		}
 		args = append(args, k.model+" "+k.node+" ", g.ifAdd, reset, g.cfAdd, lo)
 	}
-	if err := recordScript.Run(ctx, s.c, keys, args...).Err(); err != nil && err != redis.Nil {
-		return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
+	for try := 0; ; try++ {
+		gen, seq, resets := s.known()
+		cand := "" // names the store if nobody has yet
+		if gen == "" {
+			cand = newGeneration()
+		}
+		args[0], args[1], args[2] = gen, seq, cand
+		res, err := recordScript.Run(ctx, s.c, keys, args...).Slice()
+		if err != nil {
+			return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
+		}
+		st, err := parseReply(res)
+		if err != nil {
+			return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
+		}
+		if !st.reset {
+			s.recorded(st, fieldsOf)
+			return nil
+		}
+		if try == 2 {
+			return fmt.Errorf("redisstats: record %d events: %w", len(events), errResetLoop)
+		}
+		if err := s.reseed(ctx, resets); err != nil {
+			return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
+		}
 	}
-	return nil
 }
 
 // appendFields appends the non-zero (field, delta) pairs of a.
@@ -260,24 +297,66 @@ func appendFields(out []any, k series, a *agg) []any {
 }
 
 // Snapshot reads the window's buckets, the gauges and the breakers in one
-// MULTI/EXEC round trip.
+// MULTI/EXEC round trip. When it finds the store reset (see reseed.go) it
+// re-seeds it from what this replica remembers and reads it again.
 func (s *Store) Snapshot(ctx context.Context) (*stats.Snapshot, error) {
+	for try := 0; ; try++ {
+		snap, reset, resets, err := s.snapshot(ctx)
+		if err != nil || !reset {
+			return snap, err
+		}
+		if try == 2 {
+			return nil, fmt.Errorf("redisstats: snapshot: %w", errResetLoop)
+		}
+		if err := s.reseed(ctx, resets); err != nil {
+			return nil, fmt.Errorf("redisstats: snapshot: %w", err)
+		}
+	}
+}
+
+func (s *Store) snapshot(ctx context.Context) (_ *stats.Snapshot, reset bool, resets int64, _ error) {
 	now := s.now()
 	first, last := s.w.Range(now)
 	recent := s.w.RecentFirst(now)
+	knownGen, knownSeq, resets := s.known() // before the read: it must see them
 	var bucketCmds []*redis.MapStringStringCmd
 	var gaugeCmd, breakerCmd *redis.MapStringStringCmd
+	var genCmd, seqCmd *redis.StringCmd
 	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for idx := first; idx <= last; idx++ {
 			bucketCmds = append(bucketCmds, p.HGetAll(ctx, s.bucketKey(idx)))
 		}
 		gaugeCmd = p.HGetAll(ctx, s.gaugeKey())
 		breakerCmd = p.HGetAll(ctx, s.breakerKey())
+		genCmd = p.Get(ctx, s.genKey())
+		seqCmd = p.Get(ctx, s.seqKey())
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("redisstats: snapshot: %w", err)
+	if err != nil && err != redis.Nil {
+		return nil, false, 0, fmt.Errorf("redisstats: snapshot: %w", err)
 	}
+	gen := genCmd.Val()
+	seq, _ := strconv.ParseInt(seqCmd.Val(), 10, 64)
+	if knownGen != "" && (gen != knownGen || seq < knownSeq) {
+		return nil, true, resets, nil
+	}
+	if gen == "" {
+		// a store nobody has written to yet: name its generation
+		if err := s.c.SetNX(ctx, s.genKey(), newGeneration(), 0).Err(); err != nil {
+			return nil, false, 0, fmt.Errorf("redisstats: snapshot: %w", err)
+		}
+		if gen, err = s.c.Get(ctx, s.genKey()).Result(); err != nil {
+			return nil, false, 0, fmt.Errorf("redisstats: snapshot: %w", err)
+		}
+	}
+	v := view{gen: gen, seq: seq, first: first, buckets: make(map[int64]map[string]string, len(bucketCmds)),
+		gauges: gaugeCmd.Val(), breakers: breakerCmd.Val()}
+	for i, c := range bucketCmds {
+		if m := c.Val(); len(m) > 0 {
+			v.buckets[first+int64(i)] = m
+		}
+	}
+	s.remember(v)
 	b := newBuilder()
 	for i, c := range bucketCmds {
 		isRecent := first+int64(i) >= recent
@@ -291,7 +370,7 @@ func (s *Store) Snapshot(ctx context.Context) (*stats.Snapshot, error) {
 	for f, v := range breakerCmd.Val() {
 		b.breakerField(f, v)
 	}
-	return &stats.Snapshot{Taken: now, Window: s.w.Span(), Models: b.models()}, nil
+	return &stats.Snapshot{Taken: now, Window: s.w.Span(), Models: b.models()}, false, 0, nil
 }
 
 // builder assembles a snapshot from hash fields; a series is kept only when

@@ -161,3 +161,19 @@ func TestRedisDown(t *testing.T) {
 		t.Error("SetBreaker succeeded with Redis down")
 	}
 }
+
+func TestConformanceReset(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	statstest.RunReset(t, func(t *testing.T) statstest.Shared {
+		p := prefix()
+		return statstest.Shared{
+			Replica: func(t *testing.T, now func() time.Time) stats.Store {
+				return redisstats.New(client, statstest.Window, redisstats.WithPrefix(p), redisstats.WithClock(now))
+			},
+			Wipe:       func(t *testing.T) { redistest.DeletePrefix(t, client, p) },
+			Checkpoint: func(t *testing.T) func(t *testing.T) { return redistest.Checkpoint(t, client, p) },
+		}
+	})
+}

@@ -13,10 +13,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/worker/digits"
 	"github.com/mlsched/mlsched/worker/model"
 )
 
@@ -112,6 +114,9 @@ func New(s model.Spec, o Options) (Executor, error) {
 		if !ok {
 			return nil, fmt.Errorf("model %q: go.handler: %q is not registered", s.Name, s.Go.Handler)
 		}
+		if s.Go.Handler == "digits" {
+			go func() { _, _ = digits.Default() }() // train now, not on the first task
+		}
 		return goExecutor{h: h}, nil
 	case model.ExecutorExec:
 		return newExec(s, o.Log), nil
@@ -129,9 +134,11 @@ func New(s model.Spec, o Options) (Executor, error) {
 }
 
 // Builtins are the Go handlers every worker has: echo returns the payload,
-// noop returns null at once.
+// noop returns null at once, digits classifies an 8x8 handwritten digit
+// (see DigitsHandler).
 func Builtins() map[string]Handler {
 	return map[string]Handler{
+		"digits": DigitsHandler,
 		"echo": func(_ context.Context, t Task) (any, error) {
 			if len(t.Payload) == 0 {
 				return nil, nil
@@ -183,3 +190,43 @@ func (g goExecutor) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 }
 
 func (goExecutor) Close() error { return nil }
+
+// DigitsHandler is the built-in "digits" model: a softmax regression in Go
+// trained at first use on the embedded digits dataset (package digits). The
+// payload is {"pixels": [64 numbers 0..16]} or the 64 numbers; the output is
+// {"label": n, "probabilities": [10 numbers]}, as the Python digits models'.
+func DigitsHandler(ctx context.Context, t Task) (any, error) {
+	var px []float64
+	var obj struct {
+		Pixels []float64 `json:"pixels"`
+	}
+	if err := json.Unmarshal(t.Payload, &px); err != nil {
+		if err := json.Unmarshal(t.Payload, &obj); err != nil || obj.Pixels == nil {
+			return nil, &TaskError{Msg: `digits: want {"pixels": [64 numbers 0..16]} or the 64 numbers`}
+		}
+		px = obj.Pixels
+	}
+	if len(px) != digits.Pixels {
+		return nil, &TaskError{Msg: fmt.Sprintf("digits: want %d pixel values (an 8x8 image), got %d", digits.Pixels, len(px))}
+	}
+	var img [digits.Pixels]float64
+	for i, v := range px {
+		if v < 0 || v > 16 {
+			return nil, &TaskError{Msg: fmt.Sprintf("digits: pixel %d is %g, outside 0..16", i, v)}
+		}
+		img[i] = v
+	}
+	m, err := digits.Default()
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	label, p := m.Predict(img)
+	probs := make([]float64, len(p))
+	for i, v := range p {
+		probs[i] = math.Round(v*1e6) / 1e6
+	}
+	return map[string]any{"label": label, "probabilities": probs}, nil
+}

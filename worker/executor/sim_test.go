@@ -6,10 +6,12 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mlsched/mlsched/worker/digits"
 	"github.com/mlsched/mlsched/worker/model"
 )
 
@@ -208,5 +210,38 @@ func BenchmarkSimDraw(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		s.Draw()
+	}
+}
+
+// The built-in digits model classifies held-out images and refuses bad
+// input as a task error.
+func TestDigitsHandler(t *testing.T) {
+	t.Parallel()
+	all, err := digits.Dataset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, holdout := digits.Split(all)
+	ok := 0
+	for i, s := range holdout[:100] {
+		payload, _ := json.Marshal(map[string]any{"pixels": s.Pixels})
+		if i%2 == 1 {
+			payload, _ = json.Marshal(s.Pixels)
+		}
+		out, err := DigitsHandler(context.Background(), Task{Payload: payload})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.(map[string]any)["label"] == s.Label {
+			ok++
+		}
+	}
+	if ok < 90 {
+		t.Fatalf("%d of 100 held-out images classified right, want > 90", ok)
+	}
+	for _, bad := range []string{`{"pixels":[1,2]}`, `"x"`, `{"pixels":[` + strings.Repeat("1,", 63) + `17]}`, `{}`} {
+		if _, err := DigitsHandler(context.Background(), Task{Payload: json.RawMessage(bad)}); !IsTaskError(err) {
+			t.Errorf("payload %s: %v, want a task error", bad, err)
+		}
 	}
 }

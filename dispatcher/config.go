@@ -9,6 +9,7 @@ import (
 
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/natsconn"
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/settle"
@@ -103,6 +104,10 @@ type Config struct {
 	// PprofAddr, when set, serves net/http/pprof there (default empty: off).
 	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6060 (empty: off)"`
 
+	// HTTPAddr is the listen address of /metrics, /healthz, /readyz and the
+	// dashboard; "off" disables the listener (default :9090).
+	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9090" desc:"listen address of /metrics, /healthz, /readyz and the dashboard (off: none)"`
+
 	config.Log
 }
 
@@ -153,6 +158,9 @@ func (c *Config) Validate() error {
 		return bad("LATENCY_WEIGHT", c.LatencyWeight, "must not be negative")
 	}
 	if err := c.NATS.Validate(); err != nil {
+		return err
+	}
+	if err := opshttp.ValidateAddr(c.HTTPAddr); err != nil {
 		return err
 	}
 	// What is left for the engine to refuse is a policy name.

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/natsconn"
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/registry"
@@ -57,6 +58,13 @@ type Dispatcher struct {
 	wg      sync.WaitGroup
 
 	counters Counters
+
+	metrics      *metrics
+	live         atomic.Bool // started and not draining: what /readyz needs first
+	backlog      atomic.Pointer[map[string]int64]
+	httpMu       sync.Mutex
+	http         *opshttp.Server
+	httpHandlers []httpHandler // mounted once the listener starts
 }
 
 // Counters are cumulative, per replica.
@@ -105,6 +113,7 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 	}
 	d.log = d.log.With().Str("dispatcher", cfg.Name).Logger()
 	d.pending = make(chan pendingAck, cfg.MaxInFlight)
+	d.metrics = newMetrics(d)
 	return d, nil
 }
 
@@ -183,6 +192,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 func (d *Dispatcher) run(ctx context.Context) error {
+	stopHTTP, err := d.startHTTP()
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
 	if err := d.connect(ctx); err != nil {
 		return err
 	}
@@ -226,6 +240,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	settled := make(chan struct{})
 	go func() { defer close(settled); d.settleLoop() }()
 	d.goRun(func() { d.sweepLoop(bg) })
+	d.goRun(func() { d.backlogLoop(bg) })
 
 	admin, err := d.serveAdmin()
 	if err != nil {
@@ -247,6 +262,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		cwg.Add(1)
 		go func() { defer cwg.Done(); errs <- c.run(consumeCtx) }()
 	}
+	d.live.Store(true)
 	d.log.Info().Str("store", d.kind).Str("policy", d.cfg.Policy).Msg("dispatcher started")
 
 	var runErr error
@@ -254,6 +270,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	case <-ctx.Done():
 	case runErr = <-errs:
 	}
+	d.live.Store(false)
 	d.log.Info().Msg("dispatcher draining")
 	stopConsume()
 	cwg.Wait()

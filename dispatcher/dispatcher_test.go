@@ -44,6 +44,7 @@ func testConfig(url string) dispatcher.Config {
 	c.RetryBackoff = 10 * time.Millisecond
 	c.RetryBackoffMax = 50 * time.Millisecond
 	c.MaxPayloadBytes = 64 << 10
+	c.HTTPAddr = "127.0.0.1:0" // never the default port
 	return c
 }
 

@@ -17,9 +17,10 @@ import (
 // handleTask is the intake: one message of MLSCHED_TASKS.
 func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 	data := msg.Data()
-	submitted, submission := time.Now(), ""
+	submitted, submission, first := time.Now(), "", true
 	if meta, err := msg.Metadata(); err == nil {
 		submitted, submission = meta.Timestamp, strconv.FormatUint(meta.Sequence.Stream, 10)
+		first = meta.NumDelivered == 1
 	}
 	task, err := protocol.DecodeTask(data, d.cfg.Limits())
 	if err == nil {
@@ -27,6 +28,13 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 			err = protocol.Errorf(protocol.CodeTypeMismatch, "task of type %q was published on %s; publish it on %s",
 				task.Type, msg.Subject(), topology.TaskSubject(task.Type))
 		}
+	}
+	if first { // a task waiting for a node is redelivered: count it once
+		typ := task.Type
+		if err != nil {
+			typ = "invalid"
+		}
+		d.metrics.received.Get(typ).Inc()
 	}
 	if err != nil {
 		d.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
@@ -67,7 +75,9 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	req := policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
 		MinSuccessRate: t.MinSuccessRate, Tried: a.history}
 	table := d.table.Load()
+	start := time.Now()
 	dec, err := d.engine.Decide(table, &req)
+	d.metrics.decision.Observe(time.Since(start).Seconds())
 	if err != nil {
 		code := protocol.CodeOf(err)
 		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {

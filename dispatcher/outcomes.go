@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/settle"
 	"github.com/mlsched/mlsched/shared/stats"
@@ -58,6 +59,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	}
 	dec := settle.Settle(d.cfg.Retry(), pd, o, state)
 	if dec.Record {
+		d.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
 		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
 			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: dec.Action == settle.Late})
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -36,7 +37,7 @@ func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error), the
 		settle(err)
 		return
 	}
-	id, status, model, node := res.ID, res.Status, res.Model, res.Node
+	id, status, model, node, typ, latency := res.ID, res.Status, res.Model, res.Node, res.Type, res.LatencyMs
 	finish := func(stored bool) {
 		if then == nil {
 			settle(nil)
@@ -56,6 +57,10 @@ func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error), the
 			settle(err)
 		default:
 			d.counters.Results.Add(1)
+			d.metrics.results.Get(opshttp.L2{A: typ, B: string(status)}).Inc()
+			if latency > 0 {
+				d.metrics.taskDur.Get(typ).Observe(latency / 1000)
+			}
 			if status == protocol.StatusRejected {
 				d.counters.Rejected.Add(1)
 			}
@@ -168,7 +173,7 @@ func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, submission 
 	}
 	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
 		if err == nil {
-			d.deadLettered(dl, ack)
+			d.deadLettered(kind, dl, ack)
 		}
 		settle(err)
 	}}
@@ -182,14 +187,15 @@ func (d *Dispatcher) deadLetterSync(ctx context.Context, kind string, dl protoco
 	}
 	ack, err := d.js.PublishMsg(ctx, m, opts...)
 	if err == nil {
-		d.deadLettered(dl, ack)
+		d.deadLettered(kind, dl, ack)
 	}
 	return err
 }
 
-func (d *Dispatcher) deadLettered(dl protocol.DeadLetter, ack *jetstream.PubAck) {
+func (d *Dispatcher) deadLettered(kind string, dl protocol.DeadLetter, ack *jetstream.PubAck) {
 	if !ack.Duplicate {
 		d.counters.DeadLettered.Add(1)
+		d.metrics.dead.Get(kind).Inc()
 		d.log.Warn().Str("task_id", dl.TaskID).Str("code", string(dl.Code)).Str("reason", dl.Reason).Msg("dead-lettered")
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/natsconn"
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -57,6 +58,10 @@ type Config struct {
 	// PprofAddr, when set, serves net/http/pprof there, for profiling the
 	// worker's hot path (default empty: off). Set by cmd/worker only.
 	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6061 (empty: off)"`
+	// HTTPAddr is the listen address of /metrics, /healthz and /readyz;
+	// "off" or empty disables it. The variable defaults to :9091; a Config
+	// built in code has none unless set.
+	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9091" desc:"listen address of /metrics, /healthz and /readyz (off: none)"`
 	// Log is the logging configuration (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
 	config.Log
 }
@@ -98,6 +103,9 @@ func (c Config) validate() error {
 	}
 	if c.Storage != "" && c.Storage != "file" && c.Storage != "memory" {
 		return fmt.Errorf("invalid %s_STORAGE=%q: must be file or memory", config.Prefix, c.Storage)
+	}
+	if err := opshttp.ValidateAddr(c.HTTPAddr); err != nil {
+		return err
 	}
 	if c.HeartbeatInterval >= c.NodeTTL {
 		return fmt.Errorf("invalid %s_HEARTBEAT_INTERVAL=%v: must be shorter than %s_NODE_TTL=%v",

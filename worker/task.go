@@ -96,6 +96,7 @@ func (w *Worker) process(msg jetstream.Msg) {
 
 	out := protocol.Outcome{TaskID: d.TaskID, Type: d.Type, Attempt: d.Attempt, Model: d.Model, Node: w.node}
 	m := w.models[d.Model]
+	ran := false
 	switch {
 	case perr != nil:
 		out.Status, out.Error = protocol.OutcomeModelError, perr.Error()
@@ -104,6 +105,7 @@ func (w *Worker) process(msg jetstream.Msg) {
 	case !time.Now().Before(d.Deadline):
 		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s passed before the task started", d.Deadline.UTC().Format(time.RFC3339Nano))
 	default:
+		ran = true
 		if !w.run(m, d, &out) {
 			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
 			if err := msg.Nak(); err != nil {
@@ -112,6 +114,7 @@ func (w *Worker) process(msg jetstream.Msg) {
 			return
 		}
 	}
+	w.metrics.observe(&out, ran)
 	if out.Status != protocol.OutcomeSuccess {
 		if json.Valid(d.body) {
 			out.Task = d.body

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/natsconn"
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 	"github.com/mlsched/mlsched/worker/executor"
@@ -69,6 +70,11 @@ type Worker struct {
 	slots     chan struct{}
 	taskCtx   context.Context
 	cancelRun context.CancelCauseFunc
+
+	metrics  *metrics
+	liveConn atomic.Pointer[conns] // set while consuming, for /readyz
+	httpMu   sync.Mutex
+	http     *opshttp.Server
 }
 
 // hosted is a model this node runs.
@@ -88,6 +94,7 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, node: cfg.NodeID, handlers: executor.Builtins()}
+	w.metrics = newMetrics(w)
 	for _, o := range opts {
 		o(w)
 	}
@@ -148,6 +155,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer w.running.Store(false)
 	w.draining.Store(false)
+	stopHTTP, err := w.startHTTP()
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
 
 	nc := w.nc
 	if nc == nil {
@@ -242,6 +254,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.log.Warn().Err(err).Msg("could not delete the node's heartbeat")
 		}
 	}()
+	w.liveConn.Store(&conns{nc: nc, js: js})
+	defer w.liveConn.Store(nil)
 	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).Msg("worker started")
 
 	<-ctx.Done()

@@ -439,6 +439,7 @@ func (c *Cluster) StartDispatcher(o DispatcherOptions) *Dispatcher {
 	env := mergeEnvMap(c.natsEnv(), map[string]string{
 		"MLSCHED_LOG_FORMAT": "json",
 		"MLSCHED_LOG_LEVEL":  "info",
+		"MLSCHED_HTTP_ADDR":  "127.0.0.1:0", // never the default port: see HTTPURL
 	})
 	if c.Redis != nil && !o.NoRedis {
 		env["MLSCHED_REDIS_URL"] = c.Redis.URL
@@ -601,6 +602,7 @@ func (c *Cluster) StartWorker(o WorkerOptions) *Worker {
 		"MLSCHED_NODE_ID":    o.NodeID,
 		"MLSCHED_LOG_FORMAT": "json",
 		"MLSCHED_LOG_LEVEL":  "info",
+		"MLSCHED_HTTP_ADDR":  "127.0.0.1:0",
 	})
 	if o.ModelsFile != "" {
 		abs, err := filepath.Abs(o.ModelsFile)

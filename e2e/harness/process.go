@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,9 @@ import (
 // ErrStopTimeout is returned by Stop when the process ignored SIGTERM for
 // StopTimeout and had to be killed.
 var ErrStopTimeout = errors.New("did not exit after SIGTERM; killed")
+
+// harnessRunMarker starts the line the harness writes into a log at each run.
+const harnessRunMarker = "=== harness: "
 
 // ErrNotRunning is returned when a running process is expected.
 var ErrNotRunning = errors.New("process is not running")
@@ -58,7 +62,7 @@ func (p *Process) Start() error {
 		return fmt.Errorf("%s: log: %w", p.Name, err)
 	}
 	p.runs++
-	fmt.Fprintf(f, "=== harness: %s run %d at %s: %s %s\n", p.Name, p.runs,
+	fmt.Fprintf(f, harnessRunMarker+"%s run %d at %s: %s %s\n", p.Name, p.runs,
 		time.Now().UTC().Format(time.RFC3339Nano), p.Path, strings.Join(p.Args, " "))
 	cmd := exec.Command(p.Path, p.Args...)
 	cmd.Dir = p.Dir
@@ -233,4 +237,36 @@ func cleanEnv() []string {
 		}
 	}
 	return env
+}
+
+// HTTPURL is the base URL of the process's HTTP listener (MLSCHED_HTTP_ADDR;
+// the harness gives every dispatcher and worker 127.0.0.1:0), read from the
+// "http listening" line of its current run's log. It fails when the process
+// has not logged one since it last started.
+func (p *Process) HTTPURL() (string, error) {
+	p.mu.Lock()
+	runs := p.runs
+	p.mu.Unlock()
+	logs := p.Logs()
+	addr := ""
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, harnessRunMarker) {
+			addr = "" // a new run: an earlier address is stale
+			continue
+		}
+		var rec struct {
+			Message string `json:"message"`
+			Addr    string `json:"addr"`
+		}
+		if !strings.Contains(line, "http listening") || json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if strings.HasPrefix(rec.Message, "http listening") && rec.Addr != "" {
+			addr = rec.Addr
+		}
+	}
+	if addr == "" {
+		return "", fmt.Errorf("%s (run %d): no \"http listening\" line in its log yet", p.Name, runs)
+	}
+	return "http://" + addr, nil
 }

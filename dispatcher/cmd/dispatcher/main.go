@@ -11,16 +11,43 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/opshttp"
 )
+
+// healthcheck is the container health check of an image without a shell:
+// `dispatcher healthcheck` GETs /readyz (or the path given) on the local
+// listener, MLSCHED_HTTP_ADDR, and exits 0 when it answers 2xx, else 1.
+func healthcheck() int {
+	path := "/readyz"
+	if len(os.Args) > 2 {
+		path = os.Args[2]
+	}
+	addr, ok := os.LookupEnv(opshttp.EnvAddr)
+	if !ok {
+		addr = dispatcher.DefaultConfig().HTTPAddr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := opshttp.Probe(ctx, addr, path); err != nil {
+		fmt.Fprintln(os.Stderr, "dispatcher healthcheck:", err)
+		return 1
+	}
+	return 0
+}
 
 func main() {
 	if len(os.Args) > 1 && (os.Args[1] == "-h" || os.Args[1] == "-help" || os.Args[1] == "--help") {
-		fmt.Fprintln(os.Stderr, "dispatcher: configured by environment variables:")
+		fmt.Fprintln(os.Stderr, "usage: dispatcher              run a replica, configured by environment variables:")
+		fmt.Fprintln(os.Stderr, "       dispatcher healthcheck  exit 0 when the local /readyz answers 2xx (container health check)")
 		_ = config.Usage(os.Stderr, &dispatcher.Config{})
 		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		os.Exit(healthcheck())
 	}
 	cfg, err := dispatcher.LoadConfig()
 	if err != nil {

@@ -110,6 +110,7 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 	cfg := dispatcher.DefaultConfig()
 	cfg.NATS.URL, cfg.RedisURL, cfg.Name, cfg.Policy = srv.ClientURL(), o.redisURL, "demo", o.policy
 	cfg.StatsWindow, cfg.StatsBucket = time.Minute, 2*time.Second
+	cfg.HTTPAddr = os.Getenv("MLSCHED_HTTP_ADDR") // empty: no listener unless asked for
 	d, err := dispatcher.New(cfg, dispatcher.WithLogger(quiet.With().Str("component", "dispatcher").Logger()))
 	if err != nil {
 		return err

@@ -14,8 +14,10 @@ import (
 	"os/signal"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/worker"
 )
 
@@ -24,11 +26,15 @@ func main() { os.Exit(run()) }
 func run() int {
 	var cfg worker.Config
 	if len(os.Args) > 1 && (os.Args[1] == "-h" || os.Args[1] == "-help" || os.Args[1] == "--help") {
-		fmt.Fprintln(os.Stderr, "usage: worker   (configured by environment variables)")
+		fmt.Fprintln(os.Stderr, "usage: worker              run a node (configured by environment variables)")
+		fmt.Fprintln(os.Stderr, "       worker healthcheck  exit 0 when the local /readyz answers 2xx (container health check)")
 		tw := tabwriter.NewWriter(os.Stderr, 0, 4, 2, ' ', 0)
 		_ = config.Usage(tw, &cfg)
 		_ = tw.Flush()
 		return 0
+	}
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		return healthcheck()
 	}
 	if err := config.Load(&cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
@@ -48,6 +54,26 @@ func run() int {
 	defer stop()
 	if err := w.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	return 0
+}
+
+// healthcheck is the container health check: GET /readyz (or the path
+// given) on MLSCHED_HTTP_ADDR (default :9091); exit 0 on a 2xx answer.
+func healthcheck() int {
+	path := "/readyz"
+	if len(os.Args) > 2 {
+		path = os.Args[2]
+	}
+	addr, ok := os.LookupEnv(opshttp.EnvAddr)
+	if !ok {
+		addr = ":9091"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := opshttp.Probe(ctx, addr, path); err != nil {
+		fmt.Fprintln(os.Stderr, "worker healthcheck:", err)
 		return 1
 	}
 	return 0

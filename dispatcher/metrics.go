@@ -1,0 +1,161 @@
+package dispatcher
+
+import (
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mlsched/mlsched/shared/opshttp"
+	"github.com/mlsched/mlsched/shared/stats"
+)
+
+// Prometheus metrics of a replica. The per-task instruments are resolved once
+// per label value (opshttp.Children) and then cost an atomic add; gauges
+// derived from the statistics snapshot, the node registry and the backlog
+// are computed when scraped, off the dispatch path.
+type metrics struct {
+	reg *prometheus.Registry
+
+	received *opshttp.Children[string, prometheus.Counter]     // type
+	results  *opshttp.Children[opshttp.L2, prometheus.Counter] // type, status
+	attempts *opshttp.Children[opshttp.L3, prometheus.Counter] // model, node, outcome
+	decision prometheus.Histogram
+	taskDur  *opshttp.Children[string, prometheus.Observer] // type
+	dead     *opshttp.Children[string, prometheus.Counter]  // kind
+}
+
+// Buckets of submit-to-result and execution durations: 5ms to 2 minutes.
+var durationBuckets = prometheus.ExponentialBuckets(0.005, 2.5, 12)
+
+func newMetrics(d *Dispatcher) *metrics {
+	reg := opshttp.NewRegistry()
+	received := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_tasks_received_total",
+		Help: "Task messages consumed from MLSCHED_TASKS (first delivery), by type; \"invalid\" for messages that are not a task."}, []string{"type"})
+	results := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_results_total",
+		Help: "Final results stored, by type and status (succeeded, failed, rejected)."}, []string{"type", "status"})
+	attempts := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_attempts_total",
+		Help: "Attempt outcomes reported (first delivery), by model, node and outcome (success, model_error, timeout, task_error, expired, lost)."},
+		[]string{"model", "node", "outcome"})
+	decision := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mlsched_decision_duration_seconds",
+		Help:    "Time the policy engine took to choose a model and a node for one attempt.",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10)})
+	taskDur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mlsched_task_duration_seconds",
+		Help: "Time from a task's submission (its MLSCHED_TASKS timestamp) to its stored result, by type.", Buckets: durationBuckets},
+		[]string{"type"})
+	dead := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_dead_letters_total",
+		Help: "Entries written to MLSCHED_DLQ, by kind (invalid, exhausted, outcome)."}, []string{"kind"})
+	reg.MustRegister(received, results, attempts, decision, taskDur, dead, &snapshotCollector{d: d})
+	m := &metrics{reg: reg, received: opshttp.Counter1(received), results: opshttp.Counter2(results),
+		attempts: opshttp.Counter3(attempts), decision: decision, taskDur: opshttp.Observer1(taskDur),
+		dead: opshttp.Counter1(dead)}
+	for _, k := range []string{"invalid", "exhausted", "outcome"} {
+		m.dead.Get(k) // present at 0 from the start, so that rate() and alerts see the first one
+	}
+	return m
+}
+
+// snapshotCollector reports what the replica derives from its statistics
+// snapshot, node registry, backlog sampler and counters, when scraped.
+type snapshotCollector struct{ d *Dispatcher }
+
+var (
+	descSuccess = prometheus.NewDesc("mlsched_model_success_ratio",
+		"Share of judged outcomes (successes, model errors, timeouts) that succeeded in the statistics window, by model; absent before the first judged outcome.",
+		[]string{"model"}, nil)
+	descBreaker = prometheus.NewDesc("mlsched_breaker_open",
+		"1 while the model's circuit breaker is open (0 closed or half-open: probing).", []string{"model"}, nil)
+	descModelInflight = prometheus.NewDesc("mlsched_model_inflight",
+		"Attempts dispatched to the model and not yet finished (from the shared statistics).", []string{"model"}, nil)
+	descNodeInflight = prometheus.NewDesc("mlsched_node_inflight",
+		"Tasks running on the node, as its last heartbeat announced.", []string{"node"}, nil)
+	descNodeCapacity = prometheus.NewDesc("mlsched_node_capacity",
+		"Tasks the node runs at once, as its last heartbeat announced.", []string{"node"}, nil)
+	descNodes = prometheus.NewDesc("mlsched_nodes",
+		"Live worker nodes this replica routes to.", nil, nil)
+	descBacklog = prometheus.NewDesc("mlsched_backlog_tasks",
+		"Tasks waiting in MLSCHED_TASKS (not yet dispatched), by type, sampled every few seconds.", []string{"type"}, nil)
+	descDegraded = prometheus.NewDesc("mlsched_stats_degraded",
+		"1 while the replica cannot reach the statistics store and decides on its last snapshot.", nil, nil)
+	descEvents = prometheus.NewDesc("mlsched_dispatcher_events_total",
+		"Replica events by kind: dispatched, redispatched, suppressed (a second result refused), late (outcome of a superseded attempt), lost (attempt unanswered at its deadline), panic (decision with every breaker open).",
+		[]string{"event"}, nil)
+	descSnapshotAge = prometheus.NewDesc("mlsched_stats_snapshot_age_seconds",
+		"Age of the statistics snapshot decisions are made on.", nil, nil)
+)
+
+func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSuccess, descBreaker, descModelInflight, descNodeInflight, descNodeCapacity,
+		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge} {
+		ch <- d
+	}
+}
+
+func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
+		for i := range labels {
+			labels[i] = opshttp.LabelValue(labels[i])
+		}
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(desc *prometheus.Desc, v *atomic.Int64, label string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v.Load()), label)
+	}
+	cs := &d.counters
+	counter(descEvents, &cs.Dispatched, "dispatched")
+	counter(descEvents, &cs.Redispatched, "redispatched")
+	counter(descEvents, &cs.Suppressed, "suppressed")
+	counter(descEvents, &cs.Late, "late")
+	counter(descEvents, &cs.Lost, "lost")
+	counter(descEvents, &cs.Panic, "panic")
+	if !d.live.Load() {
+		return
+	}
+	degraded := 0.0
+	if d.degradedReason() != "" {
+		degraded = 1
+	}
+	gauge(descDegraded, degraded)
+	if snap := d.snap.Load(); snap != nil {
+		gauge(descSnapshotAge, max(0, time.Since(snap.Taken).Seconds()))
+		for name, m := range snap.Models {
+			if j := m.Judged(); j > 0 {
+				gauge(descSuccess, float64(m.Successes)/float64(j), name)
+			}
+			b := 0.0
+			if m.Breaker.State == stats.BreakerOpen {
+				b = 1
+			}
+			gauge(descBreaker, b, name)
+			gauge(descModelInflight, float64(max(0, m.InFlight)), name)
+		}
+	}
+	if d.reg != nil {
+		nodes := d.reg.Live()
+		gauge(descNodes, float64(len(nodes)))
+		for _, n := range nodes {
+			gauge(descNodeInflight, float64(n.InFlight), n.Node)
+			gauge(descNodeCapacity, float64(n.Capacity), n.Node)
+		}
+	}
+	if b := d.backlog.Load(); b != nil {
+		types := make([]string, 0, len(*b))
+		for t := range *b {
+			types = append(types, t)
+		}
+		sort.Strings(types)
+		var other int64
+		for i, t := range types {
+			if i >= opshttp.DefaultMaxChildren { // junk types published at random must not grow series
+				other += (*b)[t]
+				continue
+			}
+			gauge(descBacklog, float64((*b)[t]), t)
+		}
+		if len(types) > opshttp.DefaultMaxChildren {
+			gauge(descBacklog, float64(other), opshttp.Overflow)
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mlsched/mlsched/shared/opshttp"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// metrics of a node. Per-task instruments are resolved once per label value
+// (opshttp.Children): each execution costs two atomic adds and a histogram
+// observation.
+type metrics struct {
+	reg      *prometheus.Registry
+	execs    *opshttp.Children[opshttp.L2, prometheus.Counter] // model, outcome
+	duration *opshttp.Children[string, prometheus.Observer]     // model
+}
+
+func newMetrics(w *Worker) *metrics {
+	reg := opshttp.NewRegistry()
+	execs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_worker_executions_total",
+		Help: "Dispatches this node handled, by model and outcome (success, model_error, timeout, task_error, expired)."},
+		[]string{"model", "outcome"})
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mlsched_worker_execution_duration_seconds",
+		Help:    "Time a model took to answer (or to time out), by model.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12)}, []string{"model"})
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mlsched_worker_inflight",
+		Help: "Tasks running on this node now."}, func() float64 { return float64(w.inFlight.Load()) })
+	capacity := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mlsched_worker_capacity",
+		Help: "Tasks this node runs at once (MLSCHED_CONCURRENCY)."}, func() float64 { return float64(w.cfg.Concurrency) })
+	reg.MustRegister(execs, duration, inflight, capacity)
+	return &metrics{reg: reg, execs: opshttp.Counter2(execs), duration: opshttp.Observer1(duration)}
+}
+
+// observe counts one handled dispatch.
+func (m *metrics) observe(out *protocol.Outcome, ran bool) {
+	m.execs.Get(opshttp.L2{A: out.Model, B: string(out.Status)}).Inc()
+	if ran {
+		m.duration.Get(out.Model).Observe(out.LatencyMs / 1000)
+	}
+}
+
+// Metrics is the node's Prometheus registry (what /metrics serves).
+func (w *Worker) Metrics() prometheus.Gatherer { return w.metrics.reg }
+
+// HTTPAddr is the listener's bound address, nil when it is off or not
+// started.
+func (w *Worker) HTTPAddr() net.Addr {
+	w.httpMu.Lock()
+	defer w.httpMu.Unlock()
+	if w.http == nil {
+		return nil
+	}
+	return w.http.Addr()
+}
+
+// startHTTP binds MLSCHED_HTTP_ADDR before the node connects.
+func (w *Worker) startHTTP() (stop func(), err error) {
+	s, err := opshttp.Listen(w.cfg.HTTPAddr, opshttp.Options{Gatherer: w.metrics.reg, Ready: w.Ready})
+	if err != nil || s == nil {
+		return func() {}, err
+	}
+	w.httpMu.Lock()
+	w.http = s
+	w.httpMu.Unlock()
+	w.log.Info().Str("addr", s.Addr().String()).Msg("http listening: /metrics /healthz /readyz")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = s.Close(ctx)
+		w.httpMu.Lock()
+		w.http = nil
+		w.httpMu.Unlock()
+	}, nil
+}
+
+// Ready reports readiness: consuming (started, not draining), connected to
+// NATS, and the dispatch and outcome streams present.
+func (w *Worker) Ready(ctx context.Context) opshttp.Status {
+	live := w.liveConn.Load()
+	if live == nil || w.draining.Load() {
+		return opshttp.Status{Checks: []opshttp.Check{{Name: "worker", Err: errors.New("starting or draining")}}}
+	}
+	var st opshttp.Status
+	var natsErr error
+	if s := live.nc.Status(); s != nats.CONNECTED {
+		natsErr = fmt.Errorf("connection is %s", s)
+	}
+	st.Checks = append(st.Checks, opshttp.Check{Name: "nats", Err: natsErr})
+	var streamsErr error
+	if natsErr != nil {
+		streamsErr = errors.New("not checked: NATS is not connected")
+	} else {
+		for _, name := range []string{topology.StreamDispatch, topology.StreamOutcomes} {
+			if _, err := live.js.Stream(ctx, name); err != nil {
+				streamsErr = fmt.Errorf("stream %s: %w", name, err)
+				break
+			}
+		}
+	}
+	st.Checks = append(st.Checks, opshttp.Check{Name: "streams", Err: streamsErr})
+	return st
+}
+
+// conns are the node's NATS connection and JetStream context while it
+// consumes (nil otherwise), for readiness checks.
+type conns struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+}

@@ -22,7 +22,7 @@ import (
 type metrics struct {
 	reg      *prometheus.Registry
 	execs    *opshttp.Children[opshttp.L2, prometheus.Counter] // model, outcome
-	duration *opshttp.Children[string, prometheus.Observer]     // model
+	duration *opshttp.Children[string, prometheus.Observer]    // model
 }
 
 func newMetrics(w *Worker) *metrics {

@@ -88,7 +88,9 @@ func Counter2(v *prometheus.CounterVec) *Children[L2, prometheus.Counter] {
 
 // Counter3 is a Children of a three-label counter vector.
 func Counter3(v *prometheus.CounterVec) *Children[L3, prometheus.Counter] {
-	return NewChildren(0, func(k L3) prometheus.Counter { return v.WithLabelValues(LabelValue(k.A), LabelValue(k.B), LabelValue(k.C)) },
+	return NewChildren(0, func(k L3) prometheus.Counter {
+		return v.WithLabelValues(LabelValue(k.A), LabelValue(k.B), LabelValue(k.C))
+	},
 		L3{Overflow, Overflow, Overflow})
 }
 

@@ -15,7 +15,9 @@
 //
 // Delivery contract: an outcome is always published (JetStream-acked) before
 // the dispatch is acked, so a crash between the two re-runs the attempt but
-// never loses it; the outcome's Nats-Msg-Id ("o:<task>:<attempt>") lets
+// never loses it. Outcomes are published asynchronously, at most
+// MLSCHED_CONCURRENCY unconfirmed, and one goroutine acks each dispatch when
+// its outcome's publish is confirmed (or naks it when the publish fails); the outcome's Nats-Msg-Id ("o:<task>:<attempt>") lets
 // JetStream drop the duplicate. A dispatch past its deadline is reported
 // expired without running, so a restarted node does not work off a stale
 // backlog.

@@ -90,9 +90,15 @@ func (w *Worker) process(msg jetstream.Msg) {
 	d, perr := parseDispatch(msg)
 	log := w.log.With().Str("task_id", d.TaskID).Str("model", d.Model).Int("attempt", d.Attempt).Logger()
 
-	// Keep the dispatch ours while it runs and is reported.
-	stopProgress := w.progress(msg, log)
-	defer stopProgress()
+	// Keep the dispatch ours while it runs and until its outcome is stored
+	// (report hands stopProgress to the outcome publisher).
+	stopProgress := progressTimer(msg, w.cfg.AckWait/3, log)
+	reported := false
+	defer func() {
+		if !reported {
+			stopProgress()
+		}
+	}()
 
 	out := protocol.Outcome{TaskID: d.TaskID, Type: d.Type, Attempt: d.Attempt, Model: d.Model, Node: w.node}
 	m := w.models[d.Model]
@@ -132,43 +138,15 @@ func (w *Worker) process(msg jetstream.Msg) {
 	}
 	ev.Msg("task done")
 
-	if err := w.report(msg, d, out); err != nil {
+	// The outcome publisher acks the dispatch once the outcome is stored.
+	if err := w.report(msg, d, out, log, stopProgress); err != nil {
 		log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
 		if err := msg.NakWithDelay(nakDelay); err != nil {
 			log.Warn().Err(err).Msg("nak failed")
 		}
 		return
 	}
-	// A plain ack, not a double ack: the outcome is already stored, so a lost
-	// ack costs only a redelivery, whose re-run outcome JetStream drops as a
-	// duplicate (same Nats-Msg-Id) and which the dispatcher would refuse as
-	// a second result anyway. Waiting for the server's confirmation would
-	// add a round trip to every task.
-	if err := msg.Ack(); err != nil {
-		log.Warn().Err(err).Msg("ack of the dispatch failed")
-	}
-}
-
-// progress signals InProgress every AckWait/3 until the returned func runs.
-func (w *Worker) progress(msg jetstream.Msg, log zerolog.Logger) func() {
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(w.cfg.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if err := msg.InProgress(); err != nil {
-					log.Debug().Err(err).Msg("in-progress signal failed")
-				}
-			}
-		}
-	}()
-	return func() { close(stop); <-done }
+	reported = true
 }
 
 // run executes the task and fills out's status, output, error and latency.
@@ -232,9 +210,10 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 	return true
 }
 
-// report publishes the outcome with every dispatch header echoed, and waits
-// for JetStream's ack.
-func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome) error {
+// report hands the outcome, with every dispatch header echoed, to the
+// outcome publisher, which acks msg once the outcome is stored and then
+// calls stop. On error nothing was published and the caller still owns msg.
+func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome, log zerolog.Logger, stop func()) error {
 	body, err := json.Marshal(out)
 	if err != nil {
 		return fmt.Errorf("encode outcome: %w", err)
@@ -247,9 +226,9 @@ func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome) err
 		}
 	}
 	msgID := protocol.MsgID("o", id, d.Submission, d.Attempt)
-	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)
-	defer cancel()
-	if _, err := w.js.PublishMsg(ctx, om, jetstream.WithMsgID(msgID)); err != nil {
+	w.tasks.Add(1) // until the dispatch is acked (the publisher calls Done)
+	if err := w.outcomes.publish(om, msgID, msg, log, stop); err != nil {
+		w.tasks.Done()
 		return fmt.Errorf("publish outcome: %w", err)
 	}
 	return nil

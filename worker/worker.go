@@ -65,6 +65,7 @@ type Worker struct {
 
 	// set by Run
 	js        jetstream.JetStream
+	outcomes  *outcomePublisher
 	models    map[string]*hosted
 	tasks     sync.WaitGroup
 	slots     chan struct{}
@@ -172,11 +173,16 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		defer func() { _ = nc.Drain() }()
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(w.cfg.PublishTimeout))
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	w.js = js
+	// Outcomes in flight count as tasks until their dispatch is acked, so
+	// that a shutdown waits for them. MaxAckPending already bounds them by
+	// Concurrency; the window makes the bound explicit.
+	w.outcomes = newOutcomePublisher(js, w.cfg.Concurrency, w.tasks.Done)
+	defer w.outcomes.close()
 	if err := topology.Ensure(ctx, js, w.topology()); err != nil {
 		return startErr(ctx, fmt.Errorf("topology: %w", err))
 	}

@@ -83,11 +83,13 @@ func RunSuite(ctx context.Context, o Options, modes []Mode, clusterNodes int) (*
 		for _, n := range topologies {
 			ro := o
 			ro.SyncInterval, ro.ClusterNodes = m.SyncInterval, n
+			slug := fmt.Sprintf("%s-r%d", strings.ReplaceAll(m.Name, " ", "-"), max(1, n)) // e.g. fast-r3
 			if o.Dir != "" {
-				ro.Dir = filepath.Join(o.Dir, fmt.Sprintf("%s-%s", m.Name, topologyName(n)))
+				ro.Dir = filepath.Join(o.Dir, slug)
 			}
 			if o.ProfilePath != "" {
-				ro.ProfilePath = strings.TrimSuffix(o.ProfilePath, ".pprof") + fmt.Sprintf(".%s-%s.pprof", m.Name, topologyName(n))
+				ext := filepath.Ext(o.ProfilePath)
+				ro.ProfilePath = strings.TrimSuffix(o.ProfilePath, ext) + "." + slug + ext
 			}
 			fmt.Fprintf(ro.withDefaults().Progress, "=== mode %s (sync_interval %s), %s\n", m.Name, m.SyncInterval, topologyName(n))
 			rep, err := Run(ctx, ro)

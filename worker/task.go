@@ -41,7 +41,13 @@ type dispatch struct {
 func parseDispatch(msg jetstream.Msg) (dispatch, error) {
 	pd, herr := protocol.ParseDispatch(msg.Headers())
 	d := dispatch{Dispatch: pd, body: msg.Data()}
-	var t protocol.Task
+	// Only what the worker uses: the dispatcher validated the rest, and the
+	// original bytes travel on in the outcome of a failed attempt.
+	var t struct {
+		ID      string          `json:"id"`
+		Type    string          `json:"type"`
+		Payload json.RawMessage `json:"payload"`
+	}
 	bodyErr := json.Unmarshal(d.body, &t)
 	if d.TaskID == "" {
 		d.TaskID = t.ID // keys the outcome of a dispatch without the header

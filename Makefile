@@ -30,27 +30,31 @@ build: ## build bin/dispatcher, bin/worker, bin/mlsched and bin/nats-server
 run: ## the demo: embedded NATS, 1 dispatcher, 3 workers, a producer, a live table (Redis if MLSCHED_REDIS_URL is set)
 	$(GO) run ./e2e/cmd/mlsched-demo
 
-# The tests start their own redis-server on a free port; it must be installed.
-# As root (CI) we install it, keeping the package from starting a service:
-# the tests never use 6379, and a stray server there would only hide bugs.
+# The tests start their own redis-server (and, for the Sentinel tests,
+# redis-sentinel) on free ports; they must be installed. As root (CI) we
+# install them, keeping the packages from starting services: the tests never
+# use 6379 or 26379, and a stray server there would only hide bugs. Without
+# redis-sentinel the Sentinel tests skip, saying why.
 .PHONY: redis-server
-redis-server: ## make sure redis-server is installed (installs it with apt-get when root)
-	@if command -v redis-server >/dev/null 2>&1; then exit 0; fi; \
-	if [ "$$(id -u)" != 0 ]; then \
-		echo "error: redis-server is not installed and we are not root." >&2; \
-		echo "       The tests start their own redis-server; install it, e.g. sudo apt-get install redis-server" >&2; \
+redis-server: ## make sure redis-server and redis-sentinel are installed (installs them with apt-get when root)
+	@if command -v redis-server >/dev/null 2>&1 && command -v redis-sentinel >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		if command -v redis-server >/dev/null 2>&1; then \
+			echo "warning: redis-sentinel is not installed (not root or no apt-get): the Sentinel tests will skip" >&2; exit 0; \
+		fi; \
+		echo "error: redis-server is not installed and we cannot install it (not root, or no apt-get)." >&2; \
+		echo "       The tests start their own redis-server; install it, e.g. sudo apt-get install redis-server redis-sentinel" >&2; \
 		exit 1; \
 	fi; \
-	if ! command -v apt-get >/dev/null 2>&1; then \
-		echo "error: redis-server is not installed and apt-get is not available; install redis-server >= 6" >&2; exit 1; \
-	fi; \
-	echo ">> installing redis-server with apt-get"; \
+	echo ">> installing redis-server and redis-sentinel with apt-get"; \
 	prc=/usr/sbin/policy-rc.d; own_prc=0; \
 	if [ ! -e $$prc ]; then printf '#!/bin/sh\nexit 101\n' > $$prc && chmod +x $$prc && own_prc=1; fi; \
 	trap 'if [ $$own_prc = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi' EXIT; \
 	export DEBIAN_FRONTEND=noninteractive; \
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server </dev/null; \
-	(service redis-server stop || systemctl stop redis-server || true) >/dev/null 2>&1; \
+	apt-get install -y -qq --no-install-recommends redis-sentinel </dev/null || \
+		echo "warning: redis-sentinel could not be installed: the Sentinel tests will skip" >&2; \
+	for s in redis-server redis-sentinel; do (service $$s stop || systemctl stop $$s || true) >/dev/null 2>&1; done; \
 	command -v redis-server >/dev/null || { echo "error: redis-server still not in PATH after apt-get install" >&2; exit 1; }; \
 	echo ">> $$(redis-server --version)"
 

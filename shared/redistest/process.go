@@ -44,6 +44,12 @@ type Process struct {
 // with dir as its working directory, no snapshots and no append-only file,
 // and waits until it answers PING. The caller must Stop it.
 func StartProcess(dir string, port int) (*Process, error) {
+	return StartProcessArgs(dir, port)
+}
+
+// StartProcessArgs is StartProcess with more redis-server arguments, e.g.
+// "--replicaof", "127.0.0.1", "7000".
+func StartProcessArgs(dir string, port int, extra ...string) (*Process, error) {
 	bin, err := exec.LookPath(Binary)
 	if err != nil {
 		return nil, ErrNoBinary
@@ -58,7 +64,7 @@ func StartProcess(dir string, port int) (*Process, error) {
 				return nil, err
 			}
 		}
-		p, err := startOnce(bin, dir, port)
+		p, err := startOnce(bin, dir, port, extra)
 		if err == nil {
 			return p, nil
 		}
@@ -70,9 +76,8 @@ func StartProcess(dir string, port int) (*Process, error) {
 	return nil, lastErr
 }
 
-func startOnce(bin, dir string, port int) (*Process, error) {
-	out := &lockedBuffer{}
-	cmd := exec.Command(bin,
+func startOnce(bin, dir string, port int, extra []string) (*Process, error) {
+	args := append([]string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -82,7 +87,14 @@ func startOnce(bin, dir string, port int) (*Process, error) {
 		"--protected-mode", "no",
 		"--loglevel", "warning",
 		"--logfile", "",
-	)
+	}, extra...)
+	return startCmd(bin, args, dir, port)
+}
+
+// startCmd runs bin with args and waits until it answers PING on port.
+func startCmd(bin string, args []string, dir string, port int) (*Process, error) {
+	out := &lockedBuffer{}
+	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Stdout = out
 	cmd.Stderr = out
@@ -100,7 +112,7 @@ func startOnce(bin, dir string, port int) (*Process, error) {
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	if err := p.waitReady(readyTimeout); err != nil {
 		p.Stop()
-		return nil, fmt.Errorf("redis-server on port %d: %w; output: %s", port, err, strings.TrimSpace(out.String()))
+		return nil, fmt.Errorf("%s on port %d: %w; output: %s", bin, port, err, strings.TrimSpace(out.String()))
 	}
 	return p, nil
 }

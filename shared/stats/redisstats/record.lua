@@ -2,29 +2,34 @@
 -- KEYS[1]   gauges hash; KEYS[2] generation; KEYS[3] write sequence;
 -- KEYS[4..] bucket hashes
 -- ARGV      known generation ('' if none yet), known sequence, a new
---           generation to create if there is none and none is known;
+--           generation to create if there is none and none is known, the
+--           known replication id of the master ('' if none yet);
 --           then per bucket key: ttl_ms, nfields, nfields x (field, delta)
 --           then ngauges, ngauges x (series "<model> <node> ", if_add,
 --           cf_reset, cf_add, last_outcome or ""); in-flight is a signed
 --           sum, read clamped at 0
--- Returns {0, generation, sequence} when applied; {1, generation or '',
--- sequence} without applying anything when the store is not the one the
--- caller knows (reset: generation missing or changed, or the sequence
--- behind one the caller saw), so that the caller re-seeds it first.
+-- Returns {0, generation, sequence, replid} when applied; {1, ...}
+-- without applying anything when the store may not be the one the caller
+-- knows, so that the caller re-seeds it first: the generation is missing or
+-- changed (restarted empty), the sequence is behind one the caller saw, or
+-- the master's replication id changed (a replica was promoted: it may have
+-- missed the latest writes).
+local rid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''
 local gen = redis.call('GET', KEYS[2])
 local known = ARGV[1]
 if not gen then
-  if known ~= '' then return {1, '', 0} end
+  if known ~= '' then return {1, '', 0, rid} end
   gen = ARGV[3]
   redis.call('SET', KEYS[2], gen)
 elseif known ~= '' and gen ~= known then
-  return {1, gen, 0}
+  return {1, gen, 0, rid}
 end
+if ARGV[4] ~= '' and rid ~= ARGV[4] then return {1, gen, 0, rid} end
 local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
-if seq < tonumber(ARGV[2]) then return {1, gen, seq} end
+if seq < tonumber(ARGV[2]) then return {1, gen, seq, rid} end
 
 local g = KEYS[1]
-local a = 4
+local a = 5
 for k = 4, #KEYS do
   local key = KEYS[k]
   local ttl = ARGV[a]
@@ -65,4 +70,4 @@ for _ = 1, ng do
     if not cur or string.rep('0', 20 - #cur) .. cur < lo then redis.call('HSET', g, f, lo) end
   end
 end
-return {0, gen, redis.call('INCR', KEYS[3])}
+return {0, gen, redis.call('INCR', KEYS[3]), rid}

@@ -217,7 +217,7 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 	keys := make([]string, 0, 3+len(bucketOrder))
 	keys = append(keys, s.gaugeKey(), s.genKey(), s.seqKey())
 	args := make([]any, 0, 16*len(buckets)+6*len(gauges)+11)
-	args = append(args, "", int64(0), "") // generation, sequence: set per try
+	args = append(args, "", int64(0), "", "") // generation, sequence, replication id: set per try
 	fieldsOf := make(map[int64][]any, len(bucketOrder))
 	for bk, a := range buckets {
 		fieldsOf[bk.idx] = appendFields(fieldsOf[bk.idx], bk.series, a)
@@ -246,12 +246,12 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 		args = append(args, k.model+" "+k.node+" ", g.ifAdd, reset, g.cfAdd, lo)
 	}
 	for try := 0; ; try++ {
-		gen, seq, resets := s.known()
+		k := s.known()
 		cand := "" // names the store if nobody has yet
-		if gen == "" {
+		if k.gen == "" {
 			cand = newGeneration()
 		}
-		args[0], args[1], args[2] = gen, seq, cand
+		args[0], args[1], args[2], args[3] = k.gen, k.seq, cand, k.replid
 		res, err := recordScript.Run(ctx, s.c, keys, args...).Slice()
 		if err != nil {
 			return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
@@ -267,7 +267,7 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 		if try == 2 {
 			return fmt.Errorf("redisstats: record %d events: %w", len(events), errResetLoop)
 		}
-		if err := s.reseed(ctx, resets); err != nil {
+		if err := s.reseed(ctx, k.resets); err != nil {
 			return fmt.Errorf("redisstats: record %d events: %w", len(events), err)
 		}
 	}
@@ -318,27 +318,31 @@ func (s *Store) snapshot(ctx context.Context) (_ *stats.Snapshot, reset bool, re
 	now := s.now()
 	first, last := s.w.Range(now)
 	recent := s.w.RecentFirst(now)
-	knownGen, knownSeq, resets := s.known() // before the read: it must see them
+	k := s.known() // before the read: the read must see what it names
 	var bucketCmds []*redis.MapStringStringCmd
 	var gaugeCmd, breakerCmd *redis.MapStringStringCmd
-	var genCmd, seqCmd *redis.StringCmd
+	var metaCmd *redis.Cmd
 	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for idx := first; idx <= last; idx++ {
 			bucketCmds = append(bucketCmds, p.HGetAll(ctx, s.bucketKey(idx)))
 		}
 		gaugeCmd = p.HGetAll(ctx, s.gaugeKey())
 		breakerCmd = p.HGetAll(ctx, s.breakerKey())
-		genCmd = p.Get(ctx, s.genKey())
-		seqCmd = p.Get(ctx, s.seqKey())
+		// EVAL, not EVALSHA: a transaction cannot fall back after NOSCRIPT
+		metaCmd = p.Eval(ctx, metaSrc, []string{s.genKey(), s.seqKey()})
 		return nil
 	})
-	if err != nil && err != redis.Nil {
+	if err != nil {
 		return nil, false, 0, fmt.Errorf("redisstats: snapshot: %w", err)
 	}
-	gen := genCmd.Val()
-	seq, _ := strconv.ParseInt(seqCmd.Val(), 10, 64)
-	if knownGen != "" && (gen != knownGen || seq < knownSeq) {
-		return nil, true, resets, nil
+	meta, err := metaCmd.StringSlice()
+	if err != nil || len(meta) != 3 {
+		return nil, false, 0, fmt.Errorf("redisstats: snapshot: unexpected reply %v: %v", metaCmd.Val(), err)
+	}
+	gen, replid := meta[0], meta[2]
+	seq, _ := strconv.ParseInt(meta[1], 10, 64)
+	if k.gen != "" && (gen != k.gen || seq < k.seq || (k.replid != "" && replid != k.replid)) {
+		return nil, true, k.resets, nil
 	}
 	if gen == "" {
 		// a store nobody has written to yet: name its generation
@@ -349,7 +353,7 @@ func (s *Store) snapshot(ctx context.Context) (_ *stats.Snapshot, reset bool, re
 			return nil, false, 0, fmt.Errorf("redisstats: snapshot: %w", err)
 		}
 	}
-	v := view{gen: gen, seq: seq, first: first, buckets: make(map[int64]map[string]string, len(bucketCmds)),
+	v := view{gen: gen, replid: replid, seq: seq, first: first, buckets: make(map[int64]map[string]string, len(bucketCmds)),
 		gauges: gaugeCmd.Val(), breakers: breakerCmd.Val()}
 	for i, c := range bucketCmds {
 		if m := c.Val(); len(m) > 0 {

@@ -1,6 +1,7 @@
 package redisstats_test
 
 import (
+	"context"
 	"crypto/rand"
 	"strconv"
 	"testing"
@@ -176,4 +177,8 @@ func TestConformanceReset(t *testing.T) {
 			Checkpoint: func(t *testing.T) func(t *testing.T) { return redistest.Checkpoint(t, client, p) },
 		}
 	})
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(t.Context()), d)
 }

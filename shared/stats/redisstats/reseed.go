@@ -20,9 +20,11 @@ import (
 //
 // Detection. The store holds a generation (<prefix>{stats}:gen, a random
 // name) and a write sequence (<prefix>{stats}:seq, incremented by every
-// Record). Every Record and Snapshot compares them with what this replica
-// last saw: a generation missing or changed, or a sequence behind one this
-// replica has seen, is a reset. The Record script refuses to apply a batch
+// Record). Every Record and Snapshot compares them, and the master's
+// replication id, with what this replica last saw: a generation missing or
+// changed, a sequence behind one this replica has seen, or a new
+// replication id (a replica was promoted, or the server restarted) is a
+// reset, possibly partial. The Record script refuses to apply a batch
 // to a reset store, so that nothing written after the reset is mistaken for
 // the whole past.
 //
@@ -51,6 +53,8 @@ var (
 	//go:embed reseed_commit.lua
 	reseedCommitSrc    string
 	reseedCommitScript = redis.NewScript(reseedCommitSrc)
+	//go:embed meta.lua
+	metaSrc string
 )
 
 // errResetLoop: the store kept looking reset right after a re-seed.
@@ -82,8 +86,9 @@ func (s *Store) Resets() int64 { return s.resets.Load() }
 
 // view is what this replica knows of the store.
 type view struct {
-	gen string // "" until the first read or write
-	seq int64  // the highest write sequence seen
+	gen    string // "" until the first read or write
+	replid string // the master's replication id ("" until known)
+	seq    int64  // the highest write sequence seen
 	// the last snapshot's raw hashes; first is its oldest bucket
 	first    int64
 	buckets  map[int64]map[string]string
@@ -98,10 +103,16 @@ type pendingBatch struct {
 	fields map[int64][]any // bucket -> field, delta pairs (as Record sends them)
 }
 
-func (s *Store) known() (gen string, seq, resets int64) {
+// knowledge is what a read or write compares the store with.
+type knowledge struct {
+	gen, replid string
+	seq, resets int64
+}
+
+func (s *Store) known() knowledge {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.view.gen, s.view.seq, s.resets.Load()
+	return knowledge{gen: s.view.gen, replid: s.view.replid, seq: s.view.seq, resets: s.resets.Load()}
 }
 
 // remember keeps a snapshot's raw hashes, unless a re-seed moved the view
@@ -124,22 +135,23 @@ func (s *Store) remember(v view) {
 }
 
 type recordReply struct {
-	reset bool
-	gen   string
-	seq   int64
+	reset       bool
+	gen, replid string
+	seq         int64
 }
 
 func parseReply(res []any) (recordReply, error) {
-	if len(res) != 3 {
+	if len(res) != 4 {
 		return recordReply{}, fmt.Errorf("unexpected script reply %v", res)
 	}
 	st, ok1 := res[0].(int64)
 	gen, ok2 := res[1].(string)
 	seq, ok3 := res[2].(int64)
-	if !ok1 || !ok2 || !ok3 {
+	rid, ok4 := res[3].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return recordReply{}, fmt.Errorf("unexpected script reply %v", res)
 	}
-	return recordReply{reset: st != 0, gen: gen, seq: seq}, nil
+	return recordReply{reset: st != 0, gen: gen, seq: seq, replid: rid}, nil
 }
 
 // recorded remembers a batch the store applied at sequence r.seq.
@@ -152,6 +164,7 @@ func (s *Store) recorded(r recordReply, fields map[int64][]any) {
 	if r.gen != s.view.gen {
 		return
 	}
+	s.view.replid = r.replid
 	s.view.seq = max(s.view.seq, r.seq)
 	if len(s.view.pending) >= maxPending {
 		s.view.pending = s.view.pending[1:]
@@ -206,14 +219,18 @@ func (s *Store) reseed(ctx context.Context, resets int64) error {
 	if err != nil {
 		return fmt.Errorf("re-seed: %w", err)
 	}
+	if len(res) != 3 {
+		return fmt.Errorf("re-seed: unexpected script reply %v", res)
+	}
 	gen, ok1 := res[0].(string)
 	n, ok2 := res[1].(int64)
-	if len(res) != 2 || !ok1 || !ok2 {
+	rid, ok3 := res[2].(string)
+	if !ok1 || !ok2 || !ok3 {
 		return fmt.Errorf("re-seed: unexpected script reply %v", res)
 	}
 	info.NewGeneration, info.First, info.Fields = gen, gen == args[1], info.Fields+int(n)
 	s.mu.Lock()
-	s.view.gen = gen
+	s.view.gen, s.view.replid = gen, rid
 	s.mu.Unlock()
 	s.resets.Add(1)
 	info.Took = time.Since(start)

@@ -13,7 +13,7 @@
 -- to the later time, because the store has moved on since the first.
 -- Breakers: the state with the later transition wins. Times are compared as
 -- zero-padded decimal strings (Lua numbers lose nanoseconds).
--- Returns {generation, fields written}.
+-- Returns {generation, fields written, the master's replication id}.
 local function pad(s) return string.rep('0', 20 - #s) .. s end
 local gen = redis.call('GET', KEYS[3])
 local first = (not gen) or gen == ARGV[1]
@@ -44,4 +44,4 @@ if first then
 end
 local seq = tonumber(redis.call('GET', KEYS[4]) or '0')
 if seq < tonumber(ARGV[3]) then redis.call('SET', KEYS[4], ARGV[3]) end
-return {gen, n}
+return {gen, n, string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)') or ''}

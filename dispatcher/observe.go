@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mlsched/mlsched/shared/opshttp"
@@ -149,26 +147,20 @@ func (d *Dispatcher) backlogLoop(ctx context.Context) {
 }
 
 func (d *Dispatcher) sampleBacklog(ctx context.Context) (map[string]int64, error) {
-	s, err := d.js.Stream(ctx, topology.StreamTasks)
+	b, err := d.backlogNow(ctx)
 	if err != nil {
 		return nil, err
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTasksAll))
-	if err != nil {
-		return nil, err
-	}
-	b := make(map[string]int64, len(info.State.Subjects))
 	if d.reg != nil { // the types live nodes serve are reported at 0 too
 		for _, n := range d.reg.Live() {
 			for _, m := range n.Models {
 				for _, t := range m.Types {
-					b[t] = 0
+					if _, ok := b[t]; !ok {
+						b[t] = 0
+					}
 				}
 			}
 		}
-	}
-	for subj, n := range info.State.Subjects {
-		b[strings.TrimPrefix(subj, topology.TaskSubject(""))] += int64(n)
 	}
 	return b, nil
 }

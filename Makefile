@@ -58,11 +58,30 @@ redis-server: ## make sure redis-server and redis-sentinel are installed (instal
 	command -v redis-server >/dev/null || { echo "error: redis-server still not in PATH after apt-get install" >&2; exit 1; }; \
 	echo ">> $$(redis-server --version)"
 
+# Prometheus (its server and promtool) checks the metrics, the alert rules
+# and a live scrape of a cluster. Optional: without it those tests skip with
+# a message. As root we install Debian's package without starting its service.
+.PHONY: prometheus
+prometheus: ## install Debian's prometheus (promtool) with apt-get when root; tests skip without it
+	@if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "note: prometheus/promtool not installed (not root or no apt-get): the Prometheus tests will skip" >&2; exit 0; \
+	fi; \
+	echo ">> installing prometheus with apt-get"; \
+	prc=/usr/sbin/policy-rc.d; own_prc=0; \
+	if [ ! -e $$prc ]; then printf '#!/bin/sh\nexit 101\n' > $$prc && chmod +x $$prc && own_prc=1; fi; \
+	trap 'if [ $$own_prc = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi' EXIT; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus </dev/null) || \
+		echo "note: apt-get install prometheus failed: the Prometheus tests will skip" >&2; \
+	(service prometheus stop || systemctl stop prometheus || true) >/dev/null 2>&1; \
+	command -v promtool >/dev/null && echo ">> $$(promtool --version 2>&1 | head -1)" || true
+
 # The e2e tests run the binaries `make build` just made (MLSCHED_E2E_BIN),
 # instead of building them again in every test package; if the build fails
 # they build (and report) it themselves.
 .PHONY: test
-test: redis-server ## vet and test (-race) every module, then a short fuzz run; prints a summary
+test: redis-server prometheus ## vet and test (-race) every module, then a short fuzz run; prints a summary
 	@declare -a summary=(); failed=0; \
 	step() { local name=$$1; shift; local t0=$$SECONDS; echo ">> $$name"; \
 		if "$$@"; then summary+=("PASS  $$name ($$((SECONDS-t0))s)"); last=0; \

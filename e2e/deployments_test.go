@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -250,6 +251,94 @@ func TestNATSClusterConfig(t *testing.T) {
 		}
 		if !slices.Contains(s.Profiles, "cluster") {
 			t.Errorf("%s is not in the cluster profile", name)
+		}
+	}
+}
+
+// The dispatcher and worker containers are health-checked through their
+// /readyz: in compose (healthcheck) and in the image (HEALTHCHECK), with the
+// binaries' own `healthcheck` command since the images have no shell or curl.
+func TestHealthChecksUseReadyz(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile(repoPath(t, "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]struct {
+			Healthcheck struct {
+				Test []string `yaml:"test"`
+			} `yaml:"healthcheck"`
+			Volumes  []string `yaml:"volumes"`
+			Profiles []string `yaml:"profiles"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	for svc, bin := range map[string]string{"dispatcher": "dispatcher", "worker": "worker",
+		"dispatcher-r3": "dispatcher", "worker-r3": "worker"} {
+		want := []string{"CMD", "/usr/local/bin/" + bin, "healthcheck"}
+		if got := f.Services[svc].Healthcheck.Test; !slices.Equal(got, want) {
+			t.Errorf("%s healthcheck = %v, want %v", svc, got, want)
+		}
+	}
+	p := f.Services["prometheus"]
+	if !slices.Contains(p.Volumes, "./deployments/prometheus:/etc/prometheus:ro") || !slices.Contains(p.Profiles, "monitoring") {
+		t.Errorf("prometheus service does not mount deployments/prometheus: %+v", p)
+	}
+	df, err := os.ReadFile(repoPath(t, "deployments/Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages := strings.Split(string(df), "\nFROM ")
+	for _, target := range []string{"dispatcher", "worker"} {
+		found := false
+		for _, st := range stages {
+			if !strings.Contains(strings.SplitN(st, "\n", 2)[0], "AS "+target) {
+				continue
+			}
+			found = true
+			if !strings.Contains(st, `CMD ["/usr/local/bin/`+target+`", "healthcheck"]`) || !strings.Contains(st, "HEALTHCHECK ") {
+				t.Errorf("Dockerfile stage %s has no HEALTHCHECK running `%s healthcheck`", target, target)
+			}
+		}
+		if !found {
+			t.Errorf("Dockerfile has no stage %s", target)
+		}
+	}
+}
+
+// deployments/prometheus: the configuration and the alert rules are valid
+// for promtool, and the rules' unit tests (alerts_test.yml) pass: each alert
+// fires on what it is about and not on a healthy cluster.
+func TestPrometheusConfigAndRules(t *testing.T) {
+	t.Parallel()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (Debian package prometheus; make test installs it when run as root)")
+	}
+	dir := repoPath(t, "deployments/prometheus")
+	for _, args := range [][]string{
+		{"check", "config", "prometheus.yml"},
+		{"check", "rules", "alerts.yml"},
+		{"test", "rules", "alerts_test.yml"},
+	} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	rules, err := os.ReadFile(filepath.Join(dir, "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, alert := range []string{"MlschedModelSuccessRatioLow", "MlschedModelSuccessRatioDropping",
+		"MlschedBacklogGrowing", "MlschedBreakerOpen", "MlschedStatsDegraded"} {
+		if !strings.Contains(string(rules), "alert: "+alert+"\n") {
+			t.Errorf("alerts.yml has no %s", alert)
 		}
 	}
 }

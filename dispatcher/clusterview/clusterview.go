@@ -1,0 +1,288 @@
+// Package clusterview builds the whole cluster's view from every dispatcher
+// replica's report: the dashboard and `mlsched top` show the same thing.
+//
+// Every replica answers protocol.SubjectAdminStats with its StatsReport.
+// Model statistics and breakers live in the shared store, so the freshest
+// snapshot among the replicas speaks for all of them; counters are per
+// replica and are summed; nodes are the union of the live registry entries;
+// degraded mode is per replica and is listed per replica. The recent dead
+// letters are read from MLSCHED_DLQ.
+package clusterview
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// View is the merged view of the cluster at one moment.
+type View struct {
+	At       time.Time              `json:"at"`
+	Window   time.Duration          `json:"window_ns"`
+	Replicas []Replica              `json:"replicas"`
+	Models   []protocol.ModelReport `json:"models"`
+	Nodes    []Node                 `json:"nodes"`
+	// Backlog maps task types to the tasks waiting in MLSCHED_TASKS.
+	Backlog map[string]int64 `json:"backlog"`
+	// Counters are the replicas' counters summed.
+	Counters    map[string]int64 `json:"counters"`
+	DeadLetters []DeadLetter     `json:"dead_letters"`
+	// DeadLettersTotal counts every entry stored in MLSCHED_DLQ.
+	DeadLettersTotal uint64 `json:"dead_letters_total"`
+	// Problems lists what could not be read (the rest of the view stands).
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Replica is one dispatcher replica's own state.
+type Replica struct {
+	Name           string            `json:"name"`
+	Store          string            `json:"store"`
+	Degraded       bool              `json:"degraded"`
+	DegradedReason string            `json:"degraded_reason,omitempty"`
+	SnapshotAt     time.Time         `json:"snapshot_at"`
+	Buffered       int64             `json:"buffered"`
+	Dropped        int64             `json:"dropped"`
+	Policies       map[string]string `json:"policies"`
+	Counters       map[string]int64  `json:"counters"`
+}
+
+// Node is a live worker node and its load.
+type Node struct {
+	Name     string   `json:"name"`
+	Models   []string `json:"models"`
+	Capacity int      `json:"capacity"`
+	InFlight int      `json:"in_flight"`
+	// Load is InFlight / Capacity (0 when the capacity is unknown).
+	Load     float64   `json:"load"`
+	Draining bool      `json:"draining,omitempty"`
+	SentAt   time.Time `json:"sent_at"`
+}
+
+// DeadLetter is one recent entry of MLSCHED_DLQ, without its bytes.
+type DeadLetter struct {
+	Seq    uint64        `json:"seq"`
+	At     time.Time     `json:"at"`
+	Kind   string        `json:"kind"`
+	TaskID string        `json:"task_id,omitempty"`
+	Code   protocol.Code `json:"code"`
+	Reason string        `json:"reason"`
+}
+
+// Options of Gather.
+type Options struct {
+	// Wait bounds the collection of reports, and then the reading of the
+	// dead letters (default 2s each).
+	Wait time.Duration
+	// Quiet ends the gathering once no new replica has answered for this
+	// long after the first answer (default 200ms).
+	Quiet time.Duration
+	// DeadLetters is how many recent entries to read (default 10).
+	DeadLetters int
+}
+
+func (o Options) withDefaults() Options {
+	if o.Wait <= 0 {
+		o.Wait = 2 * time.Second
+	}
+	if o.Quiet <= 0 {
+		o.Quiet = 200 * time.Millisecond
+	}
+	if o.DeadLetters <= 0 {
+		o.DeadLetters = 10
+	}
+	return o
+}
+
+// ErrNoDispatcher means no replica answered.
+var ErrNoDispatcher = errors.New("no dispatcher answered")
+
+// Gather asks every replica for its report and merges them, with the recent
+// dead letters.
+func Gather(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, opt Options) (*View, error) {
+	opt = opt.withDefaults()
+	rctx, cancel := context.WithTimeout(ctx, opt.Wait)
+	reports, problems, err := Reports(rctx, nc, opt.Quiet)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel = context.WithTimeout(ctx, opt.Wait)
+	defer cancel()
+	v := Merge(reports, time.Now())
+	v.Problems = append(v.Problems, problems...)
+	if js != nil {
+		dls, total, err := RecentDeadLetters(ctx, js, opt.DeadLetters)
+		if err != nil {
+			v.Problems = append(v.Problems, "dead letters: "+err.Error())
+		}
+		v.DeadLetters, v.DeadLettersTotal = dls, total
+	}
+	return v, nil
+}
+
+// Reports sends one stats request and collects the replies until ctx ends or
+// no new one arrived for quiet after the first. Malformed replies are
+// reported as problems.
+func Reports(ctx context.Context, nc *nats.Conn, quiet time.Duration) ([]protocol.StatsReport, []string, error) {
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(protocol.SubjectAdminStats, inbox, nil); err != nil {
+		return nil, nil, fmt.Errorf("stats request: %w", err)
+	}
+	var out []protocol.StatsReport
+	var problems []string
+	for {
+		cx, cancel := ctx, context.CancelFunc(func() {})
+		if len(out)+len(problems) > 0 {
+			cx, cancel = context.WithTimeout(ctx, quiet)
+		}
+		m, err := sub.NextMsgWithContext(cx)
+		cancel()
+		if err != nil {
+			if len(out) > 0 {
+				return out, problems, nil
+			}
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				return nil, problems, fmt.Errorf("%w on %s", ErrNoDispatcher, protocol.SubjectAdminStats)
+			}
+			return nil, problems, err
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			return nil, nil, fmt.Errorf("%w: nobody listens on %s", ErrNoDispatcher, protocol.SubjectAdminStats)
+		}
+		var r protocol.StatsReport
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			problems = append(problems, fmt.Sprintf("malformed stats report: %v", err))
+			continue
+		}
+		out = append(out, r)
+	}
+}
+
+// Merge builds a view from replica reports.
+func Merge(reports []protocol.StatsReport, now time.Time) *View {
+	v := &View{At: now, Counters: map[string]int64{}, Backlog: map[string]int64{}}
+	var freshest *protocol.StatsReport
+	var backlogAt *protocol.StatsReport
+	nodes := map[string]protocol.Heartbeat{}
+	for i := range reports {
+		r := &reports[i]
+		v.Replicas = append(v.Replicas, Replica{Name: r.Dispatcher, Store: r.Store, Degraded: r.Degraded,
+			DegradedReason: r.DegradedReason, SnapshotAt: r.SnapshotAt, Buffered: r.Buffered, Dropped: r.Dropped,
+			Policies: r.Policies, Counters: r.Counters})
+		for k, n := range r.Counters {
+			v.Counters[k] += n
+		}
+		if len(r.Models) > 0 && (freshest == nil || r.SnapshotAt.After(freshest.SnapshotAt)) {
+			freshest = r
+		}
+		if r.Backlog != nil && backlogAt == nil {
+			backlogAt = r
+		}
+		for _, hb := range r.Nodes {
+			if old, ok := nodes[hb.Node]; !ok || hb.SentAt.After(old.SentAt) {
+				nodes[hb.Node] = hb
+			}
+		}
+	}
+	sort.Slice(v.Replicas, func(i, j int) bool { return v.Replicas[i].Name < v.Replicas[j].Name })
+	if freshest != nil {
+		v.Window = freshest.Window
+		v.Models = append(v.Models, freshest.Models...)
+		sort.Slice(v.Models, func(i, j int) bool { return v.Models[i].Name < v.Models[j].Name })
+	} else if len(reports) > 0 {
+		v.Window = reports[0].Window
+	}
+	if backlogAt != nil {
+		for k, n := range backlogAt.Backlog {
+			v.Backlog[k] = n
+		}
+	}
+	for _, hb := range nodes {
+		n := Node{Name: hb.Node, Capacity: hb.Capacity, InFlight: hb.InFlight, Draining: hb.Draining, SentAt: hb.SentAt}
+		for _, m := range hb.Models {
+			n.Models = append(n.Models, m.Name)
+		}
+		sort.Strings(n.Models)
+		if hb.Capacity > 0 {
+			n.Load = float64(hb.InFlight) / float64(hb.Capacity)
+		}
+		v.Nodes = append(v.Nodes, n)
+	}
+	sort.Slice(v.Nodes, func(i, j int) bool { return v.Nodes[i].Name < v.Nodes[j].Name })
+	return v
+}
+
+// Degraded lists the replicas in degraded mode.
+func (v *View) Degraded() []Replica {
+	var out []Replica
+	for _, r := range v.Replicas {
+		if r.Degraded {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// BacklogTotal sums the backlog over task types.
+func (v *View) BacklogTotal() int64 {
+	var n int64
+	for _, b := range v.Backlog {
+		n += b
+	}
+	return n
+}
+
+// RecentDeadLetters reads the last n entries of MLSCHED_DLQ, newest first,
+// and the number of entries stored.
+func RecentDeadLetters(ctx context.Context, js jetstream.JetStream, n int) ([]DeadLetter, uint64, error) {
+	s, err := js.Stream(ctx, topology.StreamDLQ)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	st := info.State
+	var out []DeadLetter
+	// Entries may have been deleted (replayed); look a bounded way back.
+	for seq, tries := st.LastSeq, 0; st.Msgs > 0 && seq >= st.FirstSeq && seq > 0 && len(out) < n && tries < 4*n; seq, tries = seq-1, tries+1 {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return out, st.Msgs, err
+		}
+		e := DeadLetter{Seq: m.Sequence, At: m.Time, Kind: strings.TrimPrefix(m.Subject, "mlsched.dlq.")}
+		var dl protocol.DeadLetter
+		if err := json.Unmarshal(m.Data, &dl); err != nil {
+			e.Reason = "unreadable entry: " + err.Error()
+		} else {
+			e.TaskID, e.Code, e.Reason = dl.TaskID, dl.Code, dl.Reason
+			if !dl.At.IsZero() {
+				e.At = dl.At
+			}
+		}
+		out = append(out, e)
+	}
+	return out, st.Msgs, nil
+}

@@ -1,0 +1,205 @@
+package dashboard_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/dispatcher/clusterview"
+	"github.com/mlsched/mlsched/dispatcher/dashboard"
+	"github.com/mlsched/mlsched/shared/natstest"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// env is a real NATS server, a dispatcher replica in-process and a dashboard
+// on an httptest server.
+type env struct {
+	t    *testing.T
+	ns   *natstest.Server
+	dash *dashboard.Dashboard
+	srv  *httptest.Server
+	ctx  context.Context
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ns := natstest.New(t)
+	cfg := dispatcher.DefaultConfig()
+	cfg.NATS.URL, cfg.Name, cfg.SnapshotInterval = ns.URL, "replica-a", 50*time.Millisecond
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	dash := dashboard.New(ns.NC, ns.JS, dashboard.Config{Interval: 100 * time.Millisecond}, zerolog.Nop())
+	go dash.Run(ctx)
+	srv := httptest.NewServer(dash)
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("dispatcher: %v", err)
+		}
+	})
+	return &env{t: t, ns: ns, dash: dash, srv: srv, ctx: ctx}
+}
+
+func (e *env) get(path string) (int, string, http.Header) {
+	e.t.Helper()
+	res, err := http.Get(e.srv.URL + path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(body), res.Header
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestRoutes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for path, want := range map[string]string{"/": "text/html", "/app.js": "text/javascript", "/style.css": "text/css"} {
+		code, body, h := e.get(path)
+		if code != http.StatusOK || !strings.HasPrefix(h.Get("Content-Type"), want) || len(body) < 100 {
+			t.Errorf("GET %s: %d %s (%d bytes)", path, code, h.Get("Content-Type"), len(body))
+		}
+		// Offline: nothing is loaded from another origin.
+		for _, ext := range []string{"http://", "https://", "//fonts.", "@import"} {
+			if strings.Contains(body, ext) && !strings.Contains(body, "http://www.w3.org/2000/svg") {
+				t.Errorf("%s refers to %q", path, ext)
+			}
+		}
+	}
+	for _, path := range []string{"/nope", "/api/", "/api/nope", "/app.js/x", "/index.html", "/static/app.js", "/metricsx"} {
+		if code, _, _ := e.get(path); code != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", path, code)
+		}
+	}
+	res, err := http.Post(e.srv.URL+"/", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /: %d", res.StatusCode)
+	}
+}
+
+// The view merges the replica's report and shows dead letters with their
+// reason.
+func TestViewShowsReplicaAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// An unkeyable task is dead-lettered with its reason.
+	if _, err := e.ns.JS.Publish(e.ctx, "mlsched.tasks.x", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	var snap struct {
+		View    clusterview.View  `json:"view"`
+		History []dashboard.Point `json:"history"`
+	}
+	eventually(t, "the replica and the dead letter in /api/view", func() bool {
+		_, body, _ := e.get("/api/view")
+		if err := json.Unmarshal([]byte(body), &snap); err != nil {
+			t.Fatalf("/api/view: %v: %s", err, body)
+		}
+		return len(snap.View.Replicas) == 1 && len(snap.View.DeadLetters) == 1
+	})
+	if r := snap.View.Replicas[0]; r.Name != "replica-a" || r.Store != "memory" {
+		t.Errorf("replica = %+v", r)
+	}
+	dl := snap.View.DeadLetters[0]
+	if dl.Kind != "invalid" || dl.Code != protocol.CodeMalformedJSON || !strings.Contains(dl.Reason, "JSON") {
+		t.Errorf("dead letter = %+v", dl)
+	}
+	if snap.View.DeadLettersTotal != 1 {
+		t.Errorf("total = %d", snap.View.DeadLettersTotal)
+	}
+}
+
+// An event stream starts with the snapshot and then gets an update per
+// gather.
+func TestEventStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	res, err := http.Get(e.srv.URL + "/api/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if ct := res.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(nil, 1<<20)
+	var events []string
+	for len(events) < 3 && sc.Scan() {
+		line := sc.Text()
+		if ev, ok := strings.CutPrefix(line, "event: "); ok {
+			events = append(events, ev)
+			continue
+		}
+		if data, ok := strings.CutPrefix(line, "data: "); ok && !json.Valid([]byte(data)) {
+			t.Fatalf("event data is not JSON: %.200s", data)
+		}
+	}
+	if len(events) < 3 || events[0] != "snapshot" || events[1] != "update" || events[2] != "update" {
+		t.Fatalf("events = %v (scan error %v)", events, sc.Err())
+	}
+}
+
+// A client that stops reading never holds up the gather loop: it only misses
+// intermediate views.
+func TestStalledClientDoesNotBlockRefresh(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var stalled []*http.Response
+	for range 5 {
+		res, err := http.Get(e.srv.URL + "/api/events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stalled = append(stalled, res) // never read
+	}
+	defer func() {
+		for _, r := range stalled {
+			r.Body.Close()
+		}
+	}()
+	eventually(t, "5 event streams", func() bool { return e.dash.Clients() == 5 })
+	done := make(chan struct{})
+	go func() {
+		for range 50 {
+			e.dash.Refresh(e.ctx)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("Refresh blocked behind stalled event streams")
+	}
+}

@@ -1,0 +1,203 @@
+// mlsched dashboard: renders the merged cluster view pushed by the
+// dispatcher over server-sent events (/api/events), or polled from
+// /api/view when EventSource is missing. No external code or fonts.
+"use strict";
+
+const palette = ["#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563", "#65a30d"];
+const state = { view: null, history: [], colors: {}, updates: 0 };
+
+function color(model) {
+  if (!(model in state.colors)) {
+    state.colors[model] = palette[Object.keys(state.colors).length % palette.length];
+  }
+  return state.colors[model];
+}
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+function pct(x) { return (100 * x).toFixed(1) + "%"; }
+function ms(v) {
+  if (!v || v <= 0) return "-";
+  if (v >= 1000) return (v / 1000).toFixed(2) + "s";
+  if (v >= 100) return v.toFixed(0) + "ms";
+  if (v >= 1) return v.toFixed(1) + "ms";
+  return v.toFixed(3) + "ms";
+}
+function ago(t) {
+  const d = (Date.now() - new Date(t).getTime()) / 1000;
+  if (!isFinite(d)) return "-";
+  if (d < 1) return "now";
+  if (d < 120) return d.toFixed(0) + "s ago";
+  if (d < 7200) return (d / 60).toFixed(0) + "m ago";
+  return (d / 3600).toFixed(1) + "h ago";
+}
+function duration(ns) {
+  const s = ns / 1e9;
+  if (s >= 3600) return (s / 3600).toFixed(1) + "h";
+  if (s >= 60) return (s / 60).toFixed(0) + "m";
+  return s.toFixed(0) + "s";
+}
+
+function fillBody(table, rows, emptyText, cols) {
+  const body = document.querySelector(table + " tbody");
+  body.replaceChildren(...(rows.length ? rows : [el("tr", { class: "empty" }, el("td", { colspan: cols }, emptyText))]));
+}
+
+function render() {
+  const v = state.view;
+  if (!v) return;
+  const degraded = (v.replicas || []).filter(r => r.degraded);
+  const open = (v.models || []).filter(m => m.breaker === "open");
+  const status = document.getElementById("status");
+  if (degraded.length) { status.textContent = "degraded"; status.className = "badge bad"; }
+  else if (open.length) { status.textContent = open.length + " breaker(s) open"; status.className = "badge warn"; }
+  else { status.textContent = "healthy"; status.className = "badge ok"; }
+  document.getElementById("replicas").textContent = (v.replicas || []).length + " dispatcher replica(s)";
+  state.updates++;
+  const upd = document.getElementById("updated");
+  upd.dataset.updates = String(state.updates);
+  upd.textContent = "updated " + new Date(v.at).toLocaleTimeString();
+  document.getElementById("window").textContent = v.window_ns ? "(statistics window " + duration(v.window_ns) + ")" : "";
+
+  const probs = document.getElementById("problems");
+  const problems = (v.problems || []).concat(degraded.map(r => r.name + ": " + (r.degraded_reason || "degraded")));
+  probs.hidden = problems.length === 0;
+  probs.replaceChildren(...problems.map(p => el("div", {}, p)));
+
+  const c = v.counters || {};
+  let backlog = 0;
+  for (const n of Object.values(v.backlog || {})) backlog += n;
+  const totals = [["results", c.results || 0], ["dispatched", c.dispatched || 0], ["redispatched", c.redispatched || 0],
+    ["waiting", backlog], ["dead letters", v.dead_letters_total || 0], ["cancelled", c.cancelled || 0],
+    ["late", c.late || 0], ["lost", c.lost || 0], ["nodes", (v.nodes || []).length]];
+  document.getElementById("totals").replaceChildren(...totals.map(([k, n]) =>
+    el("div", { class: "card", "data-counter": k }, el("div", { class: "v" }, n), el("div", { class: "k" }, k))));
+
+  fillBody("#models", (v.models || []).map(m => el("tr", { "data-model": m.name },
+    el("td", {}, el("span", { class: "swatch", style: "background:" + color(m.name) }), m.name),
+    el("td", { class: "dispatched" }, m.dispatched), el("td", {}, m.successes), el("td", {}, m.model_errors),
+    el("td", {}, m.timeouts), el("td", { class: "success" }, pct(m.success_rate)), el("td", {}, ms(m.p50_ms)),
+    el("td", {}, ms(m.p95_ms)), el("td", {}, m.in_flight),
+    el("td", { class: "breaker breaker-" + (m.breaker || "none") }, m.breaker || "-"), el("td", {}, pct(m.traffic_share)))),
+  "no model statistics yet", 11);
+
+  fillBody("#nodes", (v.nodes || []).map(n => {
+    const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));
+    return el("tr", { "data-node": n.name }, el("td", {}, n.name + (n.draining ? " (draining)" : "")),
+      el("td", { class: "models" }, (n.models || []).join(", ")), el("td", {}, bar, pct(n.load)),
+      el("td", {}, n.in_flight + " / " + n.capacity));
+  }), "no live node", 4);
+
+  const types = Object.keys(v.backlog || {}).filter(t => v.backlog[t] > 0).sort();
+  const most = Math.max(1, ...types.map(t => v.backlog[t]));
+  fillBody("#backlog", types.map(t => el("tr", { "data-type": t }, el("td", {}, t),
+    el("td", {}, el("span", { class: "bar" }, el("span", { style: "width:" + (100 * v.backlog[t] / most).toFixed(0) + "%" })), v.backlog[t]))),
+  "nothing waiting", 2);
+
+  fillBody("#dispatchers", (v.replicas || []).map(r => el("tr", { "data-replica": r.name }, el("td", {}, r.name),
+    el("td", {}, r.store), el("td", { class: r.degraded ? "breaker-open" : "" }, r.degraded ? "DEGRADED" : "normal"),
+    el("td", {}, ago(r.snapshot_at)))), "no dispatcher answered", 4);
+
+  document.getElementById("dlq-total").textContent = "(" + (v.dead_letters_total || 0) + " stored)";
+  fillBody("#deadletters", (v.dead_letters || []).map(d => el("tr", { "data-seq": d.seq }, el("td", {}, d.seq),
+    el("td", {}, ago(d.at)), el("td", {}, d.kind), el("td", {}, d.task_id || "-"), el("td", {}, d.code || "-"),
+    el("td", { class: "reason" }, d.reason))), "none", 6);
+
+  chart("chart-success", "success", () => 1, pct);
+  chart("chart-p50", "p50", max => max, ms);
+  chart("chart-p95", "p95", max => max, ms);
+  chart("chart-share", "share", () => 1, pct);
+}
+
+// chart draws one line per model over the history as inline SVG.
+function chart(id, key, top, fmt) {
+  const svg = document.getElementById(id);
+  const W = Math.max(200, svg.clientWidth || 400), H = Math.max(80, svg.clientHeight || 140);
+  svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+  const pad = { l: 44, r: 6, t: 6, b: 16 };
+  const h = state.history;
+  const ns = "http://www.w3.org/2000/svg";
+  const parts = [];
+  let max = 0;
+  for (const p of h) for (const m of Object.values(p.models || {})) max = Math.max(max, m[key] || 0);
+  const yMax = top(max) || 1;
+  const t0 = h.length ? new Date(h[0].at).getTime() : 0, t1 = h.length ? new Date(h[h.length - 1].at).getTime() : 1;
+  const x = t => pad.l + (W - pad.l - pad.r) * (t1 > t0 ? (t - t0) / (t1 - t0) : 1);
+  const y = val => H - pad.b - (H - pad.t - pad.b) * Math.min(1, val / yMax);
+  for (const f of [0, 0.5, 1]) {
+    const line = document.createElementNS(ns, "line");
+    line.setAttribute("class", "grid");
+    line.setAttribute("x1", pad.l); line.setAttribute("x2", W - pad.r);
+    line.setAttribute("y1", y(f * yMax)); line.setAttribute("y2", y(f * yMax));
+    const label = document.createElementNS(ns, "text");
+    label.setAttribute("x", 2); label.setAttribute("y", y(f * yMax) + 3);
+    label.textContent = fmt(f * yMax) === "-" ? "0" : fmt(f * yMax);
+    parts.push(line, label);
+  }
+  if (h.length > 1) {
+    const span = document.createElementNS(ns, "text");
+    span.setAttribute("x", W - pad.r - 70); span.setAttribute("y", H - 3);
+    span.textContent = "last " + Math.round((t1 - t0) / 1000) + "s";
+    parts.push(span);
+  }
+  const models = new Set();
+  for (const p of h) for (const m of Object.keys(p.models || {})) models.add(m);
+  for (const m of [...models].sort()) {
+    const pts = [];
+    for (const p of h) {
+      const v = (p.models || {})[m];
+      if (v && v[key] !== undefined) pts.push(x(new Date(p.at).getTime()).toFixed(1) + "," + y(v[key]).toFixed(1));
+    }
+    if (!pts.length) continue;
+    if (pts.length === 1) pts.push(pts[0]);
+    const pl = document.createElementNS(ns, "polyline");
+    pl.setAttribute("points", pts.join(" "));
+    pl.setAttribute("stroke", color(m));
+    pl.setAttribute("data-model", m);
+    parts.push(pl);
+  }
+  svg.replaceChildren(...parts);
+}
+
+const maxHistory = 600;
+function push(point) {
+  if (!point) return;
+  state.history.push(point);
+  if (state.history.length > maxHistory) state.history.splice(0, state.history.length - maxHistory);
+}
+
+function onSnapshot(data) {
+  state.view = data.view;
+  state.history = data.history || [];
+  render();
+}
+function onUpdate(data) {
+  state.view = data.view;
+  push(data.point);
+  render();
+}
+
+function poll() {
+  fetch("/api/view").then(r => r.ok ? r.json() : Promise.reject(new Error("HTTP " + r.status)))
+    .then(onSnapshot)
+    .catch(() => { const s = document.getElementById("status"); s.textContent = "disconnected"; s.className = "badge bad"; })
+    .finally(() => setTimeout(poll, 2000));
+}
+
+function connect() {
+  if (!window.EventSource) { poll(); return; }
+  const es = new EventSource("/api/events");
+  es.addEventListener("snapshot", e => onSnapshot(JSON.parse(e.data)));
+  es.addEventListener("update", e => onUpdate(JSON.parse(e.data)));
+  es.onerror = () => { const s = document.getElementById("status"); s.textContent = "reconnecting…"; s.className = "badge warn"; };
+}
+
+window.addEventListener("resize", render);
+connect();

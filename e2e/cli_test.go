@@ -72,6 +72,29 @@ func TestCLI(t *testing.T) {
 	if !names["dispatcher-1"] || !names["dispatcher-2"] || len(names) != 2 {
 		t.Fatalf("stats -all answered by %v, want dispatcher-1 and dispatcher-2", names)
 	}
+
+	// top merges every replica's view: both replicas, the models the
+	// finished task was decided among, the node and its load, the backlog.
+	out, errOut, code = runCLI(t, c, "top", "-n", "2", "-interval", "200ms")
+	if code != 0 {
+		t.Fatalf("top exited %d: %s", code, errOut)
+	}
+	for _, want := range []string{"2 dispatcher(s)", "1 node(s)", "MODEL", "m-fail00", "m-fail10", "cli-node", "backlog: nothing waiting", "results=1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("top output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\x1b[") || strings.Count(out, "mlsched top ") != 2 {
+		t.Errorf("top to a pipe: want 2 plain frames, got:\n%q", out)
+	}
+
+	// cancel: a finished task and an unknown one are refused with their codes.
+	if _, errOut, code = runCLI(t, c, "cancel", "cli-1"); code != 5 || !strings.Contains(errOut, "already finished") {
+		t.Errorf("cancel of a finished task: exit %d, stderr %q", code, errOut)
+	}
+	if _, errOut, code = runCLI(t, c, "cancel", "no-such-task"); code != 4 || !strings.Contains(errOut, "no task no-such-task") {
+		t.Errorf("cancel of an unknown task: exit %d, stderr %q", code, errOut)
+	}
 }
 
 func runCLI(t *testing.T, c *harness.Cluster, args ...string) (stdout, stderr string, code int) {

@@ -92,6 +92,7 @@ func commands() []command {
 		{name: "wait", summary: "wait for the results of task ids and print them", run: runWait},
 		{name: "result", summary: "print a task's result if it exists", run: runResult},
 		{name: "stats", summary: "show a dispatcher's statistics, breakers and degraded mode", run: runStats, admin: true},
+		{name: "top", summary: "live view of the whole cluster: models, breakers, nodes, backlog, dead letters", run: runTop, admin: true},
 		{name: "cancel", summary: "cancel a task that has no result yet: it gets a cancelled result", run: runCancel, admin: true},
 		{name: "nodes", summary: "list live worker nodes", run: runNodes, admin: true},
 		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ, admin: true},

@@ -130,6 +130,9 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 	if len(models) == 0 {
 		fmt.Fprintln(w, "(no model statistics yet)")
 	}
+	if r.Backlog != nil {
+		fmt.Fprintln(w, backlogLine(r.Backlog))
+	}
 	if len(r.Counters) > 0 {
 		keys := make([]string, 0, len(r.Counters))
 		for k := range r.Counters {

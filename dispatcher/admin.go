@@ -1,18 +1,13 @@
 package dispatcher
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // serveAdmin answers `mlsched stats` with this replica's report. Every
@@ -20,11 +15,7 @@ import (
 func (d *Dispatcher) serveAdmin() (*nats.Subscription, error) {
 	return d.nc.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) {
 		r := d.Report()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		if b, err := d.backlogNow(ctx); err == nil {
-			r.Backlog = b
-		}
-		cancel()
+		r.Backlog = d.Backlog()
 		data, err := json.Marshal(r)
 		if err == nil {
 			_ = m.Respond(data)
@@ -82,24 +73,6 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	}
 	sort.Slice(r.Models, func(i, j int) bool { return r.Models[i].Name < r.Models[j].Name })
 	return r
-}
-
-// backlogNow counts the tasks waiting in MLSCHED_TASKS per type (submitted,
-// not yet dispatched): one stream-info request, off the dispatch path.
-func (d *Dispatcher) backlogNow(ctx context.Context) (map[string]int64, error) {
-	s, err := d.js.Stream(ctx, topology.StreamTasks)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTasksAll))
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
-	}
-	out := make(map[string]int64, len(info.State.Subjects))
-	for subj, n := range info.State.Subjects {
-		out[strings.TrimPrefix(subj, "mlsched.tasks.")] = int64(n)
-	}
-	return out, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -107,6 +107,9 @@ type Config struct {
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz and the
 	// dashboard; "off" disables the listener (default :9090).
 	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9090" desc:"listen address of /metrics, /healthz, /readyz and the dashboard (off: none)"`
+	// DashboardRefresh is how often the dashboard at / gathers every
+	// replica's view (default 2s); 0 turns the dashboard off.
+	DashboardRefresh time.Duration `envconfig:"DASHBOARD_REFRESH" default:"2s" desc:"how often the dashboard gathers every replica's view (0: no dashboard)"`
 
 	config.Log
 }
@@ -126,6 +129,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("invalid %s_%s=%v: %s", config.Prefix, name, v, why)
 	}
 	switch {
+	case c.DashboardRefresh < 0:
+		return bad("DASHBOARD_REFRESH", c.DashboardRefresh, "must not be negative (0 turns the dashboard off)")
 	case c.StatsWindow <= 0:
 		return bad("STATS_WINDOW", c.StatsWindow, "must be positive")
 	case c.StatsBucket <= 0 || c.StatsBucket > c.StatsWindow:

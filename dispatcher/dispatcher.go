@@ -241,6 +241,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	go func() { defer close(settled); d.settleLoop() }()
 	d.goRun(func() { d.sweepLoop(bg) })
 	d.goRun(func() { d.backlogLoop(bg) })
+	d.startDashboard(bg)
 
 	admin, err := d.serveAdmin()
 	if err != nil {

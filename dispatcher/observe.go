@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mlsched/mlsched/dispatcher/dashboard"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -172,4 +173,18 @@ func (d *Dispatcher) Backlog() map[string]int64 {
 		return *b
 	}
 	return nil
+}
+
+// startDashboard mounts the web dashboard at / on the HTTP listener and
+// gathers its view in the background (see package dashboard): only when the
+// listener is on.
+func (d *Dispatcher) startDashboard(ctx context.Context) {
+	if d.HTTPAddr() == nil || d.cfg.DashboardRefresh <= 0 {
+		return
+	}
+	dash := dashboard.New(d.nc, d.js, dashboard.Config{Interval: d.cfg.DashboardRefresh}, d.log)
+	for _, p := range dashboard.Patterns {
+		d.HandleHTTP(p, dash)
+	}
+	d.goRun(func() { dash.Run(ctx) })
 }

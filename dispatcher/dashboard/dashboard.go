@@ -193,6 +193,10 @@ func (d *Dashboard) Clients() int {
 	return len(d.clients)
 }
 
+// Patterns are the net/http ServeMux patterns the dashboard serves, to mount
+// it next to other handlers with unknown paths left 404.
+var Patterns = []string{"GET /{$}", "GET /app.js", "GET /style.css", "GET /api/view", "GET /api/events"}
+
 var files = map[string]string{
 	"/":          "static/index.html",
 	"/app.js":    "static/app.js",

@@ -35,6 +35,7 @@ func newEnv(t *testing.T) *env {
 	ns := natstest.New(t)
 	cfg := dispatcher.DefaultConfig()
 	cfg.NATS.URL, cfg.Name, cfg.SnapshotInterval = ns.URL, "replica-a", 50*time.Millisecond
+	cfg.HTTPAddr = "off" // the test serves the dashboard itself
 	d, err := dispatcher.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -201,5 +202,54 @@ func TestStalledClientDoesNotBlockRefresh(t *testing.T) {
 	case <-done:
 	case <-time.After(60 * time.Second):
 		t.Fatal("Refresh blocked behind stalled event streams")
+	}
+}
+
+// The dispatcher mounts the dashboard on its listener, next to /metrics;
+// unknown paths stay 404.
+func TestMountedOnTheDispatcherListener(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	cfg := dispatcher.DefaultConfig()
+	cfg.NATS.URL, cfg.Name, cfg.HTTPAddr, cfg.DashboardRefresh = ns.URL, "replica-b", "127.0.0.1:0", 100*time.Millisecond
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("dispatcher: %v", err)
+		}
+	})
+	eventually(t, "the listener", func() bool { return d.HTTPAddr() != nil })
+	base := "http://" + d.HTTPAddr().String()
+	get := func(path string) (int, string) {
+		res, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(body)
+	}
+	eventually(t, "the dashboard page", func() bool {
+		code, body := get("/")
+		return code == http.StatusOK && strings.Contains(body, "<title>mlsched dashboard</title>")
+	})
+	eventually(t, "the replica in the view", func() bool {
+		_, body := get("/api/view")
+		return strings.Contains(body, `"name":"replica-b"`)
+	})
+	for _, path := range []string{"/nope", "/api/x", "/app.js/", "/index.html"} {
+		if code, _ := get(path); code != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", path, code)
+		}
+	}
+	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, "mlsched_") {
+		t.Errorf("/metrics next to the dashboard: %d", code)
 	}
 }

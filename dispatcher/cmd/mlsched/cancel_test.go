@@ -18,6 +18,7 @@ func startDispatcher(t *testing.T, srv *natstest.Server) *dispatcher.Dispatcher 
 	cfg := dispatcher.DefaultConfig()
 	cfg.NATS.URL, cfg.Name, cfg.NoNodeWait = srv.URL, "cli-test", time.Minute
 	cfg.SnapshotInterval = 50 * time.Millisecond
+	cfg.HTTPAddr = "off"
 	d, err := dispatcher.New(cfg)
 	if err != nil {
 		t.Fatal(err)

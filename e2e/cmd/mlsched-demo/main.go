@@ -29,6 +29,7 @@ import (
 	"github.com/mlsched/mlsched/shared/natsembed"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/worker"
+	"github.com/mlsched/mlsched/worker/digits"
 	"github.com/mlsched/mlsched/worker/model"
 )
 
@@ -74,8 +75,12 @@ type demoOptions struct {
 }
 
 // demoNodes: "fast-flaky" answers in ~5ms but fails 25% of the time,
-// "steady" takes ~30ms and fails 1%, "balanced" ~15ms and 6%.
+// "steady" takes ~30ms and fails 1%, "balanced" ~15ms and 6%. "digits-go"
+// really computes: a handwritten-digit classifier (worker/digits) trained at
+// start, serving task type "digits".
 func demoNodes() map[string][]model.Spec {
+	digitsGo := model.Spec{Name: "digits-go", Types: []string{"digits"}, Executor: model.ExecutorGo,
+		Go: &model.GoSpec{Handler: "digits"}, Timeout: model.Duration(2 * time.Second)}
 	sim := func(name string, median time.Duration, fail float64) model.Spec {
 		return model.Spec{Name: name, Types: []string{"classify"}, Executor: "sim", Timeout: model.Duration(2 * time.Second),
 			Sim: &model.SimSpec{FailureRate: fail,
@@ -84,9 +89,9 @@ func demoNodes() map[string][]model.Spec {
 	flaky, steady, balanced := sim("fast-flaky", 5*time.Millisecond, 0.25), sim("steady", 30*time.Millisecond, 0.01),
 		sim("balanced", 15*time.Millisecond, 0.06)
 	return map[string][]model.Spec{
-		"node-1": {flaky, steady},
+		"node-1": {flaky, steady, digitsGo},
 		"node-2": {steady, balanced},
-		"node-3": {flaky, balanced},
+		"node-3": {flaky, balanced, digitsGo},
 	}
 }
 
@@ -131,6 +136,15 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 		go func() { defer wg.Done(); errs <- w.Run(runCtx) }()
 	}
 
+	// Every fifth task is a digit image the classifier never saw in training.
+	images, err := digits.Dataset()
+	if err != nil {
+		return err
+	}
+	_, heldOut := digits.Split(images)
+	var labels sync.Map // task id → the image's label
+	dg := &digitScore{}
+
 	// count results as they are published
 	var counts sync.Map // status → *atomic.Int64
 	var finished atomic.Int64
@@ -138,6 +152,9 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 		var r protocol.Result
 		if json.Unmarshal(m.Data, &r) != nil {
 			return
+		}
+		if want, ok := labels.LoadAndDelete(r.ID); ok {
+			dg.add(r, want.(int))
 		}
 		v, _ := counts.LoadOrStore(string(r.Status), new(atomic.Int64))
 		v.(*atomic.Int64).Add(1)
@@ -149,8 +166,8 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 	defer sub.Unsubscribe()
 
 	c := client.New(js)
-	fmt.Fprintf(out, "mlsched demo: 3 nodes, models fast-flaky (5ms, 25%% failures), balanced (15ms, 6%%), steady (30ms, 1%%); policy %s; %d tasks/s. Ctrl-C to stop.\n",
-		o.policy, o.rate)
+	fmt.Fprintf(out, "mlsched demo: 3 nodes, models fast-flaky (5ms, 25%% failures), balanced (15ms, 6%%), steady (30ms, 1%%) "+
+		"and digits-go (a digit classifier trained at start); policy %s; %d tasks/s. Ctrl-C to stop.\n", o.policy, o.rate)
 	var submitted int64
 	tick := time.NewTicker(time.Second / time.Duration(max(o.rate, 1)))
 	defer tick.Stop()
@@ -167,11 +184,17 @@ loop:
 		case <-tick.C:
 			submitted++
 			t := protocol.Task{ID: fmt.Sprintf("demo-%d", submitted), Type: "classify", Payload: json.RawMessage(`{"text":"hello"}`)}
+			if submitted%5 == 0 {
+				img := heldOut[int(submitted/5)%len(heldOut)]
+				t.Type, t.Payload = "digits", mustJSON(map[string]any{"pixels": img.Pixels})
+				labels.Store(t.ID, img.Label)
+			}
 			if _, err := c.Submit(ctx, t); err != nil && ctx.Err() == nil {
 				fmt.Fprintln(os.Stderr, "submit:", err)
 			}
 		case <-show.C:
 			printDemoTable(out, d.Report(), submitted, finished.Load(), &counts, time.Since(started))
+			dg.print(out)
 		}
 	}
 	// let the tasks in flight finish, bounded
@@ -181,6 +204,7 @@ loop:
 	}
 	fmt.Fprintln(out, "\nsummary")
 	printDemoTable(out, d.Report(), submitted, finished.Load(), &counts, time.Since(started))
+	dg.print(out)
 	stopAll()
 	wg.Wait()
 	return nil
@@ -206,6 +230,39 @@ func printDemoTable(out io.Writer, r *protocol.StatsReport, submitted, finished 
 	if r.Degraded {
 		fmt.Fprintln(out, "DEGRADED:", strings.TrimSpace(r.DegradedReason))
 	}
+}
+
+// digitScore counts the digit classifier's answers against the labels.
+type digitScore struct{ done, right, failed atomic.Int64 }
+
+func (s *digitScore) add(r protocol.Result, want int) {
+	s.done.Add(1)
+	var out struct {
+		Label *int `json:"label"`
+	}
+	switch {
+	case r.Status != protocol.StatusSucceeded || json.Unmarshal(r.Output, &out) != nil || out.Label == nil:
+		s.failed.Add(1)
+	case *out.Label == want:
+		s.right.Add(1)
+	}
+}
+
+func (s *digitScore) print(out io.Writer) {
+	done, right := s.done.Load(), s.right.Load()
+	if done == 0 {
+		return
+	}
+	fmt.Fprintf(out, "digits: %d of %d held-out images classified right (%.1f%%), %d without a prediction\n",
+		right, done, 100*float64(right)/float64(done), s.failed.Load())
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 func signalContext() (context.Context, context.CancelFunc) {

@@ -77,11 +77,26 @@ prometheus: ## install Debian's prometheus (promtool) with apt-get when root; te
 	(service prometheus stop || systemctl stop prometheus || true) >/dev/null 2>&1; \
 	command -v promtool >/dev/null && echo ">> $$(promtool --version 2>&1 | head -1)" || true
 
+# scikit-learn for the real-inference test (deployments/models/digits_server.py).
+# Debian's package installs into /usr/bin/python3 (`python3` on PATH may be
+# another interpreter without it). Optional: without it the test skips.
+.PHONY: sklearn
+sklearn: ## install Debian's python3-sklearn with apt-get when root; the real-inference test skips without it
+	@if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sklearn' >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "note: python3-sklearn not installed (not root or no apt-get): the real-inference test will skip" >&2; exit 0; \
+	fi; \
+	echo ">> installing python3-sklearn with apt-get"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	(apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-sklearn </dev/null) || \
+		echo "note: apt-get install python3-sklearn failed: the real-inference test will skip" >&2; \
+	/usr/bin/python3 -c 'import sklearn; print(">> scikit-learn", sklearn.__version__)' 2>/dev/null || true
+
 # The e2e tests run the binaries `make build` just made (MLSCHED_E2E_BIN),
 # instead of building them again in every test package; if the build fails
 # they build (and report) it themselves.
 .PHONY: test
-test: redis-server prometheus ## vet and test (-race) every module, then a short fuzz run; prints a summary
+test: redis-server prometheus sklearn ## vet and test (-race) every module, then a short fuzz run; prints a summary
 	@declare -a summary=(); failed=0; \
 	step() { local name=$$1; shift; local t0=$$SECONDS; echo ">> $$name"; \
 		if "$$@"; then summary+=("PASS  $$name ($$((SECONDS-t0))s)"); last=0; \

@@ -35,6 +35,10 @@ Fault injection, to show routing around a failing model (both modes):
                      model ready answer 503, inference 503)
   --crash-after N    exec: exit after N requests (the worker restarts it)
   --latency-ms L     add L ms to every inference
+  --model-fault NAME:KIND:N   (repeatable) one model only, after N of its
+                     inference requests: KIND 500 (every request fails),
+                     429 (every request answers 429 + Retry-After) or
+                     unready (its ready endpoint and inference answer 503)
 
 Needs Python 3 and scikit-learn (Debian: apt-get install python3-sklearn).
 """
@@ -110,17 +114,41 @@ def predict(clf, x):
 class Faults:
     """Counts inference requests and decides which fault, if any, to inject."""
 
+    KINDS = {"500": "fail", "429": "throttle", "unready": "unready"}
+
     def __init__(self, a):
         self.a = a
         self.n = 0
+        self.per_model = {}  # name -> requests
+        self.model_faults = {}  # name -> (kind, after)
+        for spec in a.model_fault:
+            try:
+                name, kind, after = spec.split(":")
+                after = int(after)
+            except ValueError:
+                raise SystemExit("--model-fault %r: want NAME:KIND:N" % spec)
+            if kind not in self.KINDS:
+                raise SystemExit("--model-fault %r: KIND must be 500, 429 or unready" % spec)
+            if not name.startswith("digits-"):
+                name = "digits-" + name
+            self.model_faults[name] = (self.KINDS[kind], after)
         self.lock = threading.Lock()
         self.rng = random.Random(a.seed)
 
-    def next(self):
+    def model_unready(self, name):
+        kind, after = self.model_faults.get(name, (None, 0))
+        with self.lock:
+            return kind == "unready" and self.per_model.get(name, 0) >= after
+
+    def next(self, name=None):
         """Returns None, "unready", "fail", "throttle" or "crash"."""
         with self.lock:
             self.n += 1
             n, r = self.n, self.rng.random()
+            m = self.per_model[name] = self.per_model.get(name, 0) + 1
+        kind, after = self.model_faults.get(name, (None, 0))
+        if kind and m > after:
+            return kind
         a = self.a
         if a.unready_after and n > a.unready_after:
             return "unready"
@@ -186,7 +214,7 @@ def make_handler(models, faults, a):
             if name is None:
                 return
             if m.group(3) == "/ready":
-                ok = not faults.unready()
+                ok = not faults.unready() and not faults.model_unready(name)
                 return self.reply(200 if ok else 503, {"name": name, "ready": ok})
             self.reply(200, {
                 "name": name, "versions": [VERSION], "platform": "sklearn",
@@ -210,11 +238,11 @@ def make_handler(models, faults, a):
             name = self.model(m)
             if name is None:
                 return
-            fault = faults.next()
+            fault = faults.next(name)
             if a.latency_ms:
                 time.sleep(a.latency_ms / 1000.0)
             if fault == "unready":
-                return self.reply(503, {"error": "model server is not ready"})
+                return self.reply(503, {"error": "model %s is not ready" % name})
             if fault == "fail":
                 return self.reply(500, {"error": "injected failure (--fail-rate)"})
             if fault == "throttle":
@@ -270,7 +298,7 @@ def serve_exec(models, faults, a):
             print("digits_server: bad request line: %s" % e, file=sys.stderr, flush=True)
             continue
         rid = req.get("id", "")
-        fault = faults.next()
+        fault = faults.next(name)
         if a.latency_ms:
             time.sleep(a.latency_ms / 1000.0)
         if fault == "crash":
@@ -309,14 +337,15 @@ def main():
     p.add_argument("--unready-after", type=int, default=0)
     p.add_argument("--crash-after", type=int, default=0)
     p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--model-fault", action="append", default=[], metavar="NAME:KIND:N")
     p.add_argument("--verbose", action="store_true")
     a = p.parse_args()
     if a.holdout < 2:
         p.error("--holdout must be at least 2")
+    faults = Faults(a)
     t0 = time.time()
     models = train([m.strip() for m in a.models.split(",") if m.strip()], a.holdout, a.seed)
     print("digits_server: trained %s in %.2fs" % (", ".join(sorted(models)), time.time() - t0), file=sys.stderr, flush=True)
-    faults = Faults(a)
     if a.exec:
         return serve_exec(models, faults, a)
     srv = ThreadingHTTPServer((a.host, a.port), make_handler(models, faults, a))

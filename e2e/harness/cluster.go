@@ -105,6 +105,14 @@ func (c *Cluster) newProcess(name, path string, args, env []string) *Process {
 	return p
 }
 
+// Process registers another process the test needs (a model server, say),
+// not started: its directory is under the cluster's, it is killed in
+// cleanup and its log printed on failure like the rest. Env entries with an
+// empty value are dropped; MLSCHED_* variables are never inherited.
+func (c *Cluster) Process(name, path string, args []string, env map[string]string) *Process {
+	return c.newProcess(name, path, args, mergeEnv(env, nil))
+}
+
 // startReady starts p and waits for ready; it fails fast with the log when
 // the process exits first.
 func startReady(p *Process, ready func(ctx context.Context) error) error {

@@ -1,13 +1,18 @@
 package dispatcher
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // serveAdmin answers `mlsched stats` with this replica's report. Every
@@ -73,6 +78,24 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	}
 	sort.Slice(r.Models, func(i, j int) bool { return r.Models[i].Name < r.Models[j].Name })
 	return r
+}
+
+// backlogNow counts the tasks waiting in MLSCHED_TASKS per type (submitted,
+// not yet dispatched): one stream-info request, off the dispatch path.
+func (d *Dispatcher) backlogNow(ctx context.Context) (map[string]int64, error) {
+	s, err := d.js.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTasksAll))
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	out := make(map[string]int64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		out[strings.TrimPrefix(subj, topology.TaskSubject(""))] = int64(n)
+	}
+	return out, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -183,15 +183,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Concurrency; the window makes the bound explicit.
 	w.outcomes = newOutcomePublisher(js, w.cfg.Concurrency, w.tasks.Done)
 	defer w.outcomes.close()
-	if err := topology.Ensure(ctx, js, w.topology()); err != nil {
+	if err := retryStart(ctx, w.log, "topology", func(ctx context.Context) error {
+		return topology.Ensure(ctx, js, w.topology())
+	}); err != nil {
 		return startErr(ctx, fmt.Errorf("topology: %w", err))
 	}
-	kv, err := topology.EnsureNodesBucket(ctx, js, w.topology())
-	if err != nil {
+	var kv jetstream.KeyValue
+	if err := retryStart(ctx, w.log, "nodes bucket", func(ctx context.Context) (err error) {
+		kv, err = topology.EnsureNodesBucket(ctx, js, w.topology())
+		return err
+	}); err != nil {
 		return startErr(ctx, err)
 	}
-	stream, err := js.Stream(ctx, topology.StreamDispatch)
-	if err != nil {
+	var stream jetstream.Stream
+	if err := retryStart(ctx, w.log, "dispatch stream", func(ctx context.Context) (err error) {
+		stream, err = js.Stream(ctx, topology.StreamDispatch)
+		return err
+	}); err != nil {
 		return startErr(ctx, fmt.Errorf("stream %s: %w", topology.StreamDispatch, err))
 	}
 
@@ -233,7 +241,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		MaxAckPending: w.cfg.Concurrency,
 		MaxDeliver:    -1,
 	}, batch: w.cfg.Concurrency}
-	if err := cons.Start(ctx); err != nil {
+	if err := retryStart(ctx, w.log, "dispatch consumer", cons.Start); err != nil {
 		return startErr(ctx, err)
 	}
 

@@ -342,3 +342,52 @@ func TestPrometheusConfigAndRules(t *testing.T) {
 		}
 	}
 }
+
+// The compose profile "models" runs the Python model server next to workers
+// whose models file points at it, all in the profile.
+func TestComposeModelsProfile(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile(repoPath(t, "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]struct {
+			Build struct {
+				Target string `yaml:"target"`
+			} `yaml:"build"`
+			Environment map[string]string `yaml:"environment"`
+			Profiles    []string          `yaml:"profiles"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	for svc, target := range map[string]string{"digits": "digits", "digits-flaky": "digits", "worker-digits": "sklearn-worker"} {
+		s, ok := f.Services[svc]
+		if !ok || s.Build.Target != target || !slices.Contains(s.Profiles, "models") {
+			t.Errorf("service %s: %+v, want target %s in profile models", svc, s, target)
+		}
+	}
+	mf := f.Services["worker-digits"].Environment["MLSCHED_MODELS_FILE"]
+	specs, err := model.LoadFile(repoPath(t, "deployments/models/"+strings.TrimPrefix(mf, "/models/")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := map[string]bool{}
+	for _, s := range specs {
+		if s.HTTP != nil {
+			urls[s.HTTP.URL] = true
+		}
+	}
+	if !urls["http://digits:8000"] || !urls["http://digits-flaky:8000"] {
+		t.Errorf("%s does not use both model servers: %v", mf, urls)
+	}
+	df, err := os.ReadFile(repoPath(t, "deployments/Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(df), "AS digits\n") || !strings.Contains(string(df), "COPY deployments/models/digits_server.py") {
+		t.Error("Dockerfile has no digits stage running digits_server.py")
+	}
+}

@@ -16,8 +16,12 @@ func TestParseFullExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(specs) != 4 {
+	if len(specs) != 5 {
 		t.Fatalf("%d models", len(specs))
+	}
+	if o := specs[4].HTTP; o.Mode != HTTPOIP || o.Model != "digits-logreg" || o.Version != "1" || len(o.Inputs) != 1 ||
+		o.Inputs[0].Name != "pixels" || o.Inputs[0].Datatype != "FP32" || o.Inputs[0].Shape[1] != -1 {
+		t.Errorf("oip model %+v", o)
 	}
 	f := specs[0]
 	if f.Name != "fraud-fast" || f.Timeout.D() != 2*time.Second || f.Sim.Latency.Median.D() != 5*time.Millisecond ||

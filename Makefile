@@ -92,11 +92,25 @@ sklearn: ## install Debian's python3-sklearn with apt-get when root; the real-in
 		echo "note: apt-get install python3-sklearn failed: the real-inference test will skip" >&2; \
 	/usr/bin/python3 -c 'import sklearn; print(">> scikit-learn", sklearn.__version__)' 2>/dev/null || true
 
+# Chromium for the dashboard test (headless, driven by chromedp). Optional:
+# without it the browser test skips with a message.
+.PHONY: chromium
+chromium: ## install Debian's chromium with apt-get when root; the dashboard browser test skips without it
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "note: chromium not installed (not root or no apt-get): the dashboard browser test will skip" >&2; exit 0; \
+	fi; \
+	echo ">> installing chromium with apt-get"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	(apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium </dev/null) || \
+		echo "note: apt-get install chromium failed: the dashboard browser test will skip" >&2; \
+	command -v chromium >/dev/null && echo ">> $$(chromium --version 2>/dev/null | head -1)" || true
+
 # The e2e tests run the binaries `make build` just made (MLSCHED_E2E_BIN),
 # instead of building them again in every test package; if the build fails
 # they build (and report) it themselves.
 .PHONY: test
-test: redis-server prometheus sklearn ## vet and test (-race) every module, then a short fuzz run; prints a summary
+test: redis-server prometheus sklearn chromium ## vet and test (-race) every module, then a short fuzz run; prints a summary
 	@declare -a summary=(); failed=0; \
 	step() { local name=$$1; shift; local t0=$$SECONDS; echo ">> $$name"; \
 		if "$$@"; then summary+=("PASS  $$name ($$((SECONDS-t0))s)"); last=0; \

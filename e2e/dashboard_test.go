@@ -1,0 +1,239 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// findBrowser returns a Chromium to drive: $MLSCHED_CHROMIUM, or the first of
+// Debian's and the usual names on PATH.
+func findBrowser() string {
+	if p := os.Getenv("MLSCHED_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// screenshotPath is where the dashboard test writes its screenshot
+// ($MLSCHED_DASHBOARD_PNG, default e2e/out/dashboard.png, git-ignored).
+func screenshotPath() string {
+	if p := os.Getenv("MLSCHED_DASHBOARD_PNG"); p != "" {
+		return p
+	}
+	return filepath.Join("out", "dashboard.png")
+}
+
+// The dashboard in a real browser (headless Chromium driven by chromedp)
+// against a running cluster: two dispatcher replicas sharing Redis, two
+// workers. The page loads without a console error, shows the models, nodes,
+// replicas, backlog and dead letters of the cluster, and updates as tasks
+// flow. It writes a screenshot.
+func TestDashboardInBrowser(t *testing.T) {
+	t.Parallel()
+	browser := findBrowser()
+	if browser == "" {
+		t.Skip("no Chromium found (install Debian's chromium package — `make test` does as root — or set MLSCHED_CHROMIUM)")
+	}
+	requireBinaries(t, "dispatcher", "worker")
+	c := harness.New(t)
+	c.StartNATS()
+	c.StartRedis()
+	env := map[string]string{
+		"MLSCHED_SNAPSHOT_INTERVAL": "100ms",
+		"MLSCHED_DASHBOARD_REFRESH": "250ms",
+		"MLSCHED_NO_NODE_WAIT":      "10m", // tasks no node serves stay in the backlog
+	}
+	d := c.StartDispatcher(harness.DispatcherOptions{Env: env})
+	c.StartDispatcher(harness.DispatcherOptions{Env: env})
+	c.StartWorker(harness.WorkerOptions{NodeID: "node-a", ModelsFile: "testdata/node-1.yaml", SimSeed: 11})
+	c.StartWorker(harness.WorkerOptions{NodeID: "node-b", ModelsFile: "testdata/node-2.yaml", SimSeed: 12})
+	base, err := d.HTTPURL()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, js := c.Connect()
+	cl := client.New(js)
+	// Something to show besides the models: a backlog and a dead letter.
+	for i := range 3 {
+		if _, err := cl.Submit(ctx, protocol.Task{ID: fmt.Sprintf("waits-%d", i), Type: "translate"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.Publish(ctx, "mlsched.tasks.classify", []byte("this is not a task")); err != nil {
+		t.Fatal(err)
+	}
+	// Tasks flow for the whole test, at a steady pace.
+	var submitted sync.WaitGroup
+	flowCtx, stopFlow := context.WithCancel(ctx)
+	defer func() { stopFlow(); submitted.Wait() }()
+	submitted.Add(1)
+	go func() {
+		defer submitted.Done()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-flowCtx.Done():
+				return
+			case <-tick.C:
+			}
+			typ := "classify"
+			if n%3 == 0 {
+				typ = "embed"
+			}
+			for j := range 5 {
+				_, _ = cl.Submit(flowCtx, protocol.Task{ID: fmt.Sprintf("flow-%d-%d", n, j), Type: typ})
+			}
+		}
+	}()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1400, 1250),
+		chromedp.UserDataDir(t.TempDir()))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+
+	// Collect every console error, uncaught exception and browser log error.
+	var mu sync.Mutex
+	var problems []string
+	note := func(s string) {
+		mu.Lock()
+		problems = append(problems, s)
+		mu.Unlock()
+	}
+	if err := chromedp.Do(bctx); err != nil { // start the browser
+		t.Fatalf("start %s: %v", browser, err)
+	}
+	go func() {
+		for ev, err := range chromedp.Events(bctx, runtime.ConsoleAPICalled) {
+			if err != nil {
+				return
+			}
+			if ev.Type == "error" || ev.Type == "assert" {
+				var args []string
+				for _, a := range ev.Args {
+					args = append(args, string(a.Value)+a.Description)
+				}
+				note("console." + string(ev.Type) + ": " + strings.Join(args, " "))
+			}
+		}
+	}()
+	go func() {
+		for ev, err := range chromedp.Events(bctx, runtime.ExceptionThrown) {
+			if err != nil {
+				return
+			}
+			note((&chromedp.ExceptionError{ExceptionDetails: ev.ExceptionDetails}).Error())
+		}
+	}()
+	go func() {
+		for ev, err := range chromedp.Events(bctx, log.EntryAdded) {
+			if err != nil {
+				return
+			}
+			if ev.Entry != nil && ev.Entry.Level == log.EntryLevelError {
+				note("log: " + ev.Entry.Text + " " + ev.Entry.URL)
+			}
+		}
+	}()
+
+	if err := chromedp.Do(bctx, chromedp.Navigate(base+"/")); err != nil {
+		t.Fatalf("navigate to %s: %v", base, err)
+	}
+	wait := func(what, js string) {
+		t.Helper()
+		if _, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingTimeout(90*time.Second),
+			chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+			html, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector("main").innerText`))
+			t.Fatalf("the page never showed %s: %v\npage text:\n%s", what, err, html)
+		}
+	}
+	count := func(what, js string) float64 {
+		t.Helper()
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[float64](js))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+
+	// The models of the cluster, from both nodes, with both replicas merged.
+	for _, m := range []string{model00, model10, model02, model30} {
+		wait("model "+m, fmt.Sprintf(`document.querySelector('#models tr[data-model=%q]') !== null`, m))
+	}
+	wait("both dispatcher replicas", `document.querySelectorAll('#dispatchers tr[data-replica]').length === 2`)
+	wait("both nodes", `document.querySelectorAll('#nodes tr[data-node]').length === 2`)
+	wait("the backlog of translate", `(document.querySelector('#backlog tr[data-type="translate"]')||{}).innerText?.includes("3")`)
+	wait("the dead letter and its reason", `Array.from(document.querySelectorAll('#deadletters tr[data-seq] td.reason')).some(td => td.innerText.includes("JSON"))`)
+
+	// It updates as tasks flow: the results counter and a model's dispatched
+	// count grow, and the charts draw one line per model.
+	results := count("results counter", `Number(document.querySelector('[data-counter="results"] .v').textContent)`)
+	updates := count("update count", `Number(document.getElementById("updated").dataset.updates)`)
+	wait("more results", fmt.Sprintf(`Number(document.querySelector('[data-counter="results"] .v').textContent) >= %d`, int(results)+100))
+	wait("more updates", fmt.Sprintf(`Number(document.getElementById("updated").dataset.updates) >= %d`, int(updates)+3))
+	for _, chart := range []string{"chart-success", "chart-p50", "chart-p95", "chart-share"} {
+		wait("4 lines in "+chart, fmt.Sprintf(`document.querySelectorAll('#%s polyline').length === 4`, chart))
+	}
+	wait("history in the charts", `document.querySelector('#chart-share polyline').getAttribute("points").split(" ").length >= 5`)
+
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := screenshotPath()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dashboard screenshot: %s (%d KB)", path, len(png)/1024)
+
+	// The JSON the page reads is well-formed and merged from both replicas.
+	body, err := chromedp.Run(bctx, chromedp.Evaluate[string](`fetch("/api/view").then(r => r.text())`,
+		chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var view struct {
+		View struct {
+			Replicas []struct{ Name string } `json:"replicas"`
+		} `json:"view"`
+	}
+	if err := json.Unmarshal([]byte(body), &view); err != nil || len(view.View.Replicas) != 2 {
+		t.Fatalf("/api/view: %v, %d replicas", err, len(view.View.Replicas))
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("the page logged errors:\n%s", strings.Join(problems, "\n"))
+	}
+}

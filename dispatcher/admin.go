@@ -41,7 +41,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
 		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(), "cancelled": c.Cancelled.Load(),
 	}
-	if reason := d.degraded.Load(); reason != nil {
+	if reason := d.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}
 	if d.batch != nil {
@@ -54,7 +54,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	if d.reg != nil {
 		r.Nodes = d.reg.Live()
 	}
-	snap := d.snap.Load()
+	snap := d.snaps.snap.Load()
 	if snap == nil {
 		return r
 	}

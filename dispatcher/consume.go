@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
@@ -15,6 +16,7 @@ import (
 // memory-backed server): on ErrConsumerDeleted or missed heartbeats it
 // re-creates the consumer and resumes.
 type consumer struct {
+	lifecycle.Loop
 	d       *Dispatcher
 	stream  string
 	handler jetstream.MessageHandler
@@ -34,7 +36,12 @@ func (c *consumer) config() jetstream.ConsumerConfig {
 	}
 }
 
-func (c *consumer) run(ctx context.Context) error {
+// Start consumes until Stop, which drains what was pulled; it is started
+// once it consumes. A consumer that exists with an incompatible
+// configuration ends it with topology.ErrIncompatible (see Done).
+func (c *consumer) Start(ctx context.Context) error { return c.Go(ctx, c.run) }
+
+func (c *consumer) run(ctx context.Context, ready func()) error {
 	log := c.d.log.With().Str("stream", c.stream).Logger()
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -71,6 +78,7 @@ func (c *consumer) run(ctx context.Context) error {
 			log.Warn().Err(err).Msg("consume failed, retrying")
 			continue
 		}
+		ready()
 		select {
 		case <-ctx.Done():
 			cc.Drain()

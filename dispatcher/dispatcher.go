@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/policy"
@@ -45,17 +46,12 @@ type Dispatcher struct {
 	dispatchStream jetstream.Stream
 	resultsStream  jetstream.Stream
 
-	table    atomic.Pointer[policy.Table]
-	snap     atomic.Pointer[stats.Snapshot]
-	degraded atomic.Pointer[string] // nil when the store answers
-	// timeouts maps model names to their announced per-task timeout (ms).
-	timeouts atomic.Pointer[map[string]int64]
-
-	sweeper sweeper // state of the lost-attempt sweep loop
-
-	// pending publishes whose acknowledgement settles a consumed message.
-	pending chan pendingAck
-	wg      sync.WaitGroup
+	// The components, each with the same lifecycle (shared/lifecycle); run
+	// starts them in this order and stops them in reverse.
+	snaps   *refresher // statistics snapshot and decision table
+	settler *settler   // publish-then-ack
+	dlq     *deadLetters
+	sweeper *sweeper // lost attempts
 
 	counters Counters
 
@@ -112,7 +108,8 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 		o(d)
 	}
 	d.log = d.log.With().Str("dispatcher", cfg.Name).Logger()
-	d.pending = make(chan pendingAck, cfg.MaxInFlight)
+	d.snaps = &refresher{engine: engine, interval: cfg.SnapshotInterval, log: d.log}
+	d.settler = newSettler(cfg.MaxInFlight, d.log)
 	d.metrics = newMetrics(d)
 	return d, nil
 }
@@ -215,83 +212,120 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	bg, stopBG := context.WithCancel(context.Background())
-	defer stopBG()
-
-	d.batch = stats.NewBatcher(d.store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})
-	d.batch.Start(bg)
-
 	skv, err := topology.EnsureSupersededBucket(ctx, d.js, d.cfg.Topology())
 	if err != nil {
 		return err
 	}
+	d.batch = stats.NewBatcher(d.store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})
 	d.superseded = newSupersededSet(skv, d.log)
-	d.goRun(func() { d.superseded.Run(bg) })
-
 	d.reg = registry.New(kv, d.cfg.NodeTTL, d.log)
-	d.goRun(func() { _ = d.reg.Run(bg) })
-	select { // the bucket's current contents, so the first decisions see every node
-	case <-d.reg.Ready():
-	case <-time.After(2 * time.Second):
-	case <-ctx.Done():
-	}
-	d.refresh(ctx)
-	d.goRun(func() { d.snapshotLoop(bg) })
-	settled := make(chan struct{})
-	go func() { defer close(settled); d.settleLoop() }()
-	d.goRun(func() { d.sweepLoop(bg) })
-	d.goRun(func() { d.backlogLoop(bg) })
-	d.startDashboard(bg)
-
-	admin, err := d.serveAdmin()
-	if err != nil {
-		return err
-	}
-	defer admin.Unsubscribe()
-	cancelSub, err := d.serveCancel()
-	if err != nil {
-		return err
-	}
-	defer cancelSub.Unsubscribe()
-
+	d.snaps.store, d.snaps.reg = d.store, d.reg
+	d.dlq = &deadLetters{js: d.js, log: d.log, count: &d.counters.DeadLettered,
+		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
+	d.sweeper = &sweeper{js: d.js, dispatch: d.dispatchStream, results: d.resultsStream, dlq: d.dlq,
+		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log}
 	tasks := d.newConsumer(topology.StreamTasks, d.handleTask)
 	outcomes := d.newConsumer(topology.StreamOutcomes, d.handleOutcome)
-	consumeCtx, stopConsume := context.WithCancel(context.Background())
-	var cwg sync.WaitGroup
-	errs := make(chan error, 2)
-	for _, c := range []*consumer{tasks, outcomes} {
-		cwg.Add(1)
-		go func() { defer cwg.Done(); errs <- c.run(consumeCtx) }()
+
+	var g lifecycle.Group
+	start := func(name string, s lifecycle.Service) error {
+		err := g.Start(ctx, name, s)
+		if err != nil {
+			err = errors.Join(err, g.Stop())
+		}
+		return err
+	}
+	components := []struct {
+		name string
+		s    lifecycle.Service
+	}{
+		{"statistics batcher", d.batcherService()},
+		{"superseded set", d.superseded},
+		{"node registry", d.registryService()},
+		{"snapshot refresher", d.snaps},
+		{"settler", d.settler},
+		{"sweeper", d.sweeper},
+		{"backlog sampler", d.backlogService()},
+		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx); return nil })},
+		{"admin", d.subscription(d.serveAdmin)},
+		{"cancel", d.subscription(d.serveCancel)},
+		{"task consumer", tasks},
+		{"outcome consumer", outcomes},
+	}
+	for _, c := range components {
+		if err := start(c.name, c.s); err != nil {
+			return err
+		}
 	}
 	d.live.Store(true)
 	d.log.Info().Str("store", d.kind).Str("policy", d.cfg.Policy).Msg("dispatcher started")
 
-	var runErr error
 	select {
 	case <-ctx.Done():
-	case runErr = <-errs:
+	case <-tasks.Done(): // a consumer ends on its own only when it cannot go on
+	case <-outcomes.Done():
 	}
 	d.live.Store(false)
 	d.log.Info().Msg("dispatcher draining")
-	stopConsume()
-	cwg.Wait()
-	close(d.pending) // every handler has returned: no more sends
-	<-settled        // every publish in flight has settled its message
-	stopBG()
-	d.wg.Wait()
-	flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	d.batch.Stop(flush)
-	d.log.Info().Msg("dispatcher stopped")
-	if errors.Is(runErr, context.Canceled) {
-		runErr = nil
+	// In reverse: the consumers drain, then every publish in flight settles
+	// its message, then the loops stop and the statistics are flushed.
+	err = g.Stop()
+	if err != nil {
+		d.log.Error().Err(err).Msg("dispatcher stopped with errors")
+	} else {
+		d.log.Info().Msg("dispatcher stopped")
 	}
-	return runErr
+	return err
 }
 
-func (d *Dispatcher) goRun(f func()) {
-	d.wg.Add(1)
-	go func() { defer d.wg.Done(); f() }()
+// batcherService runs the statistics batcher; its Stop flushes what is
+// buffered and reports what could not be written.
+func (d *Dispatcher) batcherService() lifecycle.Service {
+	bg, cancel := context.WithCancel(context.Background())
+	return &lifecycle.Func{
+		OnStart: func(context.Context) error { d.batch.Start(bg); return nil },
+		OnStop: func() error {
+			defer cancel()
+			flush, cancelFlush := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancelFlush()
+			return d.batch.Stop(flush)
+		},
+	}
+}
+
+// backlogService samples the task backlog for the metrics.
+func (d *Dispatcher) backlogService() lifecycle.Service {
+	return lifecycle.Run(func(ctx context.Context, ready func()) error {
+		ready()
+		d.backlogLoop(ctx)
+		return nil
+	})
+}
+
+// registryService follows the nodes bucket; it is started once the bucket's
+// contents are loaded (or after 2s), so that the first decisions see every
+// node.
+func (d *Dispatcher) registryService() lifecycle.Service {
+	return lifecycle.Run(func(ctx context.Context, ready func()) error {
+		go func() {
+			select {
+			case <-d.reg.Ready():
+			case <-time.After(2 * time.Second):
+			case <-ctx.Done():
+			}
+			ready()
+		}()
+		return d.reg.Run(ctx)
+	})
+}
+
+// subscription serves a core-NATS subscription while running.
+func (d *Dispatcher) subscription(serve func() (*nats.Subscription, error)) lifecycle.Service {
+	var sub *nats.Subscription
+	return &lifecycle.Func{
+		OnStart: func(context.Context) (err error) { sub, err = serve(); return err },
+		OnStop:  func() error { return sub.Unsubscribe() },
+	}
 }
 
 // Config returns the dispatcher's configuration (defaults applied).

@@ -1,21 +1,33 @@
 // Package dispatcher is mlsched's scheduling service. Any number of replicas
-// share its durable consumers; none keeps per-task state of its own.
+// share its durable consumers; none keeps per-task state of its own: what an
+// attempt carries is a protocol.Dispatch, sent as the dispatch's headers and
+// echoed on its outcome.
 //
-// Where each step of the flow lives:
+// A Dispatcher is a few small components with one lifecycle
+// (shared/lifecycle: Start, Stop, Started). Run starts them in this order
+// and stops them in reverse, reporting every shutdown error:
 //
-//   - intake.go: consume MLSCHED_TASKS, validate (reject or dead-letter bad
-//     input), decide model and node with the policy engine, republish the task
-//     bytes unchanged to mlsched.node.<node>.tasks with headers, and ack the
-//     task once JetStream has acknowledged that publish.
-//   - outcomes.go: consume MLSCHED_OUTCOMES, record statistics, retry failed
-//     attempts on another model (with backoff), or publish the final result.
-//   - results.go: publish the one final result per task (a second one is
-//     refused by JetStream's expected-last-subject-sequence check) and dead
-//     letters.
-//   - sweeper.go: find attempts still unanswered at their deadline in
-//     MLSCHED_DISPATCH (the stream is the in-flight table) and fail them over.
-//   - snapshot.go: refresh the statistics snapshot and the decision table in
-//     the background, and write breaker transitions.
-//   - admin.go: answer `mlsched stats` requests.
-//   - consume.go: durable pull consumption that survives consumer deletion.
+//   - the statistics batcher (shared/stats), flushed at Stop;
+//   - superseded.go: the superseded-attempt and cancelled-task set, fed by a
+//     watch on MLSCHED_SUPERSEDED;
+//   - the node registry (shared/registry), fed by a watch on MLSCHED_NODES;
+//   - snapshot.go: the refresher of the statistics snapshot and the decision
+//     table, which also writes breaker transitions;
+//   - settler.go: publish-then-ack: a consumed message is acked once what
+//     handling it published is stored, nak'ed for redelivery otherwise;
+//   - sweeper.go: finds attempts still unanswered at their deadline in
+//     MLSCHED_DISPATCH (the stream is the in-flight table) and fails them
+//     over;
+//   - admin.go, cancel.go: answer `mlsched stats` and `mlsched cancel`;
+//   - consume.go: the task and outcome consumers (durable pull consumption
+//     that survives consumer deletion), whose handlers are:
+//   - intake.go: validate a task (reject or dead-letter bad input), decide
+//     model and node with the policy engine, and republish the task bytes
+//     unchanged to mlsched.node.<node>.tasks;
+//   - outcomes.go: settle an outcome by the rule of shared/settle: the final
+//     result, a retry on another model after a backoff, or a failure that is
+//     also dead-lettered;
+//   - results.go, deadletter.go: publish the one final result per task (a
+//     second one is refused by JetStream's expected-last-subject-sequence
+//     check) and, through the one dead-letter publisher, dead letters.
 package dispatcher

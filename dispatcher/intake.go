@@ -38,8 +38,8 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 	}
 	if err != nil {
 		d.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
-		d.reject(ending{subject: msg.Subject(), data: data, task: task, err: err, status: protocol.StatusRejected,
-			submitted: submitted, submission: submission}, settleMsg(msg))
+		d.reject(msg, ending{subject: msg.Subject(), data: data, task: task, err: err, status: protocol.StatusRejected,
+			submitted: submitted, submission: submission})
 		return
 	}
 	if d.superseded.Cancelled(task.ID, submission) { // cancelled while it waited: it has its result
@@ -74,7 +74,7 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	t := &a.task
 	req := policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
 		MinSuccessRate: t.MinSuccessRate, Tried: a.history}
-	table := d.table.Load()
+	table := d.snaps.table.Load()
 	start := time.Now()
 	dec, err := d.engine.Decide(table, &req)
 	d.metrics.decision.Observe(time.Since(start).Seconds())
@@ -93,8 +93,8 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 			status = protocol.StatusFailed
 		}
 		d.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-		d.reject(ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
-			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission}, settleMsg(msg))
+		d.reject(msg, ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
+			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission})
 		return
 	}
 	if dec.Panic {
@@ -120,11 +120,10 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	}
 	table.Dispatched(dec.Model, dec.Node)
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
-	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
+	d.settler.After(msg, fut, func(ack *jetstream.PubAck, err error) error {
 		if err != nil {
 			d.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
-			_ = msg.NakWithDelay(time.Second)
-			return
+			return err
 		}
 		if !ack.Duplicate {
 			d.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
@@ -135,46 +134,15 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 			}
 		}
 		d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
-		_ = msg.Ack()
-	}}
+		return nil
+	})
 }
 
 func (d *Dispatcher) modelTimeout(model string) time.Duration {
-	if m := d.timeouts.Load(); m != nil {
+	if m := d.snaps.timeouts.Load(); m != nil {
 		if ms, ok := (*m)[model]; ok && ms > 0 {
 			return time.Duration(ms) * time.Millisecond
 		}
 	}
 	return d.cfg.TaskTimeout
-}
-
-// pendingAck settles a consumed message once a publish is acknowledged.
-type pendingAck struct {
-	fut  jetstream.PubAckFuture
-	done func(*jetstream.PubAck, error)
-}
-
-// settleLoop resolves publish futures in order. Acknowledgements arrive
-// roughly in publish order, so waiting in order costs little and keeps one
-// goroutine for all of them.
-func (d *Dispatcher) settleLoop() {
-	for p := range d.pending {
-		select {
-		case ack := <-p.fut.Ok():
-			p.done(ack, nil)
-		case err := <-p.fut.Err():
-			p.done(nil, err)
-		}
-	}
-}
-
-// settleMsg acks msg when err is nil and asks for redelivery otherwise.
-func settleMsg(msg jetstream.Msg) func(error) {
-	return func(err error) {
-		if err != nil {
-			_ = msg.NakWithDelay(time.Second)
-			return
-		}
-		_ = msg.Ack()
-	}
 }

@@ -118,7 +118,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		degraded = 1
 	}
 	gauge(descDegraded, degraded)
-	if snap := d.snap.Load(); snap != nil {
+	if snap := d.snaps.snap.Load(); snap != nil {
 		gauge(descSnapshotAge, max(0, time.Since(snap.Taken).Seconds()))
 		for name, m := range snap.Models {
 			if j := m.Judged(); j > 0 {

@@ -101,7 +101,7 @@ func (d *Dispatcher) Ready(ctx context.Context) opshttp.Status {
 	st.Checks = append(st.Checks, opshttp.Check{Name: "streams", Err: streamsErr})
 	if d.kind == "redis" {
 		var redisErr error
-		if reason := d.degraded.Load(); reason != nil {
+		if reason := d.snaps.degraded.Load(); reason != nil {
 			redisErr = errors.New(*reason)
 		}
 		st.Checks = append(st.Checks, opshttp.Check{Name: "redis", Err: redisErr})
@@ -114,7 +114,7 @@ func (d *Dispatcher) Ready(ctx context.Context) opshttp.Status {
 
 // degradedReason is why the replica is in degraded mode, empty when it is not.
 func (d *Dispatcher) degradedReason() string {
-	if reason := d.degraded.Load(); reason != nil {
+	if reason := d.snaps.degraded.Load(); reason != nil {
 		return *reason
 	}
 	if d.batch != nil {
@@ -175,10 +175,10 @@ func (d *Dispatcher) Backlog() map[string]int64 {
 	return nil
 }
 
-// startDashboard mounts the web dashboard at / on the HTTP listener and
-// gathers its view in the background (see package dashboard): only when the
+// runDashboard mounts the web dashboard at / on the HTTP listener and
+// gathers its view until ctx ends (see package dashboard): only when the
 // listener is on.
-func (d *Dispatcher) startDashboard(ctx context.Context) {
+func (d *Dispatcher) runDashboard(ctx context.Context) {
 	if d.HTTPAddr() == nil || d.cfg.DashboardRefresh <= 0 {
 		return
 	}
@@ -186,5 +186,5 @@ func (d *Dispatcher) startDashboard(ctx context.Context) {
 	for _, p := range dashboard.Patterns {
 		d.HandleHTTP(p, dash)
 	}
-	d.goRun(func() { dash.Run(ctx) })
+	dash.Run(ctx)
 }

@@ -26,15 +26,15 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		if err != nil {
 			reason = "outcome is not valid JSON: " + err.Error()
 		}
-		d.deadLetter("outcome", protocol.DeadLetter{Reason: reason, Code: protocol.CodeMalformedJSON,
-			Subject: msg.Subject(), Original: data}, "", settleMsg(msg))
+		d.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: reason, Code: protocol.CodeMalformedJSON,
+			Subject: msg.Subject(), Original: data})
 		return
 	}
 	pd, err := protocol.ParseDispatch(msg.Headers())
 	if err != nil {
 		// Only a dispatch the dispatcher did not build has bad headers.
-		d.deadLetter("outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
-			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data}, "", settleMsg(msg))
+		d.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
+			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data})
 		return
 	}
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
@@ -83,9 +83,9 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		} else {
 			log.Info().Str("error", o.Error).Msg("task error: not retried")
 		}
-		d.publishResult(&protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
+		d.finish(msg, &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
-			LatencyMs: msSince(submitted), History: history}, settleMsg(msg), nil)
+			LatencyMs: msSince(submitted), History: history})
 	case settle.Retry:
 		if dec.Backoff > 0 {
 			_ = msg.NakWithDelay(dec.Backoff) // durable backoff: the redelivery re-dispatches
@@ -98,7 +98,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
 		log.Warn().Err(err).Msg("task failed")
 		task.ID, task.Type = o.TaskID, o.Type
-		d.reject(ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
-			history: history, attempts: attempt, submitted: submitted, submission: submission}, settleMsg(msg))
+		d.reject(msg, ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
+			history: history, attempts: attempt, submitted: submitted, submission: submission})
 	}
 }

@@ -14,60 +14,99 @@ import (
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
-// publishResult publishes a task's final result. JetStream refuses it when
-// the task already has one (expected last subject sequence 0), which is what
-// makes the result final: a duplicate delivery, a racing replica or a late
-// outcome cannot publish a second or changed result. settle runs once the
-// result is stored or refused; when then is set it runs first, off the
-// settle loop (it may publish), told whether this result was the one stored,
-// and its error goes to settle.
-func (d *Dispatcher) publishResult(res *protocol.Result, settle func(error), then func(stored bool) error) {
+// publishResult starts publishing a task's final result. JetStream refuses
+// it when the task already has one (expected last subject sequence 0),
+// which is what makes the result final: a duplicate delivery, a racing
+// replica or a late outcome cannot publish a second or changed result.
+// resultStored reads the acknowledgement.
+func (d *Dispatcher) publishResult(res *protocol.Result) (jetstream.PubAckFuture, error) {
 	res.FinishedAt = time.Now().UTC()
 	data, err := json.Marshal(res)
 	if err != nil { // cannot happen with our types; never drop the message
-		settle(err)
-		return
+		return nil, err
 	}
 	m := &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: protocol.ResultHeader(res.ID)}
 	// No Nats-Msg-Id: the expected sequence alone refuses a retried publish
 	// that was in fact stored, and an id would outlive a purged result inside
 	// the duplicate window, swallowing the result of a replayed task.
-	fut, err := d.js.PublishMsgAsync(m, jetstream.WithExpectLastSequencePerSubject(0))
+	return d.js.PublishMsgAsync(m, jetstream.WithExpectLastSequencePerSubject(0))
+}
+
+// resultStored reads a result publish's acknowledgement: stored (this is
+// the task's result), refused because the task already had one (nil error,
+// not stored), or an error (to retry).
+func (d *Dispatcher) resultStored(res *protocol.Result, ack *jetstream.PubAck, err error) (bool, error) {
+	switch {
+	case isWrongLastSequence(err), err == nil && ack.Duplicate:
+		d.counters.Suppressed.Add(1)
+		d.log.Info().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Msg("task already has a final result: suppressed a second one")
+		return false, nil
+	case err != nil:
+		d.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
+		return false, err
+	}
+	d.counters.Results.Add(1)
+	d.metrics.results.Get(opshttp.L2{A: res.Type, B: string(res.Status)}).Inc()
+	if res.LatencyMs > 0 {
+		d.metrics.taskDur.Get(res.Type).Observe(res.LatencyMs / 1000)
+	}
+	if res.Status == protocol.StatusRejected {
+		d.counters.Rejected.Add(1)
+	}
+	d.log.Debug().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Str("status", string(res.Status)).Msg("result published")
+	return true, nil
+}
+
+// finish publishes the task's final result, then settles msg.
+func (d *Dispatcher) finish(msg jetstream.Msg, res *protocol.Result) {
+	fut, err := d.publishResult(res)
 	if err != nil {
-		settle(err)
+		d.settler.Settle(msg, err)
 		return
 	}
-	id, status, model, node, typ, latency := res.ID, res.Status, res.Model, res.Node, res.Type, res.LatencyMs
-	finish := func(stored bool) {
-		if then == nil {
-			settle(nil)
-			return
-		}
-		d.wg.Add(1)
-		go func() { defer d.wg.Done(); settle(then(stored)) }()
+	d.settler.After(msg, fut, func(ack *jetstream.PubAck, err error) error {
+		_, err = d.resultStored(res, ack, err)
+		return err
+	})
+}
+
+// failExhausted publishes the failed result of a task that exhausted its
+// attempts and keeps the task in the dead-letter stream for an operator to
+// inspect and replay, then settles msg. The dead letter is written only if
+// this failure is the task's result (a racing attempt may have succeeded);
+// on a redelivery our result may already be stored, so a refused publish
+// looks at what is stored, and the entry's id makes a second write harmless.
+func (d *Dispatcher) failExhausted(msg jetstream.Msg, res *protocol.Result, dl protocol.DeadLetter, submission string) {
+	fut, err := d.publishResult(res)
+	if err != nil {
+		d.settler.Settle(msg, err)
+		return
 	}
-	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
-		switch {
-		case isWrongLastSequence(err), err == nil && ack.Duplicate:
-			d.counters.Suppressed.Add(1)
-			d.log.Info().Str("task_id", id).Str("model", model).Str("node", node).Msg("task already has a final result: suppressed a second one")
-			finish(false)
-		case err != nil:
-			d.log.Warn().Err(err).Str("task_id", id).Msg("result publish failed, will retry")
-			settle(err)
-		default:
-			d.counters.Results.Add(1)
-			d.metrics.results.Get(opshttp.L2{A: typ, B: string(status)}).Inc()
-			if latency > 0 {
-				d.metrics.taskDur.Get(typ).Observe(latency / 1000)
-			}
-			if status == protocol.StatusRejected {
-				d.counters.Rejected.Add(1)
-			}
-			d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Str("status", string(status)).Msg("result published")
-			finish(true)
+	d.settler.AfterSlow(msg, fut, func(ack *jetstream.PubAck, err error) error {
+		stored, err := d.resultStored(res, ack, err)
+		if err != nil {
+			return err
 		}
-	}}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if !stored {
+			if ours, err := d.storedResultIs(ctx, res.ID, res.Status, res.ErrorCode); err != nil || !ours {
+				return err
+			}
+		}
+		return d.dlq.Publish(ctx, "exhausted", dl, taskEntry("exhausted", res.ID, submission))
+	})
+}
+
+// deadLetter stores an entry about msg (which has no task to give a result
+// to), then settles msg.
+func (d *Dispatcher) deadLetter(msg jetstream.Msg, kind string, dl protocol.DeadLetter) {
+	fut, then, err := d.dlq.PublishAsync(kind, dl, messageEntryOf(kind, msg))
+	if err != nil {
+		d.settler.Settle(msg, err)
+		return
+	}
+	d.settler.After(msg, fut, then)
 }
 
 func isWrongLastSequence(err error) bool {
@@ -94,40 +133,24 @@ type ending struct {
 	submission string
 }
 
-// reject ends a task that cannot run or succeed: a keyed task gets a result
-// with the error; an unkeyable message (no usable id) goes to the
-// dead-letter stream with its original bytes, and so does, besides its
-// result, a task that exhausted its attempts.
-func (d *Dispatcher) reject(e ending, settle func(error)) {
+// reject ends a task that cannot run or succeed, then settles msg: a keyed
+// task gets a result with the error; an unkeyable message (no usable id)
+// goes to the dead-letter stream with its original bytes, and so does,
+// besides its result, a task that exhausted its attempts.
+func (d *Dispatcher) reject(msg jetstream.Msg, e ending) {
 	code := protocol.CodeOf(e.err)
 	if e.task.ID == "" {
-		d.deadLetter("invalid", protocol.DeadLetter{Reason: e.err.Error(), Code: code, Subject: e.subject,
-			Original: e.data}, "", settle)
+		d.deadLetter(msg, "invalid", protocol.DeadLetter{Reason: e.err.Error(), Code: code, Subject: e.subject, Original: e.data})
 		return
 	}
 	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
 		Error: e.err.Error(), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
-	var then func(stored bool) error
 	if e.status == protocol.StatusFailed && code == protocol.CodeAttemptsExhausted {
-		// Keep the task for an operator to inspect and replay, but only if
-		// this failure is the task's result: a racing attempt may have
-		// succeeded. On a redelivery our result may already be stored, so a
-		// refused publish looks at what is stored (the entry's Nats-Msg-Id
-		// makes a second write harmless).
-		dl := protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
-			TaskID: e.task.ID, History: e.history, Original: e.data}
-		then = func(stored bool) error {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if !stored {
-				if ours, err := d.storedResultIs(ctx, res.ID, protocol.StatusFailed, code); err != nil || !ours {
-					return err
-				}
-			}
-			return d.deadLetterSync(ctx, "exhausted", dl, e.submission)
-		}
+		d.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
+			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission)
+		return
 	}
-	d.publishResult(res, settle, then)
+	d.finish(msg, res)
 }
 
 // storedResultIs reports whether the task's stored result has that status
@@ -142,62 +165,6 @@ func (d *Dispatcher) storedResultIs(ctx context.Context, id string, status proto
 		return false, nil
 	}
 	return r.Status == status && r.ErrorCode == code, nil
-}
-
-// deadLetterMsg builds an entry of MLSCHED_DLQ under mlsched.dlq.<kind>; an
-// entry about a task is deduplicated per submission of it.
-func deadLetterMsg(kind string, dl protocol.DeadLetter, submission string) (*nats.Msg, []jetstream.PublishOpt, error) {
-	dl.At = time.Now().UTC()
-	data, err := json.Marshal(dl)
-	if err != nil {
-		return nil, nil, err
-	}
-	var opts []jetstream.PublishOpt
-	if dl.TaskID != "" {
-		opts = append(opts, jetstream.WithMsgID(protocol.MsgID("x", dl.TaskID, submission, 0)+":"+kind))
-	}
-	return &nats.Msg{Subject: topology.DLQSubject(kind), Data: data}, opts, nil
-}
-
-// deadLetter stores an entry asynchronously; settle runs once it is stored.
-func (d *Dispatcher) deadLetter(kind string, dl protocol.DeadLetter, submission string, settle func(error)) {
-	m, opts, err := deadLetterMsg(kind, dl, submission)
-	if err != nil {
-		settle(err)
-		return
-	}
-	fut, err := d.js.PublishMsgAsync(m, opts...)
-	if err != nil {
-		settle(err)
-		return
-	}
-	d.pending <- pendingAck{fut: fut, done: func(ack *jetstream.PubAck, err error) {
-		if err == nil {
-			d.deadLettered(kind, dl, ack)
-		}
-		settle(err)
-	}}
-}
-
-// deadLetterSync stores an entry and waits for it.
-func (d *Dispatcher) deadLetterSync(ctx context.Context, kind string, dl protocol.DeadLetter, submission string) error {
-	m, opts, err := deadLetterMsg(kind, dl, submission)
-	if err != nil {
-		return err
-	}
-	ack, err := d.js.PublishMsg(ctx, m, opts...)
-	if err == nil {
-		d.deadLettered(kind, dl, ack)
-	}
-	return err
-}
-
-func (d *Dispatcher) deadLettered(kind string, dl protocol.DeadLetter, ack *jetstream.PubAck) {
-	if !ack.Duplicate {
-		d.counters.DeadLettered.Add(1)
-		d.metrics.dead.Get(kind).Inc()
-		d.log.Warn().Str("task_id", dl.TaskID).Str("code", string(dl.Code)).Str("reason", dl.Reason).Msg("dead-lettered")
-	}
 }
 
 func msSince(t time.Time) float64 {

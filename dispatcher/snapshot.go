@@ -2,15 +2,45 @@ package dispatcher
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/policy"
+	"github.com/mlsched/mlsched/shared/registry"
+	"github.com/mlsched/mlsched/shared/stats"
 )
 
-// snapshotLoop refreshes the statistics snapshot and the decision table
-// every SnapshotInterval, so that no decision waits on Redis.
-func (d *Dispatcher) snapshotLoop(ctx context.Context) {
-	every(ctx, d.cfg.SnapshotInterval, d.refresh)
+// refresher refreshes the statistics snapshot and the decision table every
+// interval, so that no decision waits on Redis, and writes breaker
+// transitions. When the store fails it keeps the last snapshot (degraded
+// mode) with fresh node information.
+type refresher struct {
+	lifecycle.Loop
+	store    stats.Store
+	engine   *policy.Engine
+	reg      *registry.Registry
+	interval time.Duration
+	log      zerolog.Logger
+
+	table    atomic.Pointer[policy.Table]
+	snap     atomic.Pointer[stats.Snapshot]
+	degraded atomic.Pointer[string] // nil when the store answers
+	// timeouts maps model names to their announced per-task timeout (ms).
+	timeouts atomic.Pointer[map[string]int64]
+}
+
+// Start builds the first table, so that the first decisions have one, then
+// refreshes every interval until Stop.
+func (r *refresher) Start(ctx context.Context) error {
+	return r.Go(ctx, func(rctx context.Context, ready func()) error {
+		r.refresh(ctx)
+		ready()
+		every(rctx, r.interval, r.refresh)
+		return nil
+	})
 }
 
 // every runs f every interval until ctx is done.
@@ -28,35 +58,34 @@ func every(ctx context.Context, interval time.Duration, f func(context.Context))
 }
 
 // refresh reads a snapshot, writes breaker transitions, and builds the next
-// table. When the store fails the dispatcher keeps deciding on its last
-// snapshot (degraded mode) with fresh node information.
-func (d *Dispatcher) refresh(ctx context.Context) {
+// table.
+func (r *refresher) refresh(ctx context.Context) {
 	now := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, max(d.cfg.SnapshotInterval, time.Second))
-	snap, err := d.store.Snapshot(rctx)
+	rctx, cancel := context.WithTimeout(ctx, max(r.interval, time.Second))
+	snap, err := r.store.Snapshot(rctx)
 	cancel()
 	if err != nil {
 		reason := "statistics store unreachable: " + err.Error()
-		if d.degraded.Swap(&reason) == nil {
-			d.log.Warn().Err(err).Msg("degraded mode: deciding on the last statistics snapshot")
+		if r.degraded.Swap(&reason) == nil {
+			r.log.Warn().Err(err).Msg("degraded mode: deciding on the last statistics snapshot")
 		}
-		snap = d.snap.Load()
+		snap = r.snap.Load()
 	} else {
-		if d.degraded.Swap(nil) != nil {
-			d.log.Info().Msg("statistics store is back: leaving degraded mode")
+		if r.degraded.Swap(nil) != nil {
+			r.log.Info().Msg("statistics store is back: leaving degraded mode")
 		}
-		d.snap.Store(snap)
-		for _, tr := range d.engine.Transitions(snap, now) {
+		r.snap.Store(snap)
+		for _, tr := range r.engine.Transitions(snap, now) {
 			wctx, cancel := context.WithTimeout(ctx, time.Second)
-			ok, err := d.store.SetBreaker(wctx, tr.Key, tr.From, tr.To)
+			ok, err := r.store.SetBreaker(wctx, tr.Key, tr.From, tr.To)
 			cancel()
 			if err == nil && ok {
-				d.log.Warn().Str("model", tr.Key.Model).Str("node", tr.Key.Node).
+				r.log.Warn().Str("model", tr.Key.Model).Str("node", tr.Key.Node).
 					Str("from", tr.From.State.String()).Str("to", tr.To.State.String()).Msg("circuit breaker changed")
 			}
 		}
 	}
-	nodes := d.reg.Live()
+	nodes := r.reg.Live()
 	timeouts := map[string]int64{}
 	for _, n := range nodes {
 		for _, m := range n.Models {
@@ -65,6 +94,6 @@ func (d *Dispatcher) refresh(ctx context.Context) {
 			}
 		}
 	}
-	d.timeouts.Store(&timeouts)
-	d.table.Store(policy.NewTable(snap, nodes, now))
+	r.timeouts.Store(&timeouts)
+	r.table.Store(policy.NewTable(snap, nodes, now))
 }

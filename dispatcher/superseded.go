@@ -10,6 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/kvwatch"
+	"github.com/mlsched/mlsched/shared/lifecycle"
 )
 
 // supersededSet knows which attempts were declared lost and re-dispatched.
@@ -17,6 +20,7 @@ import (
 // fed by a watch on the MLSCHED_SUPERSEDED bucket: checking an outcome costs
 // no round trip.
 type supersededSet struct {
+	lifecycle.Loop
 	kv  jetstream.KeyValue
 	log zerolog.Logger
 
@@ -84,25 +88,20 @@ func (s *supersededSet) set(key string, attempt int) {
 	s.mu.Unlock()
 }
 
-// Run follows the bucket until ctx is done.
-func (s *supersededSet) Run(ctx context.Context) {
-	for ctx.Err() == nil {
-		w, err := s.kv.WatchAll(ctx)
-		if err != nil {
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		for e := range w.Updates() {
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			if n, err := strconv.Atoi(string(e.Value())); err == nil {
-				s.set(e.Key(), n)
-			}
-		}
-		_ = w.Stop()
+// Start follows the bucket until Stop; it is started once the bucket's
+// current contents are loaded.
+func (s *supersededSet) Start(ctx context.Context) error {
+	return s.Go(ctx, func(ctx context.Context, ready func()) error {
+		kvwatch.Follow(ctx, s.kv, s.apply, ready, kvwatch.Options{Log: s.log})
+		return nil
+	})
+}
+
+func (s *supersededSet) apply(e jetstream.KeyValueEntry) {
+	if e.Operation() != jetstream.KeyValuePut {
+		return
+	}
+	if n, err := strconv.Atoi(string(e.Value())); err == nil {
+		s.set(e.Key(), n)
 	}
 }

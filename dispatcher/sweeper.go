@@ -9,38 +9,56 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
-// The in-flight table is MLSCHED_DISPATCH itself: a work-queue stream keeps
-// each dispatch until its worker acks it, after reporting the outcome. So an
-// attempt whose dispatch is still stored past its deadline was lost (its node
-// died or hangs). The sweeper reports it as a "lost" outcome through the
-// outcome stream, where the usual path counts a timeout against the model
-// and node and fails the task over, and then deletes the dispatch so that a
-// restarted node does not run it. Reporting before deleting means a crash in
-// between loses nothing: the next sweep (of any replica) reports again, and
-// the Nats-Msg-Id deduplicates it. No extra write is needed per task.
-func (d *Dispatcher) sweepLoop(ctx context.Context) {
-	every(ctx, d.cfg.SweepInterval, func(ctx context.Context) {
-		if n, err := d.sweep(ctx, time.Now()); err != nil && ctx.Err() == nil {
-			d.log.Warn().Err(err).Msg("sweep for lost attempts failed")
-		} else if n > 0 {
-			d.log.Warn().Int("lost", n).Msg("attempts lost at their deadline: failing them over")
-		}
-	})
-}
-
-// sweeper is the sweep loop's state: a cursor into the dispatch stream and
-// the stored dispatches it has seen, ordered by when they become due. Each
-// dispatch is read once when it gets older than the slack and once more when
-// it is due, however long it waits, so an overloaded cluster with a deep
-// backlog is not re-read every sweep. It is used by the sweep loop alone.
+// sweeper finds lost attempts. The in-flight table is MLSCHED_DISPATCH
+// itself: a work-queue stream keeps each dispatch until its worker acks it,
+// after reporting the outcome. So an attempt whose dispatch is still stored
+// past its deadline was lost (its node died or hangs). The sweeper reports
+// it as a "lost" outcome through the outcome stream, where the usual path
+// counts a timeout against the model and node and fails the task over, and
+// then deletes the dispatch so that a restarted node does not run it.
+// Reporting before deleting means a crash in between loses nothing: the next
+// sweep (of any replica) reports again, and the Nats-Msg-Id deduplicates it.
+// No extra write is needed per task.
+//
+// Its state is a cursor into the dispatch stream and the stored dispatches
+// it has seen, ordered by when they become due. Each dispatch is read once
+// when it gets older than the slack and once more when it is due, however
+// long it waits, so an overloaded cluster with a deep backlog is not re-read
+// every sweep.
 type sweeper struct {
+	lifecycle.Loop
+	js       jetstream.JetStream
+	dispatch jetstream.Stream // MLSCHED_DISPATCH
+	results  jetstream.Stream // MLSCHED_RESULTS
+	dlq      *deadLetters
+	every    time.Duration // between sweeps
+	slack    time.Duration // no dispatch younger than this is past its deadline
+	log      zerolog.Logger
+
 	next uint64   // first sequence not yet looked at
 	due  dueQueue // dispatches seen, by due time
+}
+
+// Start sweeps every interval until Stop.
+func (s *sweeper) Start(ctx context.Context) error {
+	return s.Go(ctx, func(ctx context.Context, ready func()) error {
+		ready()
+		every(ctx, s.every, func(ctx context.Context) {
+			if n, err := s.sweep(ctx, time.Now()); err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("sweep for lost attempts failed")
+			} else if n > 0 {
+				s.log.Warn().Int("lost", n).Msg("attempts lost at their deadline: failing them over")
+			}
+		})
+		return nil
+	})
 }
 
 type dueEntry struct {
@@ -64,71 +82,71 @@ func (q *dueQueue) Pop() any {
 
 // sweep reports the stored dispatches past their deadline (plus a grace of a
 // sweep interval, at least a second, for a worker reporting a timeout right at
-// the deadline). A dispatch younger than DeadlineSlack cannot be past its
-// deadline, so the cursor stops at the first one.
-func (d *Dispatcher) sweep(ctx context.Context, now time.Time) (int, error) {
-	sw := &d.sweeper
-	info, err := d.dispatchStream.Info(ctx)
+// the deadline) and returns how many. A dispatch younger than the slack
+// cannot be past its deadline, so the cursor stops at the first one.
+func (s *sweeper) sweep(ctx context.Context, now time.Time) (int, error) {
+	info, err := s.dispatch.Info(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if sw.next > info.State.LastSeq+1 { // the stream was re-created: start over
-		sw.next, sw.due = 0, nil
+	if s.next > info.State.LastSeq+1 { // the stream was re-created: start over
+		s.next, s.due = 0, nil
 	}
-	if sw.next < info.State.FirstSeq {
-		sw.next = info.State.FirstSeq
+	if s.next < info.State.FirstSeq {
+		s.next = info.State.FirstSeq
 	}
-	grace := max(d.cfg.SweepInterval, time.Second).Milliseconds()
-	for sw.next > 0 && sw.next <= info.State.LastSeq {
-		raw, err := d.dispatchStream.GetMsg(ctx, sw.next, jetstream.WithGetMsgSubject(topology.SubjectDispatchAll))
+	grace := max(s.every, time.Second).Milliseconds()
+	for s.next > 0 && s.next <= info.State.LastSeq {
+		raw, err := s.dispatch.GetMsg(ctx, s.next, jetstream.WithGetMsgSubject(topology.SubjectDispatchAll))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			sw.next = info.State.LastSeq + 1
+			s.next = info.State.LastSeq + 1
 			break
 		}
 		if err != nil {
 			return 0, err
 		}
-		if now.Sub(raw.Time) < d.cfg.DeadlineSlack {
-			sw.next = raw.Sequence
+		if now.Sub(raw.Time) < s.slack {
+			s.next = raw.Sequence
 			break
 		}
-		sw.next = raw.Sequence + 1
+		s.next = raw.Sequence + 1
 		var due int64 // an invalid dispatch is due now, to be dead-lettered
 		if pd, err := protocol.ParseDispatch(raw.Header); err == nil {
 			due = pd.Deadline.UnixMilli()
 		}
-		heap.Push(&sw.due, dueEntry{due: due + grace, seq: raw.Sequence})
+		heap.Push(&s.due, dueEntry{due: due + grace, seq: raw.Sequence})
 	}
 	lost := 0
-	for sw.due.Len() > 0 && sw.due[0].due < now.UnixMilli() {
-		e := sw.due[0]
-		raw, err := d.dispatchStream.GetMsg(ctx, e.seq)
+	for s.due.Len() > 0 && s.due[0].due < now.UnixMilli() {
+		e := s.due[0]
+		raw, err := s.dispatch.GetMsg(ctx, e.seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			heap.Pop(&sw.due) // acknowledged by its worker meanwhile
+			heap.Pop(&s.due) // acknowledged by its worker meanwhile
 			continue
 		}
 		if err != nil {
 			return lost, err
 		}
-		if err := d.reportLost(ctx, raw); err != nil {
+		if err := s.reportLost(ctx, raw); err != nil {
 			return lost, err
 		}
-		if err := d.dispatchStream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		if err := s.dispatch.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return lost, err
 		}
-		heap.Pop(&sw.due)
+		heap.Pop(&s.due)
 		lost++
 	}
 	return lost, nil
 }
 
-func (d *Dispatcher) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) error {
+func (s *sweeper) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) error {
 	pd, err := protocol.ParseDispatch(raw.Header)
 	if err != nil { // not one the dispatcher built: keep it for an operator
-		return d.deadLetterSync(ctx, "dispatch", protocol.DeadLetter{Reason: "a stored dispatch is invalid: " + err.Error(),
-			Code: protocol.CodeOf(err), Subject: raw.Subject, Original: raw.Data}, "")
+		return s.dlq.Publish(ctx, "dispatch", protocol.DeadLetter{Reason: "a stored dispatch is invalid: " + err.Error(),
+			Code: protocol.CodeOf(err), Subject: raw.Subject, Original: raw.Data},
+			messageEntry("dispatch", topology.StreamDispatch, raw.Sequence))
 	}
-	if res, err := d.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(pd.TaskID)); err == nil && res != nil {
+	if res, err := s.results.GetLastMsgForSubject(ctx, topology.ResultSubject(pd.TaskID)); err == nil && res != nil {
 		return nil // the worker reported and the task is final; it only missed its ack
 	}
 	o := protocol.Outcome{
@@ -144,6 +162,6 @@ func (d *Dispatcher) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg
 		return err
 	}
 	m := &nats.Msg{Subject: topology.OutcomeSubject(pd.Node), Data: data, Header: protocol.OutcomeHeader(raw.Header, pd.Node)}
-	_, err = d.js.PublishMsg(ctx, m, jetstream.WithMsgID(pd.MsgID("l")))
+	_, err = s.js.PublishMsg(ctx, m, jetstream.WithMsgID(pd.MsgID("l")))
 	return err
 }

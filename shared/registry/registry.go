@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/kvwatch"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -61,53 +62,12 @@ func (r *Registry) Ready() <-chan struct{} { return r.ready }
 // Run watches the bucket until ctx is done, re-creating the watch when it
 // fails (NATS restarts, bucket recreated).
 func (r *Registry) Run(ctx context.Context) error {
-	tick := time.NewTicker(r.ttl / 4)
-	defer tick.Stop()
-	for ctx.Err() == nil {
-		w, err := r.kv.WatchAll(ctx)
-		if err != nil {
-			r.log.Warn().Err(err).Msg("node registry: watch failed, retrying")
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		r.consume(ctx, w, tick.C)
-		_ = w.Stop()
-	}
+	// Heartbeats come more often than the TTL, so a silent TTL means no node
+	// is left or the watch went blind (a re-created bucket): Silence makes
+	// kvwatch read the bucket afresh.
+	kvwatch.Follow(ctx, r.kv, r.apply, func() { r.once.Do(func() { close(r.ready) }) },
+		kvwatch.Options{Silence: r.ttl, Tick: r.ttl / 4, OnTick: r.expire, Log: r.log.With().Str("component", "node registry").Logger()})
 	return nil
-}
-
-func (r *Registry) consume(ctx context.Context, w jetstream.KeyWatcher, tick <-chan time.Time) {
-	last := r.now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick:
-			r.expire()
-			// Heartbeats come more often than the TTL, so a silent TTL means
-			// no node is left or the watch went blind: a watch resumes at its
-			// old stream sequence, and a re-created bucket (the memory bucket
-			// does not survive a NATS restart) starts again at 1, so every new
-			// heartbeat would be skipped until the sequence caught up. A
-			// fresh watch reads the bucket as it is.
-			if r.now().Sub(last) > r.ttl {
-				return
-			}
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			last = r.now()
-			if e == nil { // initial values delivered
-				r.once.Do(func() { close(r.ready) })
-				continue
-			}
-			r.apply(e)
-		}
-	}
 }
 
 func (r *Registry) apply(e jetstream.KeyValueEntry) {

@@ -1,0 +1,105 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// deadLetters is the one way into MLSCHED_DLQ. Every entry carries a
+// Nats-Msg-Id, so storing it again (a redelivered message, a sweep retried
+// after a crash) is harmless inside the duplicate window: an entry about a
+// task is named by the task's submission (taskEntry), any other by the
+// stream position of the message it is about (messageEntry).
+type deadLetters struct {
+	js    jetstream.JetStream
+	log   zerolog.Logger
+	count *atomic.Int64 // entries stored, duplicates not counted
+	// stored, when set, is told the kind of every entry stored (not of a
+	// duplicate), for the metrics.
+	onStored func(kind string)
+}
+
+// taskEntry names the entry of kind about one submission of a task.
+func taskEntry(kind, taskID, submission string) string {
+	return protocol.MsgID("x", taskID, submission, 0) + ":" + kind
+}
+
+// messageEntry names the entry of kind about the message at seq of stream.
+func messageEntry(kind, stream string, seq uint64) string {
+	return "x:" + stream + ":" + strconv.FormatUint(seq, 10) + ":" + kind
+}
+
+// messageEntryOf is messageEntry for a consumed message ("" when its
+// position is unknown: then the entry has no id).
+func messageEntryOf(kind string, msg jetstream.Msg) string {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return ""
+	}
+	return messageEntry(kind, meta.Stream, meta.Sequence.Stream)
+}
+
+func (p *deadLetters) message(kind string, dl protocol.DeadLetter) (*nats.Msg, error) {
+	dl.At = time.Now().UTC()
+	data, err := json.Marshal(dl)
+	if err != nil {
+		return nil, err
+	}
+	return &nats.Msg{Subject: topology.DLQSubject(kind), Data: data}, nil
+}
+
+func opts(id string) []jetstream.PublishOpt {
+	if id == "" {
+		return nil
+	}
+	return []jetstream.PublishOpt{jetstream.WithMsgID(id)}
+}
+
+// Publish stores an entry and waits for it.
+func (p *deadLetters) Publish(ctx context.Context, kind string, dl protocol.DeadLetter, id string) error {
+	m, err := p.message(kind, dl)
+	if err != nil {
+		return err
+	}
+	ack, err := p.js.PublishMsg(ctx, m, opts(id)...)
+	return p.stored(kind, dl, ack, err)
+}
+
+// PublishAsync stores an entry; the returned then, given the future's
+// outcome, counts and logs it and returns the error to settle by.
+func (p *deadLetters) PublishAsync(kind string, dl protocol.DeadLetter, id string) (jetstream.PubAckFuture, func(*jetstream.PubAck, error) error, error) {
+	m, err := p.message(kind, dl)
+	if err != nil {
+		return nil, nil, err
+	}
+	fut, err := p.js.PublishMsgAsync(m, opts(id)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return fut, func(ack *jetstream.PubAck, err error) error { return p.stored(kind, dl, ack, err) }, nil
+}
+
+func (p *deadLetters) stored(kind string, dl protocol.DeadLetter, ack *jetstream.PubAck, err error) error {
+	if err != nil {
+		p.log.Warn().Err(err).Str("task_id", dl.TaskID).Msg("dead letter not stored, will retry")
+		return err
+	}
+	if !ack.Duplicate {
+		p.count.Add(1)
+		if p.onStored != nil {
+			p.onStored(kind)
+		}
+		p.log.Warn().Str("task_id", dl.TaskID).Str("code", string(dl.Code)).Str("reason", dl.Reason).Msg("dead-lettered")
+	}
+	return nil
+}

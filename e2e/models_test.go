@@ -43,9 +43,9 @@ func sklearnPython(t *testing.T) string {
 // Real models behind real model servers: deployments/models/digits_server.py
 // serves scikit-learn digits classifiers over OIP v2 (two server processes)
 // and as an exec model; two workers host them; a producer submits held-out
-// digit images. On the second server, after a few requests each, one model
-// starts answering 500, one 429 with Retry-After, and one turns unready. The
-// test checks that every task gets one successful result (the failures were
+// digit images. On the second server, after five requests each (pinned
+// warm-up tasks), one model starts answering 500, one 429 with Retry-After,
+// and one turns unready. The test checks that every task gets one successful result (the failures were
 // retried elsewhere), that the predictions are right more than 90% of the
 // time, and that each failing model lost its traffic within seconds.
 func TestRealInference(t *testing.T) {
@@ -163,25 +163,44 @@ func TestRealInference(t *testing.T) {
 	cl := client.New(js)
 	images = append(images, images[:150]...) // 600 tasks, 15 s
 	ids := make([]string, len(images))
-	tick := time.NewTicker(time.Second / 40)
-	defer tick.Stop()
-	for i, img := range images {
-		<-tick.C
-		payload, _ := json.Marshal(map[string]any{"pixels": img.Pixels})
+	submit := func(i int, only []string) {
+		payload, _ := json.Marshal(map[string]any{"pixels": images[i].Pixels})
 		ids[i] = fmt.Sprintf("digit-%d", i)
-		if _, err := cl.Submit(ctx, protocol.Task{ID: ids[i], Type: "digits", Payload: payload, MaxAttempts: 5}); err != nil {
+		task := protocol.Task{ID: ids[i], Type: "digits", Payload: payload, MaxAttempts: 5, Models: only}
+		if _, err := cl.Submit(ctx, task); err != nil {
 			t.Fatal(err)
 		}
 	}
 	results := map[string]*protocol.Result{}
 	var mu sync.Mutex
-	if err := cl.WaitAll(ctx, ids, func(r *protocol.Result) {
-		mu.Lock()
-		defer mu.Unlock()
-		results[r.ID] = r
-	}); err != nil {
-		t.Fatalf("results: %v (%d of %d)", err, len(results), len(ids))
+	collect := func(ids []string) {
+		if err := cl.WaitAll(ctx, ids, func(r *protocol.Result) {
+			mu.Lock()
+			defer mu.Unlock()
+			results[r.ID] = r
+		}); err != nil {
+			t.Fatalf("results: %v (%d of %d)", err, len(results), len(ids))
+		}
 	}
+	// Warm-up: the first faultAfter requests of each faulty model, one task
+	// at a time pinned to it (allow-list), so that every fault starts as the
+	// steady traffic begins.
+	next := 0
+	for _, m := range faultyModels {
+		for range faultAfter {
+			submit(next, []string{m})
+			collect(ids[next : next+1])
+			next++
+		}
+	}
+	warm := next
+	tick := time.NewTicker(time.Second / 40)
+	defer tick.Stop()
+	for ; next < len(images); next++ {
+		<-tick.C
+		submit(next, nil)
+	}
+	collect(ids[warm:])
 
 	// Nothing lost: one successful result per task, failures retried elsewhere.
 	right, retried := 0, 0

@@ -58,6 +58,9 @@ func TestInvalidConfigurationExits2(t *testing.T) {
 		{"bad log level", []string{"MLSCHED_LOG_LEVEL=loud", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_LOG_LEVEL"},
 		{"missing models file", []string{"MLSCHED_MODELS_FILE=/nonexistent/models.yaml"}, "/nonexistent/models.yaml"},
 		{"bad models file", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m1, types: [t], executor: gpu}]")}, `model "m1": executor`},
+		{"http model without url", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m3, types: [t], executor: http, http: {mode: oip}}]")}, `model "m3": http.url: missing`},
+		{"http bad mode", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m4, types: [t], executor: http, http: {url: \"http://h\", mode: grpc}}]")}, `model "m4": http.mode: "grpc"`},
+		{"input naming no tensor", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m5, types: [t], executor: http, http: {url: \"http://h\", mode: oip, inputs: [{datatype: FP32, shape: [1]}]}}]")}, `model "m5": http.inputs[0].name: missing`},
 		{"unknown handler", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m2, types: [t], executor: go, go: {handler: nope}}]")}, `"nope" is not registered`},
 	}
 	for _, c := range cases {

@@ -295,6 +295,7 @@ func (r *run) startMlsched(ctx context.Context) error {
 		"MLSCHED_DISPATCHER_NAME": dispatcherName,
 		"MLSCHED_PPROF_ADDR":      pprofAddr,
 		"MLSCHED_STREAM_REPLICAS": strconv.Itoa(r.o.replicas()),
+		"MLSCHED_HTTP_ADDR":       "127.0.0.1:0", // never a fixed port: the workers run on the same host
 	}, r.o.DispatcherEnv))
 	if err != nil {
 		return err
@@ -311,6 +312,7 @@ func (r *run) startMlsched(ctx context.Context) error {
 			"MLSCHED_MODELS_FILE":     models,
 			"MLSCHED_CONCURRENCY":     strconv.Itoa(r.o.Concurrency),
 			"MLSCHED_STREAM_REPLICAS": strconv.Itoa(r.o.replicas()),
+			"MLSCHED_HTTP_ADDR":       "127.0.0.1:0", // four workers on one host: no fixed port
 		}
 		if i == 0 && r.o.ProfilePath != "" { // one worker is profiled: they all run the same code
 			wport, err := harness.FreePort()

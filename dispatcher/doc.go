@@ -30,4 +30,20 @@
 //   - results.go, deadletter.go: publish the one final result per task (a
 //     second one is refused by JetStream's expected-last-subject-sequence
 //     check) and, through the one dead-letter publisher, dead letters.
+//
+// The shortest program that runs the system, a dispatcher and a worker in
+// one process on an embedded NATS server with a producer submitting one
+// task, is the runnable example in e2e/example (it lives in the e2e module,
+// since this module does not depend on the worker's):
+//
+//	d, _ := dispatcher.New(cfg) // cfg := dispatcher.DefaultConfig(), with NATS set
+//	w, _ := worker.New(worker.Config{NATS: nats, NodeID: "node-1"},
+//		worker.WithHandler("upper", upper),
+//		worker.WithModels([]worker.ModelSpec{{Name: "upper-v1", Types: []string{"text"},
+//			Executor: model.ExecutorGo, Go: &model.GoSpec{Handler: "upper"}}}))
+//	go d.Run(ctx)
+//	go w.Run(ctx)
+//	c, _ := client.Dial(nats)
+//	c.Submit(ctx, protocol.Task{ID: "t-1", Type: "text", Payload: json.RawMessage(`"hello"`)})
+//	res, _ := c.Wait(ctx, "t-1") // succeeded upper-v1 node-1 "HELLO"
 package dispatcher

@@ -38,14 +38,18 @@ func Usage(w io.Writer, spec any) error {
 type Log struct {
 	// Format is json (default) or console.
 	Format string `envconfig:"LOG_FORMAT" default:"json" desc:"json or console"`
-	// Level is a zerolog level name.
+	// Level is a zerolog level name (empty, as in a Config built in code:
+	// info).
 	Level string `envconfig:"LOG_LEVEL" default:"info" desc:"trace, debug, info, warn, error"`
 }
 
 // Logger builds the process logger; component names the process.
 func (l Log) Logger(component string) (zerolog.Logger, error) {
-	lvl, err := zerolog.ParseLevel(strings.ToLower(l.Level))
-	if err != nil || l.Level == "" {
+	lvl, err := zerolog.ParseLevel(strings.ToLower(l.Level)) // "" parses as NoLevel
+	if l.Level == "" {
+		lvl, err = zerolog.InfoLevel, nil
+	}
+	if err != nil {
 		return zerolog.Nop(), fmt.Errorf("invalid %s_LOG_LEVEL=%q", Prefix, l.Level)
 	}
 	var w io.Writer

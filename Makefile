@@ -162,6 +162,19 @@ chaos-cluster: build redis-server ## the chaos test on a 3-node NATS cluster (R3
 	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_CHAOS_CLUSTER=1 MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} \
 		$(GO) test -race=false -count=1 -run '^TestChaosCluster$$' -v -timeout 60m ./
 
+# Issue 14's sequence at full size (e2e/redis_restart_test.go): 2 thompson
+# dispatchers, 3 workers, 4 models failing 20/5/1/0.2%; warm-up 2000, run
+# 3000, redis-server kill -9 and restart empty, run 3000; first-attempt
+# success before and after, per try. RESTART_TRIES=n tries;
+# RESTART_RESEED=false measures a restart without re-seeding.
+RESTART_TRIES  ?= 3
+RESTART_RESEED ?= true
+.PHONY: redis-restart
+redis-restart: build redis-server ## issue 14's Redis restart sequence at full size: first-attempt success before/after per try
+	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_RESTART_FULL=1 MLSCHED_RESTART_TRIES=$(RESTART_TRIES) \
+		MLSCHED_RESTART_RESEED=$(RESTART_RESEED) $(GO) test -race=false -count=1 -run '^TestRedisRestartKeepsLearning$$' -v -timeout 60m ./ \
+		| grep -v '^redis: '
+
 .PHONY: docker-build
 docker-build: ## build the dispatcher, worker and mlsched images (needs a Docker daemon)
 	for t in dispatcher worker mlsched; do \

@@ -60,6 +60,10 @@ type Config struct {
 	// StatsRecent is the recent span compared with the rest of the window to
 	// notice a model that changed (default 0: two buckets).
 	StatsRecent time.Duration `envconfig:"STATS_RECENT" default:"0s" desc:"recent span used to detect a changed model (0: two buckets)"`
+	// StatsReseed re-seeds a Redis store found reset (restarted empty, or a
+	// failover to a replica that missed writes) from this replica's last
+	// snapshot, so the cluster keeps what it learned (default true).
+	StatsReseed bool `envconfig:"STATS_RESEED" default:"true" desc:"re-seed a reset Redis store (restart, failover) from the last snapshot; false: learn again from nothing"`
 	// SnapshotInterval between statistics refreshes (default 250ms).
 	SnapshotInterval time.Duration `envconfig:"SNAPSHOT_INTERVAL" default:"250ms" desc:"how often statistics and the decision table are refreshed"`
 	// StatsBuffer bounds statistics updates buffered while Redis is down;

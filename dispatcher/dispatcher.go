@@ -169,11 +169,17 @@ func (d *Dispatcher) openStore() error {
 		return fmt.Errorf("MLSCHED_REDIS_URL: %w", err)
 	}
 	d.redis = c
-	d.store, d.kind = redisstats.New(c, d.cfg.Window(), redisstats.WithOnReset(func(r redisstats.ResetInfo) {
-		d.log.Warn().Str("old_generation", r.OldGeneration).Str("generation", r.NewGeneration).Bool("first", r.First).
-			Int("buckets", r.Buckets).Int("fields", r.Fields).Dur("took", r.Took).
-			Msg("statistics store was reset: re-seeded it from this replica's last snapshot")
-	})), "redis"
+	d.store, d.kind = redisstats.New(c, d.cfg.Window(), redisstats.WithReseed(d.cfg.StatsReseed),
+		redisstats.WithOnReset(func(r redisstats.ResetInfo) {
+			if r.Skipped {
+				d.log.Warn().Str("old_generation", r.OldGeneration).Str("generation", r.NewGeneration).
+					Msg("statistics store was reset; MLSCHED_STATS_RESEED=false: learning again from what it holds")
+				return
+			}
+			d.log.Warn().Str("old_generation", r.OldGeneration).Str("generation", r.NewGeneration).Bool("first", r.First).
+				Int("buckets", r.Buckets).Int("fields", r.Fields).Dur("took", r.Took).
+				Msg("statistics store was reset: re-seeded it from this replica's last snapshot")
+		})), "redis"
 	return nil
 }
 

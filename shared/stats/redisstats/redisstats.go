@@ -52,11 +52,12 @@ var (
 // Store is a stats.Store in Redis. It does not own the client: Close leaves
 // it open.
 type Store struct {
-	c       redis.UniversalClient
-	w       stats.Window
-	prefix  string
-	now     func() time.Time
-	onReset func(ResetInfo)
+	c        redis.UniversalClient
+	w        stats.Window
+	prefix   string
+	now      func() time.Time
+	onReset  func(ResetInfo)
+	noReseed bool
 
 	// what this replica knows of the store, to notice a reset and re-seed
 	// it (reseed.go)
@@ -344,15 +345,10 @@ func (s *Store) snapshot(ctx context.Context) (_ *stats.Snapshot, reset bool, re
 	if k.gen != "" && (gen != k.gen || seq < k.seq || (k.replid != "" && replid != k.replid)) {
 		return nil, true, k.resets, nil
 	}
-	if gen == "" {
-		// a store nobody has written to yet: name its generation
-		if err := s.c.SetNX(ctx, s.genKey(), newGeneration(), 0).Err(); err != nil {
-			return nil, false, 0, fmt.Errorf("redisstats: snapshot: %w", err)
-		}
-		if gen, err = s.c.Get(ctx, s.genKey()).Result(); err != nil {
-			return nil, false, 0, fmt.Errorf("redisstats: snapshot: %w", err)
-		}
-	}
+	// A store nobody has written to has no generation yet: the first
+	// Record names it. A read never does, so that a reader that remembers
+	// nothing (a new replica, the CLI) cannot pre-empt the replicas that
+	// re-seed a store restarted empty.
 	v := view{gen: gen, replid: replid, seq: seq, first: first, buckets: make(map[int64]map[string]string, len(bucketCmds)),
 		gauges: gaugeCmd.Val(), breakers: breakerCmd.Val()}
 	for i, c := range bucketCmds {

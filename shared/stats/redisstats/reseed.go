@@ -76,10 +76,18 @@ type ResetInfo struct {
 	Buckets, Fields int
 	// Took is how long the re-seed took.
 	Took time.Duration
+	// Skipped is set when re-seeding is off (WithReseed(false)): the store
+	// was adopted as found.
+	Skipped bool
 }
 
 // WithOnReset calls f after every re-seed of a reset store (default none).
 func WithOnReset(f func(ResetInfo)) Option { return func(s *Store) { s.onReset = f } }
+
+// WithReseed turns re-seeding on or off (default on). Off, a replica that
+// notices a reset adopts the store as it finds it and learns again from
+// there: for measuring what re-seeding is worth, or to start afresh.
+func WithReseed(on bool) Option { return func(s *Store) { s.noReseed = !on } }
 
 // Resets is how many times this store re-seeded a reset store.
 func (s *Store) Resets() int64 { return s.resets.Load() }
@@ -184,6 +192,9 @@ func (s *Store) reseed(ctx context.Context, resets int64) error {
 		return nil
 	}
 	start := time.Now()
+	if s.noReseed {
+		return s.adopt(ctx, start)
+	}
 	s.mu.Lock()
 	v := s.view
 	v.pending = append([]pendingBatch(nil), v.pending...)
@@ -277,4 +288,23 @@ func (v *view) bucketValues(first int64) map[int64]map[string]int64 {
 		}
 	}
 	return out
+}
+
+// adopt takes the store as it is, forgetting what this replica remembered.
+func (s *Store) adopt(ctx context.Context, start time.Time) error {
+	meta, err := s.c.Eval(ctx, metaSrc, []string{s.genKey(), s.seqKey()}).StringSlice()
+	if err != nil || len(meta) != 3 {
+		return fmt.Errorf("adopt a reset store: %v %w", meta, err)
+	}
+	gen := meta[0] // "" when empty: the next Record names it
+	seq, _ := strconv.ParseInt(meta[1], 10, 64)
+	s.mu.Lock()
+	old := s.view.gen
+	s.view = view{gen: gen, replid: meta[2], seq: seq}
+	s.mu.Unlock()
+	s.resets.Add(1)
+	if s.onReset != nil {
+		s.onReset(ResetInfo{OldGeneration: old, NewGeneration: gen, Skipped: true, Took: time.Since(start)})
+	}
+	return nil
 }

@@ -148,3 +148,35 @@ func TestKilledRedisRestartedEmptyKeepsChoices(t *testing.T) {
 		t.Error("no replica re-seeded")
 	}
 }
+
+// With re-seeding off a replica adopts the reset store as it finds it.
+func TestReseedOff(t *testing.T) {
+	t.Parallel()
+	c := redistest.Start(t).Client(t)
+	var infos []redisstats.ResetInfo
+	s := redisstats.New(c, stats.Window{}, redisstats.WithPrefix(prefix()), redisstats.WithReseed(false),
+		redisstats.WithOnReset(func(r redisstats.ResetInfo) { infos = append(infos, r) }))
+	ev := []stats.Event{{Model: "m", Node: "n", Kind: stats.KindSuccess}}
+	if err := s.Record(t.Context(), ev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Snapshot(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(t.Context(), ev); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snap.Models["m"].Successes; got != 1 {
+		t.Fatalf("successes = %d, want 1 (the past forgotten)", got)
+	}
+	if len(infos) != 1 || !infos[0].Skipped || s.Resets() != 1 {
+		t.Fatalf("resets %d, infos %+v", s.Resets(), infos)
+	}
+}

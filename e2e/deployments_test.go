@@ -163,6 +163,16 @@ func TestComposeFile(t *testing.T) {
 	if _, ok := f.Volumes["nats-data"]; !ok {
 		t.Error("volume nats-data is not declared")
 	}
+	// Redis persists (docs/operations.md: what a restart costs)
+	r := f.Services["redis"]
+	cmd := strings.Join(r.Command, " ")
+	if !strings.Contains(cmd, "--appendonly yes") || !strings.Contains(cmd, "--appendfsync everysec") ||
+		!slices.Contains(r.Volumes, "redis-data:/data") {
+		t.Errorf("redis service does not keep an append-only file (fsync every second) on a volume: %+v", r)
+	}
+	if _, ok := f.Volumes["redis-data"]; !ok {
+		t.Error("volume redis-data is not declared")
+	}
 }
 
 // deployments/nats/cluster.conf, as each server of the compose "cluster"

@@ -21,9 +21,12 @@ help: ## list the targets
 # bin/nats-server is built at the version pinned in e2e/go.mod (kept there by
 # e2e/tools.go), for running a real server outside the tests.
 .PHONY: build
+# VERSION is what `mlsched --version` prints (default: git describe).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+
 build: ## build bin/dispatcher, bin/worker, bin/mlsched and bin/nats-server
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./dispatcher/cmd/dispatcher ./dispatcher/cmd/mlsched ./worker/cmd/worker
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./dispatcher/cmd/dispatcher ./dispatcher/cmd/mlsched ./worker/cmd/worker
 	cd e2e && $(GO) build -o ../$(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 .PHONY: run

@@ -123,12 +123,17 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.SetOutput(stderr)
 	natsURL := fs.String("nats", cfg.NATS.URL, "NATS server URL (env MLSCHED_NATS_URL)")
 	timeout := fs.Duration("timeout", 10*time.Second, "timeout of each request to NATS")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() { usage(stderr, fs) }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, versionString())
+		return exitOK
 	}
 	if fs.NArg() == 0 {
 		usage(stderr, fs)

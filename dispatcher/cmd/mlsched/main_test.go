@@ -127,3 +127,32 @@ func TestEnvironmentNames(t *testing.T) {
 		}
 	}
 }
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	for _, flag := range []string{"--version", "-version"} {
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), []string{flag}, strings.NewReader(""), &out, &errb); code != exitOK {
+			t.Fatalf("%s: code %d, stderr %q", flag, code, errb.String())
+		}
+		if !strings.HasPrefix(out.String(), "mlsched ") || !strings.Contains(out.String(), "protocol v1") {
+			t.Fatalf("%s printed %q", flag, out.String())
+		}
+	}
+}
+
+func TestProgressBarOnATerminal(t *testing.T) {
+	var b bytes.Buffer
+	p := newProgress(&b, true, 1000, time.Nanosecond)
+	p.print(500, summary{Submitted: 42})
+	p.done(1000, summary{Submitted: 84})
+	got := b.String()
+	for _, want := range []string{"\r[===============               ]  50.0%  42 submitted", "\r[==============================] 100.0%  84 submitted", "\x1b[K"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("bar lacks %q: %q", want, got)
+		}
+	}
+	if !strings.HasSuffix(got, "\n") {
+		t.Errorf("the bar's line is not ended: %q", got)
+	}
+}

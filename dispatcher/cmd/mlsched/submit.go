@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -52,6 +49,7 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 	wait := fs.Bool("wait", false, "wait for every result, print each as a JSON line, then a summary; exit 3 unless all succeeded")
 	waitTimeout := fs.Duration("wait-timeout", 0, "give up waiting after this long (0: wait until interrupted)")
 	window := fs.Int("window", 256, "submissions awaiting their acknowledgement at once")
+	progressEvery := fs.Duration("progress", time.Second, "with -f: progress on stderr this often (a bar on a terminal, plain lines otherwise; 0: none)")
 	if err := a.parseAndConnect(fs, args); err != nil {
 		return err
 	}
@@ -67,20 +65,19 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 		fmt.Fprintln(a.stderr, "mlsched submit: -f and -type are exclusive")
 		return errUsage
 	case *file != "":
-		in := a.stdin
+		in, size := a.stdin, int64(0)
 		if *file != "-" {
 			f, err := os.Open(*file)
 			if err != nil {
 				return err
 			}
 			defer f.Close()
+			if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+				size = st.Size()
+			}
 			in = f
 		}
-		var err error
-		tasks, sum.Bad, err = a.readTasks(in)
-		if err != nil {
-			return err
-		}
+		return a.submitStream(ctx, in, size, *window, *wait, *waitTimeout, *progressEvery)
 	case *typ != "":
 		t := protocol.Task{ID: *id, Type: *typ, TimeoutMs: *timeoutMs, MaxAttempts: *maxAttempts,
 			MaxLatencyMs: *maxLatency, MinSuccessRate: *minRate}
@@ -130,30 +127,6 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 		return errPartial
 	}
 	return nil
-}
-
-// readTasks decodes a JSON-lines stream. Bad lines are reported on stderr
-// with their number and counted; blank lines are skipped.
-func (a *app) readTasks(in io.Reader) (tasks []submitLine, bad int, err error) {
-	r := bufio.NewReaderSize(in, 64<<10)
-	for n := 1; ; n++ {
-		line, rerr := r.ReadBytes('\n')
-		if rerr != nil && !errors.Is(rerr, io.EOF) {
-			return nil, bad, fmt.Errorf("read tasks: %w", rerr)
-		}
-		if len(bytes.TrimSpace(line)) > 0 {
-			t, derr := decodeLine(line, a.limits())
-			if derr != nil {
-				bad++
-				fmt.Fprintf(a.stderr, "line %d: %v\n", n, derr)
-			} else {
-				tasks = append(tasks, submitLine{line: n, task: t})
-			}
-		}
-		if rerr != nil {
-			return tasks, bad, nil
-		}
-	}
 }
 
 // decodeLine decodes one task, generating its id when it has none.

@@ -223,3 +223,53 @@ func TestResultAndWaitCommands(t *testing.T) {
 		t.Fatalf("wait timeout: code %d, err %q", code, errs)
 	}
 }
+
+// A file is submitted as it is read, chunk by chunk (here 4×window = 8
+// lines), every task once and its ack in line order, with plain progress
+// lines on a stderr that is not a terminal.
+func TestSubmitFileStreamsWithProgress(t *testing.T) {
+	t.Parallel()
+	srv := cluster(t)
+	var b strings.Builder
+	const n = 203
+	for i := range n {
+		if i == 100 {
+			b.WriteString("not json\n")
+		}
+		fmt.Fprintf(&b, `{"id":"p%03d","type":"echo"}`+"\n", i)
+	}
+	path := filepath.Join(t.TempDir(), "tasks.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := cli(t, srv.URL, "", "submit", "-f", path, "-window", "2", "-progress", "1ns")
+	if code != exitPartial {
+		t.Fatalf("code %d, want %d (one bad line); stderr:\n%s", code, exitPartial, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != n {
+		t.Fatalf("%d ack lines, want %d", len(lines), n)
+	}
+	for i, l := range lines {
+		var ack submitAck
+		if err := json.Unmarshal([]byte(l), &ack); err != nil || ack.ID != fmt.Sprintf("p%03d", i) {
+			t.Fatalf("ack line %d = %q (%v)", i, l, err)
+		}
+	}
+	for _, want := range []string{"line 101:", "progress: 100.0% of", n2s(n) + " submitted, 1 bad, 0 unsent", "submitted=203 duplicates=0 bad_lines=1"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errs)
+		}
+	}
+	if strings.Contains(errs, "\r") || strings.Contains(errs, "\x1b") {
+		t.Errorf("terminal control characters on a non-terminal stderr: %q", errs)
+	}
+	if strings.Count(errs, "progress:") < 10 {
+		t.Errorf("want a progress line per chunk:\n%s", errs)
+	}
+	if got := len(streamMsgs(t, srv.JS, topology.StreamTasks)); got != n {
+		t.Fatalf("%d tasks in the stream, want %d", got, n)
+	}
+}
+
+func n2s(n int) string { return fmt.Sprint(n) }

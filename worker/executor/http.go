@@ -250,8 +250,12 @@ func retryAfter(v string, now time.Time) time.Duration {
 }
 
 // passthroughOutput is the body as the result's output: JSON as is, text as
-// a JSON string; anything else cannot be used and is a model error.
+// a JSON string, 204 No Content as null; anything else cannot be used and is
+// a model error.
 func passthroughOutput(resp *http.Response, data []byte) (json.RawMessage, error) {
+	if resp.StatusCode == http.StatusNoContent {
+		return json.RawMessage("null"), nil
+	}
 	if json.Valid(data) {
 		return append(json.RawMessage(nil), data...), nil
 	}

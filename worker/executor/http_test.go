@@ -86,6 +86,8 @@ func TestHTTPErrorTable(t *testing.T) {
 		closed  bool   // nothing listens
 	}{
 		{name: "200 JSON", handler: func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"label":"cat"}`)) }, want: classOK},
+		{name: "204 No Content", handler: func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }, want: classOK},
+		{name: "200 empty body", handler: func(w http.ResponseWriter, r *http.Request) {}, want: classModel, msg: "empty response"},
 		{name: "400", handler: status(400), want: classTask, msg: "refused the input: 400 Bad Request"},
 		{name: "413", handler: status(413), want: classTask, msg: "413 Request Entity Too Large"},
 		{name: "422", handler: status(422), want: classTask, msg: "422 Unprocessable Entity"},

@@ -111,6 +111,10 @@ type Config struct {
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz and the
 	// dashboard; "off" disables the listener (default :9090).
 	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9090" desc:"listen address of /metrics, /healthz, /readyz and the dashboard (off: none)"`
+	// OTelEndpoint is the OTLP/HTTP collector spans go to, e.g.
+	// http://otel-collector:4318 (default empty: tracing off; the task's
+	// traceparent is still carried through).
+	OTelEndpoint string `envconfig:"OTEL_ENDPOINT" desc:"OTLP/HTTP collector URL for spans, e.g. http://collector:4318 (empty: tracing off)"`
 	// DashboardRefresh is how often the dashboard at / gathers every
 	// replica's view (default 2s); 0 turns the dashboard off.
 	DashboardRefresh time.Duration `envconfig:"DASHBOARD_REFRESH" default:"2s" desc:"how often the dashboard gathers every replica's view (0: no dashboard)"`

@@ -23,6 +23,7 @@ import (
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/stats/redisstats"
 	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/shared/tracing"
 )
 
 // Dispatcher is one dispatcher replica.
@@ -56,6 +57,7 @@ type Dispatcher struct {
 	counters Counters
 
 	metrics      *metrics
+	tracer       *tracing.Tracer
 	live         atomic.Bool // started and not draining: what /readyz needs first
 	backlog      atomic.Pointer[map[string]int64]
 	httpMu       sync.Mutex
@@ -111,6 +113,10 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 	d.snaps = &refresher{engine: engine, interval: cfg.SnapshotInterval, log: d.log}
 	d.settler = newSettler(cfg.MaxInFlight, d.log)
 	d.metrics = newMetrics(d)
+	if d.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-dispatcher",
+		Instance: cfg.Name}); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -200,6 +206,11 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return err
 	}
 	defer stopHTTP()
+	defer func() { // spans not exported yet
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = d.tracer.Shutdown(ctx)
+	}()
 	if err := d.connect(ctx); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -39,14 +40,15 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 	if err != nil {
 		d.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
 		d.reject(msg, ending{subject: msg.Subject(), data: data, task: task, err: err, status: protocol.StatusRejected,
-			submitted: submitted, submission: submission})
+			submitted: submitted, submission: submission, traceparent: protocol.TraceparentOf(msg.Headers())})
 		return
 	}
 	if d.superseded.Cancelled(task.ID, submission) { // cancelled while it waited: it has its result
 		_ = msg.Ack()
 		return
 	}
-	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission}, msg)
+	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission,
+		traceparent: protocol.TraceparentOf(msg.Headers())}, msg)
 }
 
 // attemptSpec is one attempt to dispatch.
@@ -59,6 +61,9 @@ type attemptSpec struct {
 	// submission names this submission of the task (its sequence in the
 	// task stream), carried in HdrTaskSeq through every attempt.
 	submission string
+	// traceparent is the W3C trace context of the task (the producer's, or
+	// the previous attempt's dispatch span), "" when it has none.
+	traceparent string
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -75,9 +80,16 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	req := policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
 		MinSuccessRate: t.MinSuccessRate, Tried: a.history}
 	table := d.snaps.table.Load()
+	decision := d.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()
 	dec, err := d.engine.Decide(table, &req)
 	d.metrics.decision.Observe(time.Since(start).Seconds())
+	if d.tracer.On() {
+		decision.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.String("mlsched.type", t.Type),
+			attribute.Int("mlsched.attempt", a.attempt), attribute.String("mlsched.model", dec.Model),
+			attribute.String("mlsched.node", dec.Node), attribute.Bool("mlsched.panic", dec.Panic))
+	}
+	decision.End(err)
 	if err != nil {
 		code := protocol.CodeOf(err)
 		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
@@ -94,7 +106,8 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 		}
 		d.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
 		d.reject(msg, ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
-			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission})
+			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
+			traceparent: a.traceparent})
 		return
 	}
 	if dec.Panic {
@@ -110,17 +123,25 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
 		Attempt: a.attempt, MaxAttempts: a.maxAttempts(d.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
 		Submitted: a.submitted, Submission: a.submission, History: a.history}
+	span := d.tracer.Start(a.traceparent, "mlsched.dispatch")
+	pd.Traceparent = span.Traceparent() // the worker's spans are children of the dispatch
+	if d.tracer.On() {
+		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.Int("mlsched.attempt", a.attempt),
+			attribute.String("mlsched.model", dec.Model), attribute.String("mlsched.node", dec.Node))
+	}
 	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: pd.Header()}
 	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID(pd.MsgID("d")))
 	id, attempt := t.ID, a.attempt
 	if err != nil {
 		d.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
+		span.End(err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
 	table.Dispatched(dec.Model, dec.Node)
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
 	d.settler.After(msg, fut, func(ack *jetstream.PubAck, err error) error {
+		span.End(err)
 		if err != nil {
 			d.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
 			return err

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
@@ -148,9 +150,17 @@ func (d *Dispatcher) backlogLoop(ctx context.Context) {
 }
 
 func (d *Dispatcher) sampleBacklog(ctx context.Context) (map[string]int64, error) {
-	b, err := d.backlogNow(ctx)
+	st, err := d.js.Stream(ctx, topology.StreamTasks)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTasksAll))
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	b := make(map[string]int64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		b[strings.TrimPrefix(subj, topology.TaskSubject(""))] += int64(n)
 	}
 	if d.reg != nil { // the types live nodes serve are reported at 0 too
 		for _, n := range d.reg.Live() {

@@ -85,7 +85,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		}
 		d.finish(msg, &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
-			LatencyMs: msSince(submitted), History: history})
+			LatencyMs: msSince(submitted), History: history}, pd.Traceparent)
 	case settle.Retry:
 		if dec.Backoff > 0 {
 			_ = msg.NakWithDelay(dec.Backoff) // durable backoff: the redelivery re-dispatches
@@ -93,12 +93,13 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		}
 		log.Info().Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
 		d.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
-			submission: submission}, msg)
+			submission: submission, traceparent: pd.Traceparent}, msg)
 	default: // settle.DeadLetter
 		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
 		log.Warn().Err(err).Msg("task failed")
 		task.ID, task.Type = o.TaskID, o.Type
 		d.reject(msg, ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
-			history: history, attempts: attempt, submitted: submitted, submission: submission})
+			history: history, attempts: attempt, submitted: submitted, submission: submission,
+			traceparent: pd.Traceparent})
 	}
 }

@@ -8,24 +8,28 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/shared/tracing"
 )
 
 // publishResult starts publishing a task's final result. JetStream refuses
 // it when the task already has one (expected last subject sequence 0),
 // which is what makes the result final: a duplicate delivery, a racing
 // replica or a late outcome cannot publish a second or changed result.
-// resultStored reads the acknowledgement.
-func (d *Dispatcher) publishResult(res *protocol.Result) (jetstream.PubAckFuture, error) {
+// resultStored reads the acknowledgement. The result's headers carry the
+// task's W3C traceparent, so that whoever reads the result continues its
+// trace.
+func (d *Dispatcher) publishResult(res *protocol.Result, traceparent string) (jetstream.PubAckFuture, error) {
 	res.FinishedAt = time.Now().UTC()
 	data, err := json.Marshal(res)
 	if err != nil { // cannot happen with our types; never drop the message
 		return nil, err
 	}
-	m := &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: protocol.ResultHeader(res.ID)}
+	m := &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: protocol.ResultHeader(res.ID, traceparent)}
 	// No Nats-Msg-Id: the expected sequence alone refuses a retried publish
 	// that was in fact stored, and an id would outlive a purged result inside
 	// the duplicate window, swallowing the result of a replayed task.
@@ -57,17 +61,31 @@ func (d *Dispatcher) resultStored(res *protocol.Result, ack *jetstream.PubAck, e
 	return true, nil
 }
 
-// finish publishes the task's final result, then settles msg.
-func (d *Dispatcher) finish(msg jetstream.Msg, res *protocol.Result) {
-	fut, err := d.publishResult(res)
+// finish publishes the task's final result, then settles msg. traceparent
+// is the task's trace context ("" for none); with tracing on, a result span
+// covers the publish.
+func (d *Dispatcher) finish(msg jetstream.Msg, res *protocol.Result, traceparent string) {
+	span := d.resultSpan(res, traceparent)
+	fut, err := d.publishResult(res, span.Traceparent())
 	if err != nil {
+		span.End(err)
 		d.settler.Settle(msg, err)
 		return
 	}
 	d.settler.After(msg, fut, func(ack *jetstream.PubAck, err error) error {
 		_, err = d.resultStored(res, ack, err)
+		span.End(err)
 		return err
 	})
+}
+
+// resultSpan starts the result span of a task (a no-op with tracing off).
+func (d *Dispatcher) resultSpan(res *protocol.Result, traceparent string) tracing.Span {
+	if !d.tracer.On() {
+		return d.tracer.Start(traceparent, "")
+	}
+	return d.tracer.Start(traceparent, "mlsched.result", attribute.String("mlsched.task_id", res.ID),
+		attribute.String("mlsched.status", string(res.Status)), attribute.Int("mlsched.attempts", res.Attempts))
 }
 
 // failExhausted publishes the failed result of a task that exhausted its
@@ -76,14 +94,17 @@ func (d *Dispatcher) finish(msg jetstream.Msg, res *protocol.Result) {
 // this failure is the task's result (a racing attempt may have succeeded);
 // on a redelivery our result may already be stored, so a refused publish
 // looks at what is stored, and the entry's id makes a second write harmless.
-func (d *Dispatcher) failExhausted(msg jetstream.Msg, res *protocol.Result, dl protocol.DeadLetter, submission string) {
-	fut, err := d.publishResult(res)
+func (d *Dispatcher) failExhausted(msg jetstream.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
+	span := d.resultSpan(res, traceparent)
+	fut, err := d.publishResult(res, span.Traceparent())
 	if err != nil {
+		span.End(err)
 		d.settler.Settle(msg, err)
 		return
 	}
 	d.settler.AfterSlow(msg, fut, func(ack *jetstream.PubAck, err error) error {
 		stored, err := d.resultStored(res, ack, err)
+		span.End(err)
 		if err != nil {
 			return err
 		}
@@ -131,6 +152,8 @@ type ending struct {
 	attempts   int
 	submitted  time.Time
 	submission string
+	// traceparent is the task's trace context, carried to the result.
+	traceparent string
 }
 
 // reject ends a task that cannot run or succeed, then settles msg: a keyed
@@ -147,10 +170,10 @@ func (d *Dispatcher) reject(msg jetstream.Msg, e ending) {
 		Error: e.err.Error(), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
 	if e.status == protocol.StatusFailed && code == protocol.CodeAttemptsExhausted {
 		d.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
-			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission)
+			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, e.traceparent)
 		return
 	}
-	d.finish(msg, res)
+	d.finish(msg, res, e.traceparent)
 }
 
 // storedResultIs reports whether the task's stored result has that status

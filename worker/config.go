@@ -62,6 +62,10 @@ type Config struct {
 	// "off" or empty disables it. The variable defaults to :9091; a Config
 	// built in code has none unless set.
 	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9091" desc:"listen address of /metrics, /healthz and /readyz (off: none)"`
+	// OTelEndpoint is the OTLP/HTTP collector spans go to, e.g.
+	// http://otel-collector:4318 (default empty: tracing off; the task's
+	// traceparent is still sent on to HTTP model servers).
+	OTelEndpoint string `envconfig:"OTEL_ENDPOINT" desc:"OTLP/HTTP collector URL for spans, e.g. http://collector:4318 (empty: tracing off)"`
 	// Log is the logging configuration (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
 	config.Log
 }

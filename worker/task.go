@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -174,6 +175,12 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 		err error
 	}
 	res := make(chan result, 1)
+	span := w.tracer.Start(d.Traceparent, "mlsched.execute")
+	if w.tracer.On() {
+		span.SetAttributes(attribute.String("mlsched.task_id", d.TaskID), attribute.String("mlsched.model", d.Model),
+			attribute.String("mlsched.node", w.node), attribute.Int("mlsched.attempt", d.Attempt))
+	}
+	traceparent := span.Traceparent() // the model server's request is a child of the execution
 	start := time.Now()
 	go func() {
 		defer func() {
@@ -183,7 +190,8 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 				res <- result{err: fmt.Errorf("model panicked: %v", p)}
 			}
 		}()
-		o, err := m.exec.Run(ctx, executor.Task{ID: d.TaskID, Type: d.Type, Model: d.Model, Attempt: d.Attempt, Payload: d.payload})
+		o, err := m.exec.Run(ctx, executor.Task{ID: d.TaskID, Type: d.Type, Model: d.Model, Attempt: d.Attempt,
+			Payload: d.payload, Traceparent: traceparent})
 		res <- result{o, err}
 	}()
 	var r result
@@ -194,6 +202,7 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 		r = result{err: ctx.Err()}
 	}
 	out.LatencyMs = float64(time.Since(start)) / float64(time.Millisecond)
+	span.End(r.err)
 	if errors.Is(context.Cause(ctx), errShutdown) {
 		return false
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/shared/tracing"
 	"github.com/mlsched/mlsched/worker/executor"
 	"github.com/mlsched/mlsched/worker/model"
 )
@@ -73,6 +74,7 @@ type Worker struct {
 	cancelRun context.CancelCauseFunc
 
 	metrics  *metrics
+	tracer   *tracing.Tracer
 	liveConn atomic.Pointer[conns] // set while consuming, for /readyz
 	httpMu   sync.Mutex
 	http     *opshttp.Server
@@ -96,6 +98,10 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	}
 	w := &Worker{cfg: cfg, node: cfg.NodeID, handlers: executor.Builtins()}
 	w.metrics = newMetrics(w)
+	var err error
+	if w.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-worker", Instance: cfg.NodeID}); err != nil {
+		return nil, err
+	}
 	for _, o := range opts {
 		o(w)
 	}
@@ -161,6 +167,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopHTTP()
+	defer func() { // spans not exported yet
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.tracer.Shutdown(ctx)
+	}()
 
 	nc := w.nc
 	if nc == nil {

@@ -107,12 +107,33 @@ func (c *Client) Close() {
 // publishes it to topology.TaskSubject(t.Type) with Nats-Msg-Id t.ID: a
 // re-submission within the duplicate window is acknowledged as Duplicate
 // and not queued twice.
-func (c *Client) Submit(ctx context.Context, t protocol.Task) (SubmitAck, error) {
+func (c *Client) Submit(ctx context.Context, t protocol.Task, opts ...SubmitOption) (SubmitAck, error) {
 	data, err := c.encode(t)
 	if err != nil {
 		return SubmitAck{}, err
 	}
-	return c.publish(ctx, topology.TaskSubject(t.Type), data, t.ID)
+	var so submitOptions
+	for _, o := range opts {
+		o(&so)
+	}
+	if so.traceparent != "" && !protocol.ValidTraceparent(so.traceparent) {
+		return SubmitAck{}, fmt.Errorf("task %s: traceparent %q is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)", t.ID, so.traceparent)
+	}
+	return c.publishMsg(ctx, topology.TaskSubject(t.Type), data, t.ID, so.traceparent)
+}
+
+// SubmitOption configures one Submit.
+type SubmitOption func(*submitOptions)
+
+type submitOptions struct{ traceparent string }
+
+// WithTraceparent submits the task in the W3C trace context tp (the
+// producer's current span, "00-<trace id>-<span id>-<flags>"). It travels in
+// the task's Traceparent header through the dispatch and the outcome into
+// the result's headers, and on to HTTP model servers; with
+// MLSCHED_OTEL_ENDPOINT set, mlsched's spans are children of it.
+func WithTraceparent(tp string) SubmitOption {
+	return func(o *submitOptions) { o.traceparent = tp }
 }
 
 // encode validates and marshals a task, with the dispatcher's verdict.
@@ -147,17 +168,25 @@ func (c *Client) SubmitRaw(ctx context.Context, taskType string, data []byte, ms
 }
 
 func (c *Client) publish(ctx context.Context, subject string, data []byte, msgID string) (SubmitAck, error) {
+	return c.publishMsg(ctx, subject, data, msgID, "")
+}
+
+func (c *Client) publishMsg(ctx context.Context, subject string, data []byte, msgID, traceparent string) (SubmitAck, error) {
 	opts := []jetstream.PublishOpt{jetstream.WithExpectStream(topology.StreamTasks)}
 	if msgID != "" {
 		opts = append(opts, jetstream.WithMsgID(msgID))
 	}
-	ack, err := c.js.Publish(ctx, subject, data, opts...)
+	m := &nats.Msg{Subject: subject, Data: data}
+	if traceparent != "" {
+		m.Header = nats.Header{protocol.HdrTraceparent: {traceparent}}
+	}
+	ack, err := c.js.PublishMsg(ctx, m, opts...)
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 		// Nobody created the streams yet: do it (idempotent) and retry once.
 		if eerr := topology.Ensure(ctx, c.js, c.topo); eerr != nil {
 			return SubmitAck{}, fmt.Errorf("submit to %s: %w (creating streams: %w)", subject, err, eerr)
 		}
-		ack, err = c.js.Publish(ctx, subject, data, opts...)
+		ack, err = c.js.PublishMsg(ctx, m, opts...)
 	}
 	if err != nil {
 		return SubmitAck{}, fmt.Errorf("submit to %s: %w", subject, err)

@@ -42,6 +42,10 @@ type Dispatch struct {
 	Submission string
 	// History holds the earlier attempts, oldest first (optional).
 	History []Attempt
+	// Traceparent is the W3C trace context the attempt runs in: the
+	// producer's, or the dispatcher's dispatch span with tracing on
+	// (optional; a malformed one is dropped, never an error).
+	Traceparent string
 }
 
 // Headers of a dispatch, echoed on its outcome. Every name is in canonical
@@ -59,6 +63,11 @@ const (
 	HdrHistory     = "Mlsched-History"
 	HdrTaskSeq     = "Mlsched-Task-Seq"
 	HdrSubmitted   = "Mlsched-Submitted"
+	// HdrTraceparent is the W3C trace context (the "traceparent" header in
+	// its canonical MIME form). A producer sets it on the task message; it
+	// is carried on the dispatch, the outcome and the result, and sent on
+	// to HTTP model servers.
+	HdrTraceparent = "Traceparent"
 )
 
 // Header encodes the dispatch as message headers (without Nats-Msg-Id: pass
@@ -95,12 +104,15 @@ func (d *Dispatch) Header() nats.Header {
 		hist, _ := json.Marshal(d.History) // plain strings and numbers: cannot fail
 		put(HdrHistory, string(hist))
 	}
+	if d.Traceparent != "" {
+		put(HdrTraceparent, d.Traceparent)
+	}
 	return h
 }
 
 // dispatchHeaders is how many headers Header writes at most, plus one for
 // the Nats-Msg-Id the publish adds.
-const dispatchHeaders = 12
+const dispatchHeaders = 13
 
 // MsgID is the Nats-Msg-Id of a message about this attempt: kind "d" for the
 // dispatch, "o" for the worker's outcome, "l" for the sweeper's lost report.
@@ -196,6 +208,7 @@ func ParseDispatch(h nats.Header) (Dispatch, error) {
 		}
 		d.History = hist
 	}
+	d.Traceparent = TraceparentOf(h)
 	if first != nil {
 		return d, first
 	}
@@ -221,5 +234,52 @@ func OutcomeHeader(dispatch nats.Header, node string) nats.Header {
 	return h
 }
 
-// ResultHeader is the header of a task's result message.
-func ResultHeader(taskID string) nats.Header { return nats.Header{HdrTaskID: {taskID}} }
+// ResultHeader is the header of a task's result message, with the trace
+// context the task ran in when it has one.
+func ResultHeader(taskID, traceparent string) nats.Header {
+	if traceparent != "" {
+		return nats.Header{HdrTaskID: {taskID}, HdrTraceparent: {traceparent}}
+	}
+	return nats.Header{HdrTaskID: {taskID}}
+}
+
+// TraceparentOf returns the valid W3C traceparent of a message header
+// (canonical "Traceparent" or the lowercase form W3C writes), or "".
+func TraceparentOf(h nats.Header) string {
+	v := h[HdrTraceparent]
+	if len(v) == 0 {
+		v = h["traceparent"]
+	}
+	if len(v) == 0 || !ValidTraceparent(v[0]) {
+		return ""
+	}
+	return v[0]
+}
+
+// ValidTraceparent reports whether tp is a well-formed W3C traceparent:
+// version 00 (or a later version, whose first four fields have the same
+// form), non-zero trace and span ids, lowercase hex.
+func ValidTraceparent(tp string) bool {
+	// 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>
+	if len(tp) < 55 || tp[2] != '-' || tp[35] != '-' || tp[52] != '-' {
+		return false
+	}
+	if tp[:2] == "ff" || (tp[:2] == "00" && len(tp) != 55) || (len(tp) > 55 && tp[55] != '-') {
+		return false
+	}
+	hex := func(s string) (nonzero, ok bool) {
+		for i := 0; i < len(s); i++ {
+			c := s[i]
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false, false
+			}
+			nonzero = nonzero || c != '0'
+		}
+		return nonzero, true
+	}
+	_, okV := hex(tp[:2])
+	_, okF := hex(tp[53:55])
+	trace, okT := hex(tp[3:35])
+	span, okS := hex(tp[36:52])
+	return okV && okF && okT && okS && trace && span
+}

@@ -29,6 +29,9 @@ type Task struct {
 	Model   string
 	Attempt int
 	Payload json.RawMessage
+	// Traceparent is the W3C trace context of the attempt ("" when the task
+	// has none); the http executor sends it to the model server.
+	Traceparent string
 }
 
 // Handler is an in-process model. It returns any JSON-marshalable value, a

@@ -160,6 +160,9 @@ func (h *HTTP) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("Mlsched-Task-Id", t.ID)
+	if t.Traceparent != "" {
+		req.Header["Traceparent"] = []string{t.Traceparent}
+	}
 	for k, v := range h.headers {
 		req.Header.Set(k, v)
 	}

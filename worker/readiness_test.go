@@ -3,12 +3,16 @@ package worker
 import (
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/worker/executor"
 	"github.com/mlsched/mlsched/worker/model"
 )
 
@@ -18,7 +22,7 @@ import (
 // model error. A 429 with Retry-After withdraws the model for that long.
 func TestReadinessWithdrawsAndReannounces(t *testing.T) {
 	t.Parallel()
-	var ready, throttle atomic.Bool
+	var ready, throttle, malformed atomic.Bool
 	var infers atomic.Int64
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v2/health/ready", func(w http.ResponseWriter, r *http.Request) {})
@@ -29,6 +33,10 @@ func TestReadinessWithdrawsAndReannounces(t *testing.T) {
 	})
 	mux.HandleFunc("POST /v2/models/m/infer", func(w http.ResponseWriter, r *http.Request) {
 		infers.Add(1)
+		if malformed.Load() {
+			w.Write([]byte(`{"outputs":[{"name":"y","shape":[1,3],"datatype":"INT64","data":[3]}]}`))
+			return
+		}
 		if throttle.Load() {
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "busy", http.StatusTooManyRequests)
@@ -67,6 +75,15 @@ func TestReadinessWithdrawsAndReannounces(t *testing.T) {
 		t.Fatalf("ready: %s %s %q", o.Status, o.Output, o.Error)
 	}
 
+	// A malformed inference response: a model error saying what is wrong.
+	malformed.Store(true)
+	h.dispatch("bad-response", "m", dispatchOpts{payload: `[1,2]`})
+	if o := h.next(10 * time.Second); o.Status != protocol.OutcomeModelError ||
+		!strings.Contains(o.Error, "malformed inference response: outputs[0] (y): 1 elements, shape [1 3] wants 3") {
+		t.Fatalf("malformed response: %s %q", o.Status, o.Error)
+	}
+	malformed.Store(false)
+
 	ready.Store(false)
 	h.waitAnnounced("m", false, 10*time.Second)
 	ready.Store(true)
@@ -83,5 +100,36 @@ func TestReadinessWithdrawsAndReannounces(t *testing.T) {
 	h.waitAnnounced("m", true, 10*time.Second)
 	if !strings.Contains(strings.Join(h.announced(), ","), "always") {
 		t.Fatal("the other model was withdrawn too")
+	}
+}
+
+// An exec model is announced as soon as its process says ready, and again
+// after a crash, without waiting for the periodic check.
+func TestExecModelAnnouncedWhenReady(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed")
+	}
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "deployments", "models", "echo_model.py")
+	h := newHarness(t, "n-exec-ready")
+	cfg := h.config()
+	cfg.ReadyInterval = time.Hour // only the process's own signals can announce it
+	r := h.start(cfg, WithModels([]ModelSpec{
+		{Name: "py", Types: []string{"t"}, Executor: model.ExecutorExec, Exec: &model.ExecSpec{Command: []string{"python3", script}}},
+	}))
+	h.waitAnnounced("py", true, 20*time.Second)
+	h.dispatch("crash", "py", dispatchOpts{payload: `{"exit":1}`})
+	if o := h.next(20 * time.Second); o.Status != protocol.OutcomeModelError || !strings.Contains(o.Error, "model process exited") {
+		t.Fatalf("crash: %s %q", o.Status, o.Error)
+	}
+	waitFor(t, 20*time.Second, "py restarted and ready", func() bool {
+		g := r.w.models["py"].exec.(*gate)
+		return g.Executor.(*executor.Exec).Starts() >= 2 && g.ready.Load()
+	})
+	h.waitAnnounced("py", true, 5*time.Second)
+	h.dispatch("after", "py", dispatchOpts{payload: `"alive"`})
+	if o := h.next(20 * time.Second); o.Status != protocol.OutcomeSuccess || string(o.Output) != `"alive"` {
+		t.Fatalf("after the restart: %s %s %q", o.Status, o.Output, o.Error)
 	}
 }

@@ -224,7 +224,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	for _, s := range w.specs {
 		ex, err := executor.New(s, executor.Options{Handlers: w.handlers, Seed: w.cfg.SimSeed, Log: w.log,
-			Concurrency: w.cfg.Concurrency})
+			Concurrency: w.cfg.Concurrency, ReadinessChanged: pokeReadiness})
 		if err != nil {
 			w.closeExecutors()
 			return err

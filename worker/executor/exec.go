@@ -71,6 +71,8 @@ type Exec struct {
 	proc   *execProc // set while a process is ready
 	closed bool
 	state  atomic.Pointer[string] // why proc is nil
+	// changed is called when the process turns ready or exits.
+	changed func()
 
 	done     chan struct{}
 	finished chan struct{}
@@ -89,8 +91,11 @@ type execProc struct {
 	ready chan struct{}
 }
 
-func newExec(s model.Spec, log zerolog.Logger) *Exec {
-	e := &Exec{name: s.Name, spec: *s.Exec, log: log.With().Str("model", s.Name).Logger(),
+func newExec(s model.Spec, log zerolog.Logger, changed func()) *Exec {
+	if changed == nil {
+		changed = func() {}
+	}
+	e := &Exec{name: s.Name, spec: *s.Exec, log: log.With().Str("model", s.Name).Logger(), changed: changed,
 		done: make(chan struct{}), finished: make(chan struct{})}
 	e.setState("starting")
 	go e.supervise()
@@ -178,11 +183,13 @@ func (e *Exec) serve(p *execProc) (err error, stop bool) {
 	e.setState("")
 	e.mu.Unlock()
 	e.log.Info().Msg("model process ready")
+	e.changed()
 	waitErr := <-exited
 	e.mu.Lock()
 	e.proc = nil
 	e.mu.Unlock()
 	e.setState(fmt.Sprintf("exited: %v", waitErr))
+	e.changed()
 	p.failAll(fmt.Errorf("%w: %v", ErrProcessExited, waitErr))
 	return waitErr, false
 }

@@ -104,6 +104,10 @@ type Options struct {
 	// Concurrency is how many tasks the node runs at once; an http model
 	// keeps that many idle connections (default 1).
 	Concurrency int
+	// ReadinessChanged, when set, is called when a Readier's readiness may
+	// have changed on its own (an exec process turned ready or exited), so
+	// the node can re-check and announce it at once.
+	ReadinessChanged func()
 }
 
 // New builds the executor of a validated spec.
@@ -122,7 +126,7 @@ func New(s model.Spec, o Options) (Executor, error) {
 		}
 		return goExecutor{h: h}, nil
 	case model.ExecutorExec:
-		return newExec(s, o.Log), nil
+		return newExec(s, o.Log, o.ReadinessChanged), nil
 	case model.ExecutorHTTP:
 		return newHTTP(s, o), nil
 	case model.ExecutorSim:

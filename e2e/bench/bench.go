@@ -64,6 +64,13 @@ type Options struct {
 	// (default none).
 	DispatcherEnv map[string]string `json:"dispatcher_env,omitempty"`
 	WorkerEnv     map[string]string `json:"worker_env,omitempty"`
+	// Observers is, in the mlsched-observed scenario, the number of
+	// dashboard event streams held open (half never read) and of /metrics
+	// scrapers running back to back (default 8).
+	Observers int `json:"observers,omitempty"`
+	// ScrapeInterval is each observer scraper's period (default 1s: a
+	// Prometheus scrapes every 15s or so).
+	ScrapeInterval time.Duration `json:"scrape_interval_ns,omitempty"`
 	// Scenarios to run, in order (default relay then mlsched).
 	Scenarios []string `json:"scenarios"`
 	// ProfilePath, when set, receives a CPU profile of the dispatcher over
@@ -102,6 +109,10 @@ func (o Options) withDefaults() Options {
 	def(&o.Rate, 5000)
 	def(&o.Concurrency, 64)
 	def(&o.ProfileSeconds, 20)
+	def(&o.Observers, 8)
+	if o.ScrapeInterval <= 0 {
+		o.ScrapeInterval = time.Second
+	}
 	if o.SyncInterval == "" {
 		o.SyncInterval = "always"
 	}
@@ -138,9 +149,14 @@ type Report struct {
 	ThroughputRatio float64 `json:"throughput_ratio,omitempty"`
 	// P50Ratio and P99Ratio are mlsched's latency percentiles at the fixed
 	// rate over the relay's.
-	P50Ratio float64  `json:"p50_ratio,omitempty"`
-	P99Ratio float64  `json:"p99_ratio,omitempty"`
-	Profile  *Profile `json:"profile,omitempty"`
+	P50Ratio float64 `json:"p50_ratio,omitempty"`
+	P99Ratio float64 `json:"p99_ratio,omitempty"`
+	// ObservedThroughputRatio is the throughput of mlsched-observed over
+	// mlsched's, and ObservedP99Ratio the same for the latency phase's p99:
+	// what dashboards and scrapers cost.
+	ObservedThroughputRatio float64  `json:"observed_throughput_ratio,omitempty"`
+	ObservedP99Ratio        float64  `json:"observed_p99_ratio,omitempty"`
+	Profile                 *Profile `json:"profile,omitempty"`
 	// WorkerProfile is the first worker's CPU profile over the same phases.
 	WorkerProfile *Profile `json:"worker_profile,omitempty"`
 }
@@ -165,6 +181,8 @@ type Scenario struct {
 	Latency          Phase `json:"latency"`
 	// Memory of the long-lived processes over the measured phases.
 	Memory map[string]Memory `json:"memory"`
+	// Observers are the watching clients of the mlsched-observed scenario.
+	Observers *ObserverStats `json:"observers,omitempty"`
 	// Dispatched counts attempts per model over the whole scenario, from
 	// the dispatcher's stats report (mlsched only).
 	Dispatched map[string]int64 `json:"dispatched,omitempty"`
@@ -219,8 +237,8 @@ type Profile struct {
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o = o.withDefaults()
 	for _, s := range o.Scenarios {
-		if s != ScenarioRelay && s != ScenarioMlsched {
-			return nil, fmt.Errorf("%w %q (want %s or %s)", ErrUnknownScenario, s, ScenarioRelay, ScenarioMlsched)
+		if s != ScenarioRelay && s != ScenarioMlsched && s != ScenarioObserved {
+			return nil, fmt.Errorf("%w %q (want %s, %s or %s)", ErrUnknownScenario, s, ScenarioRelay, ScenarioMlsched, ScenarioObserved)
 		}
 		if s == ScenarioRelay && len(o.RelayCommand) == 0 {
 			return nil, errors.New("bench: the relay scenario needs Options.RelayCommand")
@@ -256,6 +274,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.Scenarios = append(rep.Scenarios, s)
 		if len(profs) == 2 {
 			rep.Profile, rep.WorkerProfile = profs[0], profs[1]
+		}
+	}
+	if obs := rep.Scenario(ScenarioObserved); obs != nil {
+		if mls := rep.Scenario(ScenarioMlsched); mls != nil && mls.Throughput.Throughput > 0 {
+			rep.ObservedThroughputRatio = obs.Throughput.Throughput / mls.Throughput.Throughput
+			if mls.Latency.Latency.P99 > 0 {
+				rep.ObservedP99Ratio = obs.Latency.Latency.P99 / mls.Latency.Latency.P99
+			}
 		}
 	}
 	relay, mls := rep.Scenario(ScenarioRelay), rep.Scenario(ScenarioMlsched)

@@ -93,6 +93,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if r.ObservedThroughputRatio > 0 {
+		fmt.Fprintf(w, "watching the dispatcher (%s over %s in this run): throughput %.2fx, latency-phase p99 %.2fx\n",
+			ScenarioObserved, ScenarioMlsched, r.ObservedThroughputRatio, r.ObservedP99Ratio)
+	}
+	for _, s := range r.Scenarios {
+		if ob := s.Observers; ob != nil {
+			fmt.Fprintf(w, "%s observers: %d dashboard event streams (%d never read), %d /metrics scrapers every %s: %d scrapes, %d KiB of events read, %d errors\n",
+				s.Name, ob.Streams, ob.Stalled, ob.Scrapers, ob.ScrapeInterval, ob.Scrapes, ob.EventBytes>>10, ob.Errors)
+		}
+	}
 	for _, s := range r.Scenarios {
 		if s.Latency.Throughput < 0.95*float64(o.Rate) {
 			fmt.Fprintf(w, "note: %s is overloaded at %d/s (it completed %.0f tasks/s in that phase): its latencies are mostly queueing\n",

@@ -50,6 +50,7 @@ type run struct {
 	stopRcv         []func()
 	pprofAddr       string
 	workerPprofAddr string // node-1's, profiled with the dispatcher
+	httpURL         string // the dispatcher's listener (dashboard, /metrics)
 }
 
 func (r *run) log(format string, args ...any) {
@@ -95,12 +96,21 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 	case ScenarioRelay:
 		res.PublishesPerTask = 2
 		err = r.startRelay(ctx)
-	case ScenarioMlsched:
+	case ScenarioMlsched, ScenarioObserved:
 		res.PublishesPerTask = 4
 		err = r.startMlsched(ctx)
 	}
 	if err != nil {
 		return res, nil, err
+	}
+	if name == ScenarioObserved {
+		obs, st, err := StartObservers(ctx, r.httpURL, o.Observers, o.ScrapeInterval)
+		if err != nil {
+			return res, nil, fmt.Errorf("observers: %w", err)
+		}
+		r.log("%d dashboard event streams (%d stalled) and %d /metrics scrapers (every %s) on %s", st.Streams, st.Stalled, st.Scrapers, st.ScrapeInterval, r.httpURL)
+		res.Observers = &st
+		defer obs.Stop(res.Observers)
 	}
 	if o.Trace {
 		if err := r.trace(); err != nil {
@@ -138,7 +148,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 		m.ReadyMiB = ready[k]
 		res.Memory[k] = m
 	}
-	if name == ScenarioMlsched {
+	if name != ScenarioRelay {
 		if rep, err := r.adminStats(); err == nil {
 			res.Dispatched = map[string]int64{}
 			for _, m := range rep.Models {
@@ -304,6 +314,9 @@ func (r *run) startMlsched(ctx context.Context) error {
 		return err
 	}
 	r.pprofAddr = pprofAddr
+	if r.httpURL, err = d.HTTPURL(); err != nil {
+		return err
+	}
 	workers := procGroup{Name: fmt.Sprintf("workers (%d)", r.o.Nodes)}
 	for i, node := range r.nodes() {
 		env := map[string]string{

@@ -50,8 +50,8 @@ func sklearnPython(t *testing.T) string {
 // time, and that each failing model lost its traffic within seconds.
 func TestRealInference(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
-	py := sklearnPython(t)
 	t.Parallel()
+	py := sklearnPython(t)
 	script := repoPath(t, "deployments/models/digits_server.py")
 	c := harness.New(t)
 	c.StartNATS()

@@ -55,13 +55,17 @@ func TestClusterR3Topology(t *testing.T) {
 			srv.Shutdown()
 		}
 	}
+	// A new leader is elected within seconds; the generous deadline of its
+	// own is for a loaded machine (CI shares two cores with everything else).
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer rcancel()
 	var got []byte
 	for got == nil {
-		m, err := s.GetLastMsgForSubject(ctx, topology.ResultSubject("r1"))
+		m, err := s.GetLastMsgForSubject(rctx, topology.ResultSubject("r1"))
 		switch {
 		case err == nil:
 			got = m.Data
-		case ctx.Err() != nil:
+		case rctx.Err() != nil:
 			t.Fatalf("read after the leader's shutdown: %v", err)
 		default:
 			time.Sleep(20 * time.Millisecond) // polling with the ctx deadline

@@ -79,7 +79,7 @@ func TestCLI(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("top exited %d: %s", code, errOut)
 	}
-	for _, want := range []string{"2 dispatcher(s)", "1 node(s)", "MODEL", "m-fail00", "m-fail10", "cli-node", "backlog: nothing waiting", "results=1"} {
+	for _, want := range []string{"2 dispatcher(s)", "1 node(s)", "MODEL", "m-fail00", "m-fail10", "cli-node", "backlog: nothing waiting", "results=1", "DISPATCHER", "dispatcher-1", "dispatcher-2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("top output lacks %q:\n%s", want, out)
 		}

@@ -36,6 +36,20 @@ func newEnv(t *testing.T) *env {
 	cfg := dispatcher.DefaultConfig()
 	cfg.NATS.URL, cfg.Name, cfg.SnapshotInterval = ns.URL, "replica-a", 50*time.Millisecond
 	cfg.HTTPAddr = "off" // the test serves the dashboard itself
+	_, ctx := runDispatcher(t, cfg)
+	dash := dashboard.New(ns.NC, ns.JS, dashboard.Config{Interval: 100 * time.Millisecond}, zerolog.Nop())
+	go dash.Run(ctx)
+	srv := httptest.NewServer(dash)
+	t.Cleanup(func() { // before the dispatcher stops (cleanups run last first)
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return &env{t: t, ns: ns, dash: dash, srv: srv, ctx: ctx}
+}
+
+// runDispatcher runs a replica until the test ends; ctx ends with it.
+func runDispatcher(t *testing.T, cfg dispatcher.Config) (*dispatcher.Dispatcher, context.Context) {
+	t.Helper()
 	d, err := dispatcher.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -43,18 +57,13 @@ func newEnv(t *testing.T) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	dash := dashboard.New(ns.NC, ns.JS, dashboard.Config{Interval: 100 * time.Millisecond}, zerolog.Nop())
-	go dash.Run(ctx)
-	srv := httptest.NewServer(dash)
 	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("dispatcher: %v", err)
 		}
 	})
-	return &env{t: t, ns: ns, dash: dash, srv: srv, ctx: ctx}
+	return d, ctx
 }
 
 func (e *env) get(path string) (int, string, http.Header) {
@@ -212,19 +221,7 @@ func TestMountedOnTheDispatcherListener(t *testing.T) {
 	ns := natstest.New(t)
 	cfg := dispatcher.DefaultConfig()
 	cfg.NATS.URL, cfg.Name, cfg.HTTPAddr, cfg.DashboardRefresh = ns.URL, "replica-b", "127.0.0.1:0", 100*time.Millisecond
-	d, err := dispatcher.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("dispatcher: %v", err)
-		}
-	})
+	d, _ := runDispatcher(t, cfg)
 	eventually(t, "the listener", func() bool { return d.HTTPAddr() != nil })
 	base := "http://" + d.HTTPAddr().String()
 	get := func(path string) (int, string) {

@@ -141,6 +141,22 @@ func renderView(w io.Writer, v *clusterview.View, now time.Time) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, backlogLine(v.Backlog))
 
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DISPATCHER\tSTORE\tMODE\tSNAPSHOT")
+	for _, r := range v.Replicas {
+		mode := "normal"
+		if r.Degraded {
+			mode = "DEGRADED"
+		}
+		age := "never"
+		if !r.SnapshotAt.IsZero() {
+			age = now.Sub(r.SnapshotAt).Round(time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, r.Store, mode, age)
+	}
+	tw.Flush()
+
 	if len(v.DeadLetters) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

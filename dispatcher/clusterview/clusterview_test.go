@@ -1,0 +1,50 @@
+package clusterview_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/mlsched/mlsched/dispatcher/clusterview"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// Models and breakers come from the freshest snapshot (the store is shared),
+// counters are summed, nodes united with their latest heartbeat, and
+// degraded mode stays per replica.
+func TestMerge(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	reports := []protocol.StatsReport{
+		{Dispatcher: "b", Store: "redis", SnapshotAt: t0, Window: time.Minute,
+			Models:   []protocol.ModelReport{{Name: "old", Dispatched: 1}},
+			Counters: map[string]int64{"results": 10, "late": 1},
+			Nodes:    []protocol.Heartbeat{{Node: "n1", Capacity: 4, InFlight: 1, SentAt: t0}},
+			Backlog:  map[string]int64{"ocr": 3}},
+		{Dispatcher: "a", Store: "redis", SnapshotAt: t0.Add(time.Second), Window: time.Minute, Degraded: true, DegradedReason: "redis down",
+			Models:   []protocol.ModelReport{{Name: "m2", Dispatched: 5, Breaker: "open"}, {Name: "m1", Dispatched: 7}},
+			Counters: map[string]int64{"results": 5},
+			Nodes: []protocol.Heartbeat{{Node: "n1", Capacity: 4, InFlight: 4, SentAt: t0.Add(time.Second),
+				Models: []protocol.ModelInfo{{Name: "m2"}, {Name: "m1"}}}, {Node: "n2", Draining: true}}},
+	}
+	v := clusterview.Merge(reports, t0)
+	if len(v.Replicas) != 2 || v.Replicas[0].Name != "a" || v.Replicas[1].Name != "b" {
+		t.Fatalf("replicas %+v", v.Replicas)
+	}
+	if len(v.Models) != 2 || v.Models[0].Name != "m1" || v.Models[1].Breaker != "open" {
+		t.Fatalf("models %+v, want the freshest snapshot's, sorted", v.Models)
+	}
+	if v.Counters["results"] != 15 || v.Counters["late"] != 1 {
+		t.Fatalf("counters %v", v.Counters)
+	}
+	if len(v.Nodes) != 2 || v.Nodes[0].InFlight != 4 || v.Nodes[0].Load != 1 || v.Nodes[0].Models[0] != "m1" || !v.Nodes[1].Draining {
+		t.Fatalf("nodes %+v", v.Nodes)
+	}
+	if v.BacklogTotal() != 3 || v.Window != time.Minute {
+		t.Fatalf("backlog %v window %s", v.Backlog, v.Window)
+	}
+	if d := v.Degraded(); len(d) != 1 || d[0].Name != "a" || d[0].DegradedReason != "redis down" {
+		t.Fatalf("degraded %+v", d)
+	}
+	if empty := clusterview.Merge(nil, t0); len(empty.Models) != 0 || empty.Counters == nil || empty.Backlog == nil {
+		t.Fatalf("empty view %+v", empty)
+	}
+}

@@ -33,6 +33,11 @@ type Config struct {
 	// (default 0: success only).
 	LatencyWeight float64
 	Breaker       BreakerConfig
+	// Timeout is the attempt timeout when a Request gives none (default
+	// 30s, the dispatcher's default), and Deadline the time from a
+	// dispatch to its deadline (default 40s: that timeout plus the
+	// dispatcher's default slack). The load model judges queues by them.
+	Timeout, Deadline time.Duration
 	// Seed, when non-zero, makes every random choice reproducible for a
 	// given sequence of decisions (tests, the simulator). Default 0: seeded
 	// from math/rand/v2, so that replicas do not make the same choices.
@@ -64,6 +69,12 @@ type Request struct {
 	// Tried are the task's earlier attempts: failover prefers a model not
 	// tried yet, then a node not tried yet.
 	Tried []protocol.Attempt
+	// Timeout is the attempt's timeout and Deadline the time from the
+	// dispatch to its deadline (the timeout plus the dispatcher's slack); 0
+	// takes Config's. An attempt must start and finish before the deadline,
+	// and a wait as long as the timeout costs as much as a failed attempt:
+	// the load model weighs each node's queue by them.
+	Timeout, Deadline time.Duration
 }
 
 // Decision is the chosen model and node.
@@ -73,6 +84,11 @@ type Decision struct {
 	// Panic is set when every candidate's breaker was open and the engine
 	// routed among all of them anyway.
 	Panic bool
+	// Saturated is set when every candidate's nodes already hold more work
+	// than they can start before the dispatch's deadline: the decision is
+	// the least bad one, and the caller should rather keep the task and
+	// decide again when capacity frees up (see docs/policies.md).
+	Saturated bool
 }
 
 // Transition is a breaker change the dispatcher should write to the store

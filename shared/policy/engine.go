@@ -30,6 +30,8 @@ var DefaultConfig = Config{
 	Default:      Reliability,
 	MinSamples:   20,
 	ExploreShare: 0.05,
+	Timeout:      30 * time.Second,
+	Deadline:     40 * time.Second,
 	Breaker: BreakerConfig{
 		ConsecutiveFailures: 5,
 		FailureRate:         0.5,
@@ -50,6 +52,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ExploreShare == 0 {
 		c.ExploreShare = d.ExploreShare
+	}
+	if c.Deadline == 0 {
+		c.Deadline = d.Deadline
+	}
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
 	}
 	b := &c.Breaker
 	if b.ConsecutiveFailures == 0 {
@@ -86,9 +94,9 @@ type Engine struct {
 // NewEngine validates cfg, fills its defaults and builds the policies.
 func NewEngine(cfg Config) (*Engine, error) {
 	cfg = cfg.WithDefaults()
-	if cfg.ExploreShare > 1 || cfg.LatencyWeight < 0 || cfg.MinSamples < 0 {
-		return nil, fmt.Errorf("%w: explore share %g (want <= 1, negative disables), latency weight %g (want >= 0), min samples %d (want >= 0)",
-			ErrInvalidConfig, cfg.ExploreShare, cfg.LatencyWeight, cfg.MinSamples)
+	if cfg.ExploreShare > 1 || cfg.LatencyWeight < 0 || cfg.MinSamples < 0 || cfg.Deadline < 0 || cfg.Timeout < 0 {
+		return nil, fmt.Errorf("%w: explore share %g (want <= 1, negative disables), latency weight %g (want >= 0), min samples %d (want >= 0), deadline %v, timeout %v (want >= 0)",
+			ErrInvalidConfig, cfg.ExploreShare, cfg.LatencyWeight, cfg.MinSamples, cfg.Deadline, cfg.Timeout)
 	}
 	b := cfg.Breaker
 	if b.ConsecutiveFailures < 0 || b.FailureRate < 0 || b.FailureRate > 1 || b.MinRequests < 0 || b.Cooldown < 0 || b.HalfOpenProbes < 0 {
@@ -142,6 +150,8 @@ func (e *Engine) policyFor(taskType string) Policy {
 // nothing.
 type scratch struct {
 	rng   Rand
+	load  []Queue // per candidate of the type (typeCand.idx)
+	q     []Queue // parallel to cands
 	base  []*typeCand // allowed and within constraints
 	avail []*typeCand // of base, not blocked by a breaker
 	sel   []*typeCand
@@ -178,11 +188,20 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	defer scratchPool.Put(s)
 	s.rng.Seed(e.seed())
 	pol := e.policyFor(req.Type)
+	budget := e.budgetOf(req)
+	s.load = s.load[:0]
+	saturated := false
+	for _, tc := range te.cands {
+		q := e.queueOf(tc, budget, req)
+		saturated = saturated || q.Saturated
+		s.load = append(s.load, q)
+	}
 
-	if te.plain && len(req.Models) == 0 && len(req.Tried) == 0 && req.MaxLatencyMs <= 0 && req.MinSuccessRate <= 0 {
-		// the common case: no constraint, no history, no breaker in the way
-		tc := te.cands[pol.Choose(&s.rng, te.list)]
-		return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, false)}, nil
+	if te.plain && !saturated && len(req.Models) == 0 && len(req.Tried) == 0 && req.MaxLatencyMs <= 0 && req.MinSuccessRate <= 0 {
+		// the common case: no constraint, no history, no breaker in the way,
+		// no saturated candidate
+		tc := te.cands[pol.Choose(&s.rng, te.list, s.load)]
+		return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, budget, false)}, nil
 	}
 	s.base = s.base[:0]
 	allowed := 0
@@ -203,20 +222,41 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 		return Decision{}, errConstraints(te, req)
 	}
 	s.avail = s.avail[:0]
+	ready := 0
 	for _, tc := range s.base {
 		if e.usable(tc) {
 			s.avail = append(s.avail, tc)
+			if !s.load[tc.idx].Saturated {
+				ready++
+			}
 		}
 	}
 	if len(s.avail) > 0 {
-		if tc := e.chooseModel(s, pol, s.avail, req, false); tc != nil {
-			return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, false)}, nil
+		pool := s.avail
+		if ready > 0 && ready < len(s.avail) {
+			// Backpressure: no queue that cannot start in time while
+			// another candidate can take the task.
+			n := 0
+			for _, tc := range s.avail {
+				if !s.load[tc.idx].Saturated {
+					s.avail[n] = tc
+					n++
+				}
+			}
+			pool = s.avail[:n]
+		}
+		if tc := e.chooseModel(s, pol, pool, req, false); tc != nil {
+			return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, budget, false), Saturated: ready == 0}, nil
 		}
 	}
 	// Panic mode: every candidate is blocked by a breaker. Rejecting would
 	// turn a breaker into an outage; route among all of them instead.
 	tc := e.chooseModel(s, pol, s.base, req, true)
-	return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, true), Panic: true}, nil
+	sat := true
+	for _, b := range s.base {
+		sat = sat && s.load[b.idx].Saturated
+	}
+	return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, budget, true), Panic: true, Saturated: sat}, nil
 }
 
 // fits reports whether a candidate meets the task's constraints.
@@ -342,11 +382,12 @@ func (e *Engine) pick(s *scratch, pol Policy, panicking bool) *typeCand {
 			}
 		}
 		if i < 0 {
-			s.cands = s.cands[:0]
+			s.cands, s.q = s.cands[:0], s.q[:0]
 			for _, tc := range s.sel {
 				s.cands = append(s.cands, &tc.m.Candidate)
+				s.q = append(s.q, s.load[tc.idx])
 			}
-			i = pol.Choose(&s.rng, s.cands)
+			i = pol.Choose(&s.rng, s.cands, s.q)
 		}
 		tc := s.sel[i]
 		if panicking || tc.m.breaker.State != stats.BreakerHalfOpen || e.takeProbe(tc.m.inFlight, &tc.m.probes) {
@@ -359,9 +400,10 @@ func (e *Engine) pick(s *scratch, pol Policy, panicking bool) *typeCand {
 }
 
 // chooseNode picks among the model's usable nodes, preferring nodes not
-// tried yet for this model and half-open nodes owed a probe, then by the
-// power of two choices on load over smoothed success rate.
-func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, panicking bool) string {
+// tried yet for this model and half-open nodes owed a probe, and leaving
+// out saturated nodes while others are not; then by the power of two
+// choices on expected completion time over smoothed success rate.
+func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, budget budget, panicking bool) string {
 	s.pairs = s.pairs[:0]
 	for _, p := range tc.pairs {
 		if panicking || e.pairUsable(p) {
@@ -401,6 +443,19 @@ func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, panicking bo
 			s.pairs = s.pairs[:n]
 		}
 	}
+	if len(s.pairs) > 1 {
+		// no saturated node while another is not
+		n := 0
+		for _, p := range s.pairs {
+			if p.hasSlot() || !p.queue(budget).Saturated {
+				s.pairs[n] = p
+				n++
+			}
+		}
+		if n > 0 {
+			s.pairs = s.pairs[:n]
+		}
+	}
 	ps := s.pairs
 	if len(ps) == 1 {
 		return ps[0].node.name
@@ -417,14 +472,14 @@ func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, panicking bo
 	return better(a, a, b).node.name
 }
 
-// better compares two nodes by load (in-flight+1 over capacity) divided by
-// success rate; first wins ties.
+// better compares two nodes by expected completion time (see
+// pairState.cost) divided by success rate; first wins ties.
 func better(first, a, b *pairState) *pairState {
 	if a != first {
 		a, b = b, a
 	}
-	ca := a.node.load() / max(a.rate, 1e-6)
-	cb := b.node.load() / max(b.rate, 1e-6)
+	ca := a.cost() / max(a.rate, 1e-6)
+	cb := b.cost() / max(b.rate, 1e-6)
 	if cb < ca {
 		return b
 	}

@@ -9,35 +9,38 @@ import (
 // applied the allow-list, the task's constraints, circuit breakers and
 // failover, so a policy only ranks. Choose returns an index into cands
 // (never empty), which it must not modify; it must be safe for concurrent
-// use and should not allocate.
-// r is the decision's own generator.
+// use and should not allocate. q holds the load model's figures for each
+// candidate (q[i] for cands[i]). r is the decision's own generator.
 type Policy interface {
 	Name() string
-	Choose(r *Rand, cands []*Candidate) int
+	Choose(r *Rand, cands []*Candidate, q []Queue) int
 }
 
-// reliability picks the highest Score (a Wilson lower bound of the
-// success rate); ties go to the lower median latency, then at random.
+// reliability picks the highest expected success: Score (a Wilson lower
+// bound of the success rate) times the load model's fit of its best node;
+// ties go to the lower median latency, then at random.
 type reliability struct{}
 
 func (reliability) Name() string { return Reliability }
 
-func (reliability) Choose(r *Rand, cands []*Candidate) int {
+func (reliability) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	best, ties := 0, 1
+	bs := cands[0].Score * q[0].Fit
 	for i := 1; i < len(cands); i++ {
 		c, b := cands[i], cands[best]
+		cs := c.Score * q[i].Fit
 		switch {
-		case c.Score > b.Score+1e-12:
-			best, ties = i, 1
-		case c.Score < b.Score-1e-12:
+		case cs > bs+1e-12:
+			best, ties, bs = i, 1, cs
+		case cs < bs-1e-12:
 		default:
 			switch cmpLatency(c, b) {
 			case -1:
-				best, ties = i, 1
+				best, ties, bs = i, 1, cs
 			case 0:
 				ties++
 				if r.IntN(ties) == 0 {
-					best = i
+					best, bs = i, cs
 				}
 			}
 		}
@@ -60,13 +63,14 @@ func cmpLatency(a, b *Candidate) int {
 	return 1
 }
 
-// thompson samples each candidate's Beta posterior of success and picks the
-// highest draw, optionally weighted toward faster models.
+// thompson samples each candidate's Beta posterior of success, times the
+// load model's fit, and picks the highest draw, optionally weighted toward
+// faster models.
 type thompson struct{ latencyWeight float64 }
 
 func (thompson) Name() string { return Thompson }
 
-func (p thompson) Choose(r *Rand, cands []*Candidate) int {
+func (p thompson) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	minMean := 0.0
 	if p.latencyWeight > 0 {
 		for _, c := range cands {
@@ -77,7 +81,7 @@ func (p thompson) Choose(r *Rand, cands []*Candidate) int {
 	}
 	best, bestScore := 0, -1.0
 	for i, c := range cands {
-		s := r.Beta(float64(c.Successes)+1, float64(c.Failures)+1)
+		s := r.Beta(float64(c.Successes)+1, float64(c.Failures)+1) * q[i].Fit
 		if minMean > 0 && c.MeanUs > 0 {
 			s *= math.Pow(minMean/c.MeanUs, p.latencyWeight)
 		}
@@ -88,13 +92,14 @@ func (p thompson) Choose(r *Rand, cands []*Candidate) int {
 	return best
 }
 
-// latency picks the lowest expected time to a success.
+// latency picks the lowest expected completion time: the expected wait in
+// the best node's queue plus the expected time to a success.
 type latency struct{}
 
 func (latency) Name() string { return Latency }
 
-func (latency) Choose(r *Rand, cands []*Candidate) int {
-	return argmin(r, cands, func(c *Candidate) float64 { return c.ExpectedUs })
+func (latency) Choose(r *Rand, cands []*Candidate, q []Queue) int {
+	return argmin(r, cands, q, func(c *Candidate, q *Queue) float64 { return c.ExpectedUs + q.WaitUs })
 }
 
 // leastLoaded picks the lowest in-flight / capacity.
@@ -102,8 +107,8 @@ type leastLoaded struct{}
 
 func (leastLoaded) Name() string { return LeastLoaded }
 
-func (leastLoaded) Choose(r *Rand, cands []*Candidate) int {
-	return argmin(r, cands, (*Candidate).Load)
+func (leastLoaded) Choose(r *Rand, cands []*Candidate, q []Queue) int {
+	return argmin(r, cands, q, func(c *Candidate, _ *Queue) float64 { return c.Load() })
 }
 
 // roundRobin cycles through the candidates.
@@ -111,7 +116,7 @@ type roundRobin struct{ next atomic.Uint64 }
 
 func (*roundRobin) Name() string { return RoundRobin }
 
-func (p *roundRobin) Choose(_ *Rand, cands []*Candidate) int {
+func (p *roundRobin) Choose(_ *Rand, cands []*Candidate, _ []Queue) int {
 	return int((p.next.Add(1) - 1) % uint64(len(cands)))
 }
 
@@ -120,14 +125,14 @@ type random struct{}
 
 func (random) Name() string { return Random }
 
-func (random) Choose(r *Rand, cands []*Candidate) int { return r.IntN(len(cands)) }
+func (random) Choose(r *Rand, cands []*Candidate, _ []Queue) int { return r.IntN(len(cands)) }
 
 // argmin returns the index of the lowest score, ties at random.
-func argmin(r *Rand, cands []*Candidate, score func(*Candidate) float64) int {
+func argmin(r *Rand, cands []*Candidate, q []Queue, score func(*Candidate, *Queue) float64) int {
 	best, ties := 0, 1
-	bs := score(cands[0])
+	bs := score(cands[0], &q[0])
 	for i := 1; i < len(cands); i++ {
-		s := score(cands[i])
+		s := score(cands[i], &q[i])
 		switch {
 		case s < bs:
 			best, bs, ties = i, s, 1
@@ -157,9 +162,9 @@ type explore struct {
 	optimistic bool
 }
 
-func (p explore) Choose(r *Rand, cands []*Candidate) int {
+func (p explore) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	if p.share <= 0 || len(cands) < 2 || r.Float64() >= p.share {
-		return p.Policy.Choose(r, cands)
+		return p.Policy.Choose(r, cands, q)
 	}
 	if i := leastMeasured(r, cands, func(c *Candidate) bool { return c.Samples() < p.minSamples }); i >= 0 {
 		return i
@@ -176,7 +181,7 @@ func (p explore) Choose(r *Rand, cands []*Candidate) int {
 			return i
 		}
 	}
-	return p.Policy.Choose(r, cands)
+	return p.Policy.Choose(r, cands, q)
 }
 
 // leastMeasured returns the candidate with the fewest samples among those

@@ -56,7 +56,7 @@ type Candidate struct {
 	Capacity int
 
 	inFlight int64        // from the snapshot
-	local    atomic.Int64 // dispatched by this process since the table was built
+	local    atomic.Int64 // dispatched minus completed by this process since the table was built
 }
 
 // Samples is the number of judged outcomes in the window.
@@ -64,7 +64,7 @@ func (c *Candidate) Samples() int64 { return c.Successes + c.Failures }
 
 // InFlight is the snapshot's in-flight count plus this process's dispatches
 // since the table was built.
-func (c *Candidate) InFlight() int64 { return c.inFlight + c.local.Load() }
+func (c *Candidate) InFlight() int64 { return max(c.inFlight+c.local.Load(), 0) }
 
 // Load is in-flight relative to capacity.
 func (c *Candidate) Load() float64 {
@@ -87,12 +87,23 @@ type modelState struct {
 type nodeState struct {
 	name     string
 	capacity int
-	inFlight int64 // max of heartbeat and summed snapshot in-flight
-	local    atomic.Int64
+	// inFlight is the work sent to the node and not finished: the larger of
+	// what its heartbeat says (running plus queued) and what the snapshot
+	// says was dispatched to it and not finished.
+	inFlight int64
+	// local is dispatched minus completed by this process since the table
+	// was built (negative when more finished than it sent).
+	local atomic.Int64
+	// serviceUs is the mean time an attempt occupies a slot on the node
+	// (see serviceTimes).
+	serviceUs float64
 }
 
+// outstanding is the node's work sent and not finished, now.
+func (n *nodeState) outstanding() int64 { return max(n.inFlight+n.local.Load(), 0) }
+
 func (n *nodeState) load() float64 {
-	return float64(n.inFlight+n.local.Load()+1) / float64(n.capacity)
+	return float64(n.outstanding()+1) / float64(n.capacity)
 }
 
 // pairState is one (model, node).
@@ -103,11 +114,24 @@ type pairState struct {
 	// inFlight is the snapshot's in-flight count of this (model, node).
 	inFlight int64
 	probes   atomic.Int64
+	// limit is the model's own concurrency limit on the node
+	// (ModelInfo.MaxConcurrency; 0: only the node's capacity).
+	limit int
+	// sent is the larger of the snapshot's and the heartbeat's in-flight
+	// count of this (model, node), and local this process's dispatches
+	// minus completions since the table: they matter only under a limit.
+	sent      int64
+	local     atomic.Int64
+	serviceUs float64 // mean time an attempt of the model occupies a slot here
+	extraUs   float64 // serviceUs minus the model's fastest node's
 }
+
+func (p *pairState) outstanding() int64 { return max(p.sent+p.local.Load(), 0) }
 
 // typeCand is a model as a candidate for one task type: only the nodes that
 // announce the model for that type.
 type typeCand struct {
+	idx    int // position in its typeEntry's cands
 	m      *modelState
 	pairs  []*pairState
 	closed int // pairs whose breaker is closed
@@ -154,11 +178,13 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 		if hb.Draining || hb.Node == "" || t.nodes[hb.Node] != nil {
 			continue
 		}
-		cp := hb.Capacity
+		cp := min(hb.Capacity, protocol.MaxCapacity)
 		if cp < 1 {
 			cp = 1
 		}
-		t.nodes[hb.Node] = &nodeState{name: hb.Node, capacity: cp, inFlight: int64(max(hb.InFlight, 0))}
+		running := int64(min(max(hb.InFlight, 0), protocol.MaxQueued))
+		queued := int64(min(max(hb.Queued, 0), protocol.MaxQueued))
+		t.nodes[hb.Node] = &nodeState{name: hb.Node, capacity: cp, inFlight: running + queued}
 		hbs = append(hbs, hb)
 	}
 	sort.Slice(hbs, func(i, j int) bool { return hbs[i].Node < hbs[j].Node })
@@ -187,8 +213,14 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 			p := m.pair(ns)
 			if p == nil {
 				p = newPairState(m, ns, ms(mi.Name))
+				p.limit = min(max(mi.MaxConcurrency, 0), protocol.MaxCapacity)
+				p.sent = max(p.inFlight, int64(min(max(mi.InFlight, 0), protocol.MaxQueued)))
 				m.pairs = append(m.pairs, p)
-				m.Capacity += ns.capacity
+				if p.limit > 0 {
+					m.Capacity += min(p.limit, ns.capacity)
+				} else {
+					m.Capacity += ns.capacity
+				}
 			}
 			for _, typ := range mi.Types {
 				k := tkey{typ, mi.Name}
@@ -223,6 +255,7 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 	for n, s := range sums {
 		n.inFlight = max(n.inFlight, s)
 	}
+	serviceTimes(t, ms)
 	for _, te := range t.types {
 		slices.SortFunc(te.cands, func(a, b *typeCand) int {
 			if a.m.Model < b.m.Model {
@@ -236,6 +269,7 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 		te.plain = true
 		te.list = make([]*Candidate, len(te.cands))
 		for i, tc := range te.cands {
+			tc.idx = i
 			te.list[i] = &tc.m.Candidate
 			if tc.m.breaker.State != stats.BreakerClosed || tc.closed == 0 {
 				te.plain = false
@@ -399,11 +433,32 @@ func (t *Table) Dispatched(model, node string) {
 	if t == nil {
 		return
 	}
-	if m := t.models[model]; m != nil {
-		m.local.Add(1)
+	t.count(model, node, 1)
+}
+
+// Completed counts an outcome this process received (of any replica's
+// dispatch) since the table was built: the slot it held is free again, so
+// the load model need not wait for the next snapshot to see it.
+func (t *Table) Completed(model, node string) {
+	if t == nil {
+		return
 	}
-	if n := t.nodes[node]; n != nil {
-		n.local.Add(1)
+	t.count(model, node, -1)
+}
+
+func (t *Table) count(model, node string, d int64) {
+	m := t.models[model]
+	if m != nil {
+		m.local.Add(d)
+	}
+	n := t.nodes[node]
+	if n != nil {
+		n.local.Add(d)
+	}
+	if m != nil && n != nil {
+		if p := m.pair(n); p != nil {
+			p.local.Add(d)
+		}
 	}
 }
 

@@ -112,6 +112,13 @@ type ModelInfo struct {
 	// TimeoutMs is the model's per-task timeout when the task sets none; the
 	// dispatcher derives the dispatch deadline from it.
 	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+	// MaxConcurrency is the most attempts of this model the node runs at
+	// once (0: no limit of its own, only the node's capacity). The worker
+	// enforces it; the dispatcher counts it as the model's slots there.
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// InFlight is how many attempts of this model are running or waiting
+	// for a slot on the node.
+	InFlight int `json:"in_flight,omitempty"`
 }
 
 // Heartbeat is what a worker node announces, every heartbeat interval, in
@@ -121,6 +128,10 @@ type Heartbeat struct {
 	Models   []ModelInfo `json:"models"`
 	Capacity int         `json:"capacity"`
 	InFlight int         `json:"in_flight"`
+	// Queued is the work sent to the node and not started yet: dispatches
+	// waiting in the node's stream and those received but waiting for a
+	// slot. The dispatcher's load model adds it to InFlight.
+	Queued int `json:"queued,omitempty"`
 	// Draining is set while the node shuts down: route nothing new to it.
 	Draining  bool      `json:"draining,omitempty"`
 	StartedAt time.Time `json:"started_at"`
@@ -137,4 +148,34 @@ type DeadLetter struct {
 	History  []Attempt `json:"history,omitempty"`
 	Original []byte    `json:"original"` // base64 in JSON: the bytes may not be JSON
 	At       time.Time `json:"at"`
+}
+
+// Bounds of the load figures a heartbeat may announce; Clamp brings a
+// figure outside them back in.
+const (
+	MaxCapacity = 1 << 16
+	MaxQueued   = 1 << 24
+)
+
+// Clamp brings absurd load figures (negative, or above MaxCapacity or
+// MaxQueued) back within bounds, and returns a description of each change
+// (nil when none), for the caller to log. A node announcing nonsense is
+// still routed to, as if it had announced the nearest sane figure.
+func (h *Heartbeat) Clamp() []string {
+	var out []string
+	fix := func(name string, v *int, lo, hi int) {
+		if *v < lo || *v > hi {
+			out = append(out, name+" "+strconv.Itoa(*v)+" clamped to "+strconv.Itoa(min(max(*v, lo), hi)))
+			*v = min(max(*v, lo), hi)
+		}
+	}
+	fix("capacity", &h.Capacity, 0, MaxCapacity)
+	fix("in_flight", &h.InFlight, 0, MaxQueued)
+	fix("queued", &h.Queued, 0, MaxQueued)
+	for i := range h.Models {
+		m := &h.Models[i]
+		fix("model "+m.Name+" max_concurrency", &m.MaxConcurrency, 0, MaxCapacity)
+		fix("model "+m.Name+" in_flight", &m.InFlight, 0, MaxQueued)
+	}
+	return out
 }

@@ -61,3 +61,5 @@ func (d *policyDecider) decide(req *policy.Request) (policy.Decision, error) {
 	d.table.Dispatched(dec.Model, dec.Node)
 	return dec, nil
 }
+
+func (d *policyDecider) completed(model, node string) { d.table.Completed(model, node) }

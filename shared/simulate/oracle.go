@@ -3,7 +3,9 @@ package simulate
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
+	"sort"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/policy"
@@ -14,56 +16,97 @@ import (
 // the type.
 var errNoCandidate = errors.New("no live model serves the type")
 
-// oracle knows the true failure probabilities (bursts and timeouts
-// included) and which nodes are alive at every moment, and picks the model
-// least likely to fail, ties going to the lower mean latency. It ignores
+// oracle knows the true failure probabilities (bursts, timeouts and slow
+// nodes included), which nodes are alive, the true mean latencies and every
+// node's queue. It is capacity-aware: it takes the (model, node) pairs from
+// the least likely to fail, and sends the task to the first that can start
+// it while the attempt still has its whole timeout before the dispatch
+// deadline (expected wait plus three standard deviations within the
+// deadline slack). So it fills the most reliable models up to what they can
+// finish in time, then spills to the next. When none can, the decision is
+// saturated and the task is held, as the dispatcher holds it. It ignores
 // the attempt history: outcomes are independent, so the best model stays
 // the best on a retry.
-type oracle struct{ s *sim }
+type oracle struct {
+	s     *sim
+	order []rankedPair // scratch
+}
+
+type rankedPair struct {
+	model string
+	n     *node
+	p     float64
+	lat   time.Duration
+	wait  time.Duration
+	load  float64
+}
 
 func (o *oracle) refresh(context.Context, time.Time, []protocol.Heartbeat) error { return nil }
 
-func (o *oracle) decide(req *policy.Request) (policy.Decision, error) {
-	m, _ := o.s.best(req.Type, req.Models)
-	if m == "" {
-		return policy.Decision{}, errNoCandidate
-	}
-	var pick *node
-	for _, n := range o.s.nodes {
-		if !n.alive || !slices.Contains(n.spec.Models, m) {
-			continue
-		}
-		if pick == nil || n.load()*pick.spec.Capacity < pick.load()*n.spec.Capacity {
-			pick = n
-		}
-	}
-	return policy.Decision{Model: m, Node: pick.spec.Name}, nil
-}
+func (o *oracle) completed(string, string) {}
 
-// best returns the model the oracle picks now for a type, and its true
-// failure probability ("" and 1 when none is available).
-func (s *sim) best(typ string, allow []string) (string, float64) {
-	bestM, bestP := "", 1.0
-	var bestLat time.Duration
+func (o *oracle) decide(req *policy.Request) (policy.Decision, error) {
+	s := o.s
+	o.order = o.order[:0]
 	for i := range s.sc.Models {
 		m := &s.sc.Models[i]
-		if !s.joined[m.Name] || !slices.Contains(m.Types, typ) || (len(allow) > 0 && !slices.Contains(allow, m.Name)) {
+		if !s.joined[m.Name] || !slices.Contains(m.Types, req.Type) || (len(req.Models) > 0 && !slices.Contains(req.Models, m.Name)) {
 			continue
 		}
-		if !slices.ContainsFunc(s.nodes, func(n *node) bool { return n.alive && slices.Contains(n.spec.Models, m.Name) }) {
-			continue
-		}
-		p := s.failProb(m.Name)
 		lat := m.step(s.now).Latency.mean()
-		if bestM == "" || p < bestP-1e-12 || (p < bestP+1e-12 && lat < bestLat) {
-			bestM, bestP, bestLat = m.Name, p, lat
+		for _, n := range s.nodes {
+			if n.alive && slices.Contains(n.spec.Models, m.Name) {
+				o.order = append(o.order, rankedPair{m.Name, n, s.attemptFailProb(m.Name, n),
+					time.Duration(float64(lat) * n.spec.Slowdown), s.queueWait(n), float64(n.load()) / float64(n.spec.Capacity)})
+			}
 		}
 	}
-	return bestM, bestP
+	if len(o.order) == 0 {
+		return policy.Decision{}, errNoCandidate
+	}
+	sort.SliceStable(o.order, func(i, j int) bool {
+		a, b := o.order[i], o.order[j]
+		if math.Abs(a.p-b.p) > 1e-12 {
+			return a.p < b.p
+		}
+		if a.wait != b.wait {
+			return a.wait < b.wait
+		}
+		if a.model != b.model {
+			return a.lat < b.lat
+		}
+		return a.load < b.load
+	})
+	for _, r := range o.order {
+		if r.wait <= s.sc.DeadlineSlack.D() {
+			return policy.Decision{Model: r.model, Node: r.n.spec.Name}, nil
+		}
+	}
+	return policy.Decision{Model: o.order[0].model, Node: o.order[0].n.spec.Name, Saturated: true}, nil
 }
 
-// bestFailProb is the oracle's true failure probability for a type now.
-func (s *sim) bestFailProb(typ string) float64 {
-	_, p := s.best(typ, nil)
-	return p
+// queueWait bounds the wait before an attempt sent to n now starts: with k
+// attempts ahead of it once every slot is busy and a mean service time t
+// (the true mean latency, capped at the timeout, of what is queued there),
+// k·t/c plus three standard deviations, t·√k/c.
+func (s *sim) queueWait(n *node) time.Duration {
+	c := float64(n.spec.Capacity)
+	ahead := float64(n.load()) + 1 - c
+	if ahead <= 0 {
+		return 0
+	}
+	mean := func(m string) float64 {
+		return min(float64(s.models[m].step(s.now).Latency.mean())*n.spec.Slowdown, float64(s.sc.Timeout.D()))
+	}
+	var t float64
+	for _, a := range n.queue {
+		t += mean(a.model)
+	}
+	t /= float64(max(len(n.queue), 1))
+	if len(n.queue) == 0 {
+		for _, m := range n.spec.Models {
+			t = max(t, mean(m))
+		}
+	}
+	return time.Duration(ahead*t/c + 3*t*math.Sqrt(ahead)/c)
 }

@@ -154,6 +154,15 @@ type Arrival struct {
 	Rate float64 `json:"rate"`
 	// Types maps task types to relative weights (required).
 	Types map[string]float64 `json:"types"`
+	// Profile changes the rate over time: each step applies from its At
+	// until the next step (optional; Rate applies before the first).
+	Profile []RateStep `json:"profile,omitempty"`
+}
+
+// RateStep is an arrival rate from At on.
+type RateStep struct {
+	At   Duration `json:"at"`
+	Rate float64  `json:"rate"`
 }
 
 // Model is a simulated model.
@@ -182,6 +191,9 @@ type Node struct {
 	Capacity int `json:"capacity,omitempty"`
 	// Models hosted by the node.
 	Models []string `json:"models"`
+	// Slowdown multiplies the latency of every attempt on the node
+	// (default 1): a slow node, e.g. an older GPU or a noisy neighbour.
+	Slowdown float64 `json:"slowdown,omitempty"`
 }
 
 // Event kinds.
@@ -365,6 +377,15 @@ func (sc *Scenario) validate() error {
 	if math.IsNaN(sc.Arrival.Rate) || sc.Arrival.Rate < minRate || sc.Arrival.Rate > maxRate {
 		return invalid("arrival.rate", "%g: want tasks per second > 0, in %g..%g", sc.Arrival.Rate, minRate, maxRate)
 	}
+	for i, st := range sc.Arrival.Profile {
+		f := fmt.Sprintf("arrival.profile[%d]", i)
+		if math.IsNaN(st.Rate) || st.Rate < minRate || st.Rate > maxRate {
+			return invalid(f+".rate", "%g: want tasks per second in %g..%g", st.Rate, minRate, maxRate)
+		}
+		if st.At < 0 || st.At.D() > MaxDuration || (i > 0 && st.At <= sc.Arrival.Profile[i-1].At) {
+			return invalid(f+".at", "%v: want increasing times in 0..%v", st.At.D(), MaxDuration)
+		}
+	}
 	if len(sc.Arrival.Types) == 0 {
 		return invalid("arrival.types", "no task types")
 	}
@@ -477,6 +498,12 @@ func (sc *Scenario) validate() error {
 		}
 		if n.Capacity == 0 {
 			n.Capacity = 16
+		}
+		if math.IsNaN(n.Slowdown) || n.Slowdown < 0 || n.Slowdown > 1000 {
+			return invalid(f+".slowdown", "%g is outside 0..1000", n.Slowdown)
+		}
+		if n.Slowdown == 0 {
+			n.Slowdown = 1
 		}
 		if len(n.Models) == 0 {
 			return invalid(f+".models", "node %q hosts no model", n.Name)

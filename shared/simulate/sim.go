@@ -153,6 +153,7 @@ type attempt struct {
 	// drawn when it starts
 	fail    bool
 	timeout bool
+	missed  bool // cut short by the dispatch deadline, not the timeout
 	latency time.Duration
 }
 
@@ -171,6 +172,9 @@ func (n *node) load() int { return n.running + len(n.queue) }
 type decider interface {
 	refresh(ctx context.Context, now time.Time, nodes []protocol.Heartbeat) error
 	decide(req *policy.Request) (policy.Decision, error)
+	// completed reports an outcome, as the dispatcher reports each outcome
+	// it receives to its table.
+	completed(model, node string)
 }
 
 // sim is one policy's run.
@@ -198,6 +202,9 @@ type sim struct {
 
 	arrived, finished int
 	tasks             []taskResult
+	// held are the tasks kept back because every candidate was saturated,
+	// oldest first.
+	held []*task
 	free              []*event       // processed events, for reuse
 	rec               [1]stats.Event // Record's batch, reused
 }
@@ -210,9 +217,13 @@ type taskResult struct {
 	succeeded bool
 	attempts  int
 	// pFirst is the true failure probability of the first attempt's
-	// choice when it was made; pBest the oracle's at that moment.
+	// choice when it was made (1 when it expired in the queue or missed its
+	// deadline there); pBest the oracle run's pFirst for the same task.
 	pFirst, pBest float64
 	firstSet      bool
+	// queueFailed: the first attempt expired in a queue or missed its
+	// deadline there.
+	queueFailed bool
 }
 
 func (s *sim) clock() time.Time { return epoch.Add(s.now) }
@@ -315,6 +326,9 @@ func (s *sim) run(ctx context.Context, n int) error {
 			if s.finished < n {
 				err = s.dec.refresh(ctx, s.clock(), s.heartbeats())
 				s.push(s.now+s.sc.Refresh.D(), evRefresh, nil)
+				if err == nil {
+					err = s.retryHeld(ctx)
+				}
 			}
 		case evArrival:
 			t := &task{idx: s.arrived, typ: s.pickType(), submit: s.now, waitFrom: -1}
@@ -328,6 +342,9 @@ func (s *sim) run(ctx context.Context, n int) error {
 		case evDone:
 			if e.a.state == stRunning {
 				err = s.complete(ctx, e.a)
+				if err == nil {
+					err = s.retryHeld(ctx)
+				}
 			}
 		case evDeadline:
 			if e.a.state == stLost {
@@ -346,8 +363,32 @@ func (s *sim) run(ctx context.Context, n int) error {
 	return fmt.Errorf("simulation stalled with %d of %d tasks finished", s.finished, n)
 }
 
+// interarrival draws the time to the next arrival of the (piecewise
+// constant rate) Poisson process: a draw that crosses a rate step restarts
+// there at the new rate, which memorylessness makes exact.
 func (s *sim) interarrival() time.Duration {
-	return time.Duration(s.arrive.ExpFloat64() / s.sc.Arrival.Rate * float64(time.Second))
+	at := s.now
+	for {
+		rate, next := s.rateAt(at)
+		d := time.Duration(s.arrive.ExpFloat64() / rate * float64(time.Second))
+		if next <= at || at+d < next {
+			return at + d - s.now
+		}
+		at = next
+	}
+}
+
+// rateAt is the arrival rate at t and when it next changes (0: never).
+func (s *sim) rateAt(t time.Duration) (float64, time.Duration) {
+	rate, next := s.sc.Arrival.Rate, time.Duration(0)
+	for _, st := range s.sc.Arrival.Profile {
+		if st.At.D() > t {
+			next = st.At.D()
+			break
+		}
+		rate = st.Rate
+	}
+	return rate, next
 }
 
 func (s *sim) pickType() string {
@@ -432,11 +473,12 @@ func (s *sim) heartbeats() []protocol.Heartbeat {
 			Node:      n.spec.Name,
 			Capacity:  n.spec.Capacity,
 			InFlight:  n.running,
+			Queued:    len(n.queue),
 			StartedAt: epoch.Add(n.startedAt),
 			SentAt:    s.clock(),
 		}
 		if !n.alive {
-			hb.InFlight = 0
+			hb.InFlight, hb.Queued = 0, 0
 			hb.SentAt = epoch.Add(n.crashedAt)
 		}
 		for _, m := range n.spec.Models {
@@ -466,26 +508,55 @@ func (s *sim) failProb(m string) float64 {
 	return 1 - (1-p)*(1-slow)
 }
 
-// attemptFailProb is failProb, or 1 when the node is dead.
+// attemptFailProb is the true probability that an attempt of model m
+// started now on node n fails: failProb with the node's slowdown applied to
+// the timeout share, or 1 when the node is dead.
 func (s *sim) attemptFailProb(m string, n *node) float64 {
 	if !n.alive {
 		return 1
 	}
-	return s.failProb(m)
+	if n.spec.Slowdown == 1 {
+		return s.failProb(m)
+	}
+	st := s.models[m].step(s.now)
+	p := *st.FailureProb
+	for _, b := range s.bursts {
+		if s.now >= b.At.D() && s.now < b.Until.D() && (len(b.Models) == 0 || slices.Contains(b.Models, m)) {
+			p = math.Max(p, b.FailureProb)
+		}
+	}
+	slow := st.Latency.exceed(time.Duration(float64(s.sc.Timeout.D()) / n.spec.Slowdown))
+	return 1 - (1-p)*(1-slow)
 }
 
 func (s *sim) dispatch(ctx context.Context, t *task) error {
 	n := len(t.history) + 1
-	req := &policy.Request{Type: t.typ, Tried: t.history}
+	req := &policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: s.deadline()}
 	d, err := s.dec.decide(req)
 	nd := s.byNode[d.Node]
 	if err == nil && (nd == nil || !slices.Contains(nd.spec.Models, d.Model)) {
 		return fmt.Errorf("policy %s chose model %q on node %q, which does not host it", s.name, d.Model, d.Node)
 	}
 	res := &s.tasks[t.idx]
+	if err == nil && d.Saturated {
+		// Every candidate's queue is beyond what it can start in time: the
+		// dispatcher keeps the task in the task stream and decides again as
+		// slots free up, for at most the task's own deadline.
+		if t.waitFrom < 0 {
+			t.waitFrom = s.now
+		}
+		if s.now-t.waitFrom >= s.deadline() {
+			if n == 1 && !res.firstSet {
+				res.firstSet, res.pFirst, res.queueFailed = true, 1, true
+			}
+			s.finish(t, false)
+			return nil
+		}
+		s.held = append(s.held, t)
+		return nil
+	}
 	if n == 1 && !res.firstSet {
 		res.firstSet = true
-		res.pBest = s.bestFailProb(t.typ)
 		res.pFirst = 1
 		if err == nil {
 			res.pFirst = s.attemptFailProb(d.Model, nd)
@@ -520,6 +591,25 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 	return nil
 }
 
+// retryHeld decides again for the held tasks, oldest first, until one is
+// still saturated.
+func (s *sim) retryHeld(ctx context.Context) error {
+	for len(s.held) > 0 {
+		t := s.held[0]
+		s.held = s.held[1:]
+		if err := s.dispatch(ctx, t); err != nil {
+			return err
+		}
+		if len(s.held) > 0 && s.held[len(s.held)-1] == t {
+			// still saturated: back to the head of the line
+			copy(s.held[1:], s.held[:len(s.held)-1])
+			s.held[0] = t
+			return nil
+		}
+	}
+	return nil
+}
+
 // start runs an attempt on its node: its outcome and latency are drawn from
 // a stream keyed by (seed, task, attempt).
 func (s *sim) start(a *attempt) {
@@ -535,9 +625,14 @@ func (s *sim) start(a *attempt) {
 		}
 	}
 	a.fail = uFail < p
-	a.latency = st.Latency.quantile(uLat)
-	if a.latency > s.sc.Timeout.D() {
-		a.timeout, a.latency = true, s.sc.Timeout.D()
+	a.latency = time.Duration(float64(st.Latency.quantile(uLat)) * a.node.spec.Slowdown)
+	// The worker stops an attempt at its timeout or at the dispatch
+	// deadline, whichever comes first: one that started late in a queue
+	// may miss the deadline.
+	limit := min(s.sc.Timeout.D(), a.dispatched+s.deadline()-s.now)
+	if a.latency > limit {
+		a.timeout, a.latency = true, limit
+		a.missed = limit < s.sc.Timeout.D()
 	}
 	s.push(s.now+a.latency, evDone, s.eventA(a))
 }
@@ -588,8 +683,16 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 		return fmt.Errorf("record outcome: %w", err)
 	}
 	t.history = append(t.history, protocol.Attempt{Attempt: a.n, Model: a.model, Node: a.node.spec.Name, Status: st, LatencyMs: float64(lat) / float64(time.Millisecond)})
+	s.dec.completed(a.model, a.node.spec.Name)
 	if a.n == 1 {
-		s.tasks[t.idx].firstOK = st == protocol.OutcomeSuccess
+		r := &s.tasks[t.idx]
+		r.firstOK = st == protocol.OutcomeSuccess
+		// An attempt that expired in a queue or missed its deadline there
+		// failed because of where it was sent: it counts in full.
+		if st == protocol.OutcomeExpired || a.missed {
+			r.pFirst = 1
+			r.queueFailed = true
+		}
 	}
 	switch dec.Action {
 	case settle.Finish, settle.DeadLetter:

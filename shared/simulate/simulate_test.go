@@ -44,7 +44,7 @@ func run(t *testing.T, name string, opt Options) *Report {
 
 func TestBuiltinScenariosParse(t *testing.T) {
 	t.Parallel()
-	want := []string{"bursty", "cold-start", "drift", "heavy-tail", "node-crash", "stationary"}
+	want := []string{"burst", "bursty", "cold-start", "drift", "heavy-tail", "node-crash", "overload", "slow-node", "stationary"}
 	if got := Builtin(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("Builtin() = %v, want %v", got, want)
 	}

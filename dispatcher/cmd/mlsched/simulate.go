@@ -42,7 +42,8 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	minSamples := fs.Int("min-samples", 0, "policy MinSamples: outcomes below which a model is explored (default: the policy default, 20)")
 	explore := fs.Float64("explore-share", 0, "policy ExploreShare: share of decisions given to under-sampled models (default: the policy default, 0.05)")
 	latWeight := fs.Float64("latency-weight", 0, "policy LatencyWeight of thompson (default 0)")
-	window := fs.Duration("window", 0, "statistics window, in 10 buckets (default: the scenario's)")
+	window := fs.Duration("window", 0, "statistics window (default: the scenario's); -window 5m -bucket 10s is the dispatcher's default")
+	bucket := fs.Duration("bucket", 0, "bucket of the statistics window set by -window (default: a tenth of it)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S] [-runs N]
                         [-format table|csv|json] [-svg FILE] [-list] [-show]
@@ -103,6 +104,9 @@ Flags:
 	if *window < 0 || (*window > 0 && *window < 10*time.Millisecond) {
 		return bad("-window %v: want at least 10ms", *window)
 	}
+	if *bucket != 0 && (*window == 0 || *bucket < time.Millisecond || *bucket > *window) {
+		return bad("-bucket %v: want it with -window, between 1ms and the window", *bucket)
+	}
 	var policies []string
 	if *pol != "all" {
 		for _, p := range strings.Split(*pol, ",") {
@@ -121,7 +125,11 @@ Flags:
 		return err
 	}
 	if *window > 0 {
-		sc.Window = simulate.WindowSpec{Size: simulate.Duration(*window), Bucket: simulate.Duration(*window / 10)}
+		b := *bucket
+		if b == 0 {
+			b = *window / 10
+		}
+		sc.Window = simulate.WindowSpec{Size: simulate.Duration(*window), Bucket: simulate.Duration(b)}
 	}
 	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Runs: *runs, Policies: policies,
 		Engine: policy.Config{MinSamples: *minSamples, ExploreShare: *explore, LatencyWeight: *latWeight}}

@@ -150,8 +150,8 @@ func (e *Engine) policyFor(taskType string) Policy {
 // nothing.
 type scratch struct {
 	rng   Rand
-	load  []Queue // per candidate of the type (typeCand.idx)
-	q     []Queue // parallel to cands
+	load  []Queue     // per candidate of the type (typeCand.idx)
+	q     []Queue     // parallel to cands
 	base  []*typeCand // allowed and within constraints
 	avail []*typeCand // of base, not blocked by a breaker
 	sel   []*typeCand

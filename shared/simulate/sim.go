@@ -205,8 +205,8 @@ type sim struct {
 	// held are the tasks kept back because every candidate was saturated,
 	// oldest first.
 	held []*task
-	free              []*event       // processed events, for reuse
-	rec               [1]stats.Event // Record's batch, reused
+	free []*event       // processed events, for reuse
+	rec  [1]stats.Event // Record's batch, reused
 }
 
 // taskResult is what the metrics need of one task.

@@ -40,6 +40,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		"dispatched": c.Dispatched.Load(), "redispatched": c.Redispatched.Load(), "results": c.Results.Load(),
 		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
 		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(), "cancelled": c.Cancelled.Load(),
+		"saturated": c.Saturated.Load(),
 	}
 	if reason := d.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
@@ -54,6 +55,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	if d.reg != nil {
 		r.Nodes = d.reg.Live()
 	}
+	r.Held = d.held.len()
 	snap := d.snaps.snap.Load()
 	if snap == nil {
 		return r

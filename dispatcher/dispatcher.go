@@ -53,6 +53,7 @@ type Dispatcher struct {
 	settler *settler   // publish-then-ack
 	dlq     *deadLetters
 	sweeper *sweeper // lost attempts
+	held    *holdRoom // tasks held back for want of capacity (hold.go)
 
 	counters Counters
 
@@ -79,6 +80,9 @@ type Counters struct {
 	Panic atomic.Int64
 	// Cancelled counts the cancel requests this replica carried out.
 	Cancelled atomic.Int64
+	// Saturated counts tasks held back because every candidate was
+	// saturated (hold.go).
+	Saturated atomic.Int64
 }
 
 // Option configures a Dispatcher.
@@ -117,6 +121,7 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 		Instance: cfg.Name}); err != nil {
 		return nil, err
 	}
+	d.held = newHoldRoom()
 	return d, nil
 }
 
@@ -266,6 +271,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx); return nil })},
 		{"admin", d.subscription(d.serveAdmin)},
 		{"cancel", d.subscription(d.serveCancel)},
+		// after the settler (a held task's dispatch settles through it),
+		// before the consumers (which hold tasks): stopping, it naks them
+		{"hold room", d.holdService()},
 		{"task consumer", tasks},
 		{"outcome consumer", outcomes},
 	}

@@ -64,6 +64,9 @@ type attemptSpec struct {
 	// traceparent is the W3C trace context of the task (the producer's, or
 	// the previous attempt's dispatch span), "" when it has none.
 	traceparent string
+	// heldSince is when the task was first held for want of capacity
+	// (hold.go); zero if it was not.
+	heldSince time.Time
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -77,8 +80,7 @@ func (a *attemptSpec) maxAttempts(def int) int {
 // settled once JetStream has acknowledged the dispatch.
 func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	t := &a.task
-	req := policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Tried: a.history}
+	req := d.request(&a)
 	table := d.snaps.table.Load()
 	decision := d.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()
@@ -109,6 +111,9 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
 			traceparent: a.traceparent})
 		return
+	}
+	if dec.Saturated && d.hold(a, msg, dec, req.Deadline) {
+		return // backpressure (hold.go)
 	}
 	if dec.Panic {
 		d.counters.Panic.Add(1)
@@ -157,6 +162,19 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 		d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
 		return nil
 	})
+}
+
+// request is what the policy engine needs to decide an attempt: the task's
+// constraints and history, and the attempt's timeout and deadline for the
+// load model.
+func (d *Dispatcher) request(a *attemptSpec) policy.Request {
+	t := &a.task
+	timeout := time.Duration(t.TimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = d.cfg.TaskTimeout
+	}
+	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
+		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: timeout + d.cfg.DeadlineSlack}
 }
 
 func (d *Dispatcher) modelTimeout(model string) time.Duration {

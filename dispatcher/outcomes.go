@@ -62,6 +62,8 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		d.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
 		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
 			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: dec.Action == settle.Late})
+		d.snaps.table.Load().Completed(o.Model, o.Node) // the slot is free: tell the load model now
+		d.held.wake()
 	}
 	if dec.Supersede {
 		if first { // a retried outcome is first nak'ed for backoff, then handled again

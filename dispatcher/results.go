@@ -168,7 +168,7 @@ func (d *Dispatcher) reject(msg jetstream.Msg, e ending) {
 	}
 	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
 		Error: e.err.Error(), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
-	if e.status == protocol.StatusFailed && code == protocol.CodeAttemptsExhausted {
+	if e.status == protocol.StatusFailed && (code == protocol.CodeAttemptsExhausted || code == protocol.CodeSaturated) {
 		d.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
 			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, e.traceparent)
 		return

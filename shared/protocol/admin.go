@@ -29,8 +29,13 @@ type StatsReport struct {
 	// dispatched, redispatched, results, rejected, dead_lettered,
 	// suppressed (second results refused), late (outcomes of superseded
 	// attempts), lost (attempts found unanswered at their deadline), panic
-	// (decisions routed in panic mode: every candidate's breaker open).
+	// (decisions routed in panic mode: every candidate's breaker open),
+	// saturated (tasks held back because every candidate's nodes held more
+	// work than they could start before the deadline).
 	Counters map[string]int64 `json:"counters"`
+	// Held is how many tasks the replica holds back now, for want of
+	// capacity.
+	Held int `json:"held"`
 	Nodes    []Heartbeat      `json:"nodes"`
 	// Backlog maps task types to the number of tasks waiting in
 	// MLSCHED_TASKS (submitted, not yet dispatched). It is absent when the

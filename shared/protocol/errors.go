@@ -35,6 +35,9 @@ const (
 	CodeInvalidDispatch Code = "invalid_dispatch"
 	// CodeCancelled: an operator cancelled the task (`mlsched cancel`).
 	CodeCancelled Code = "cancelled"
+	// CodeSaturated: every candidate's nodes held more work than they could
+	// start before the task's deadline, for as long as the task could wait.
+	CodeSaturated Code = "saturated"
 )
 
 // Error is a protocol error with a stable Code and a human-readable message.

@@ -32,6 +32,8 @@ type Registry struct {
 
 	mu    sync.Mutex
 	nodes map[string]entry
+	// clamped is when each node's absurd figures were last logged.
+	clamped map[string]time.Time
 	live  atomic.Pointer[[]protocol.Heartbeat]
 	ready chan struct{}
 	once  sync.Once
@@ -48,7 +50,7 @@ func New(kv jetstream.KeyValue, ttl time.Duration, log zerolog.Logger) *Registry
 	if ttl <= 0 {
 		ttl = 10 * time.Second
 	}
-	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, ready: make(chan struct{})}
+	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, clamped: map[string]time.Time{}, ready: make(chan struct{})}
 	r.live.Store(&[]protocol.Heartbeat{})
 	return r
 }
@@ -81,6 +83,14 @@ func (r *Registry) apply(e jetstream.KeyValueEntry) {
 		if err := json.Unmarshal(e.Value(), &hb); err != nil || hb.Node != e.Key() {
 			r.log.Warn().Err(err).Str("node", e.Key()).Msg("node registry: ignoring a malformed heartbeat")
 			return
+		}
+		// Absurd load figures are clamped, never a reason to stop routing
+		// to the node; logged once a minute per node.
+		if fixes := hb.Clamp(); len(fixes) > 0 {
+			if now := r.now(); now.Sub(r.clamped[hb.Node]) >= clampLogEvery {
+				r.clamped[hb.Node] = now
+				r.log.Warn().Str("node", hb.Node).Strs("clamped", fixes).Msg("node registry: heartbeat with absurd load figures, clamped")
+			}
 		}
 		// A heartbeat replayed from the bucket may be old: trust its age
 		// as the bucket reports it, not the worker's clock.
@@ -121,6 +131,10 @@ func (r *Registry) publishLocked() {
 	sort.Slice(live, func(i, j int) bool { return live[i].Node < live[j].Node })
 	r.live.Store(&live)
 }
+
+// clampLogEvery bounds the rate of the log line about a node's absurd
+// heartbeat figures.
+const clampLogEvery = time.Minute
 
 // ErrNoNodes is returned by WaitFor when no node became live in time.
 var ErrNoNodes = errors.New("no live node")

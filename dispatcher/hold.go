@@ -48,7 +48,7 @@ type holdRoom struct {
 	kick    chan struct{}
 	stopped bool
 
-	lastLog time.Time
+	lastLog  time.Time
 	unlogged int64
 }
 

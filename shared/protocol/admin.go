@@ -35,8 +35,8 @@ type StatsReport struct {
 	Counters map[string]int64 `json:"counters"`
 	// Held is how many tasks the replica holds back now, for want of
 	// capacity.
-	Held int `json:"held"`
-	Nodes    []Heartbeat      `json:"nodes"`
+	Held  int         `json:"held"`
+	Nodes []Heartbeat `json:"nodes"`
 	// Backlog maps task types to the number of tasks waiting in
 	// MLSCHED_TASKS (submitted, not yet dispatched). It is absent when the
 	// stream could not be read in time.

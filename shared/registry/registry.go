@@ -34,9 +34,9 @@ type Registry struct {
 	nodes map[string]entry
 	// clamped is when each node's absurd figures were last logged.
 	clamped map[string]time.Time
-	live  atomic.Pointer[[]protocol.Heartbeat]
-	ready chan struct{}
-	once  sync.Once
+	live    atomic.Pointer[[]protocol.Heartbeat]
+	ready   chan struct{}
+	once    sync.Once
 }
 
 type entry struct {

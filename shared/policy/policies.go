@@ -166,18 +166,21 @@ func (p explore) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	if p.share <= 0 || len(cands) < 2 || r.Float64() >= p.share {
 		return p.Policy.Choose(r, cands, q)
 	}
-	if i := leastMeasured(r, cands, func(c *Candidate) bool { return c.Samples() < p.minSamples }); i >= 0 {
+	if i := leastMeasured(r, cands, func(i int) bool { return cands[i].Samples() < p.minSamples }); i >= 0 {
 		return i
 	}
 	if p.optimistic {
+		// The leader and the bar are weighed by the load model's fit: when
+		// the best model is full, the contest is for the spill, and a model
+		// that may be the best of the rest keeps being measured.
 		lead := 0
 		for i, c := range cands {
-			if c.Lower > cands[lead].Lower {
+			if c.Lower*q[i].Fit > cands[lead].Lower*q[lead].Fit {
 				lead = i
 			}
 		}
-		bar := cands[lead].Lower
-		if i := leastMeasured(r, cands, func(c *Candidate) bool { return c != cands[lead] && c.Upper > bar }); i >= 0 {
+		bar := cands[lead].Lower * q[lead].Fit
+		if i := leastMeasured(r, cands, func(i int) bool { return i != lead && cands[i].Upper*q[i].Fit > bar }); i >= 0 {
 			return i
 		}
 	}
@@ -186,10 +189,10 @@ func (p explore) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 
 // leastMeasured returns the candidate with the fewest samples among those
 // ok accepts, ties at random, or -1.
-func leastMeasured(r *Rand, cands []*Candidate, ok func(*Candidate) bool) int {
+func leastMeasured(r *Rand, cands []*Candidate, ok func(int) bool) int {
 	best, ties := -1, 0
 	for i, c := range cands {
-		if !ok(c) {
+		if !ok(i) {
 			continue
 		}
 		n := c.Samples()

@@ -52,7 +52,7 @@ type Dispatcher struct {
 	snaps   *refresher // statistics snapshot and decision table
 	settler *settler   // publish-then-ack
 	dlq     *deadLetters
-	sweeper *sweeper // lost attempts
+	sweeper *sweeper  // lost attempts
 	held    *holdRoom // tasks held back for want of capacity (hold.go)
 
 	counters Counters

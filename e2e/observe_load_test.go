@@ -22,8 +22,8 @@ import (
 // A scrape or a dashboard stream never blocks the dispatch path. The same
 // batch of tasks runs twice through a dispatcher and a worker: alone, then
 // while 4 clients scrape /metrics 10 times a second each, 4 connections hold a /metrics
-// response unread (a stalled scraper), and 4 dashboard event streams stay
-// open. The second run completes, at a throughput not below a generous
+// response unread (a stalled scraper), 4 dashboard event streams stay
+// open and 2 more are never read (stalled browsers). The second run completes, at a throughput not below a generous
 // fraction of the first (timing on a shared 2-core machine is noisy; the
 // figures are logged).
 func TestScrapesAndStreamsDoNotSlowDispatch(t *testing.T) {
@@ -97,6 +97,14 @@ func TestScrapesAndStreamsDoNotSlowDispatch(t *testing.T) {
 		if _, err := fmt.Fprintf(conn, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 			t.Fatal(err)
 		}
+	}
+	for range 2 { // stalled browsers: dashboard event streams opened and never read
+		req, _ := http.NewRequestWithContext(loadCtx, http.MethodGet, base+"/api/events", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
 	}
 	for range 4 { // dashboard event streams
 		req, _ := http.NewRequestWithContext(loadCtx, http.MethodGet, base+"/api/events", nil)

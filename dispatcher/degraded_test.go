@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/redistest"
+	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/stats/redisstats"
 )
 
@@ -59,5 +62,86 @@ func TestRedisOutageDegradesButKeepsDispatching(t *testing.T) {
 	}
 	if r := e.d.Report(); r.Dropped != 0 {
 		t.Fatalf("dropped %d updates within the buffer bound", r.Dropped)
+	}
+}
+
+// With MLSCHED_REDIS_URL naming a Sentinel setup, the master is killed
+// with -9 in the middle of a run: every task still gets its one result, the
+// dispatcher is degraded at most until Sentinel promotes the replica, and
+// the statistics on the new master count every attempt.
+func TestRedisSentinelFailover(t *testing.T) {
+	t.Parallel()
+	rs := redistest.StartSentinel(t)
+	e := newEnv(t, func(c *dispatcher.Config) { c.RedisURL = rs.URL() })
+	e.startNode("n1", []string{"echo"}, map[string]behavior{"m1": succeed})
+	const n = 200
+	submit := func(from, to int) {
+		for i := from; i < to; i++ {
+			e.submit(protocol.Task{ID: fmt.Sprintf("sf-%03d", i), Type: "echo"})
+		}
+	}
+	// how long the dispatcher says it is degraded, for the log (not asserted:
+	// timing on a shared machine)
+	var degraded time.Duration
+	stopWatch := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-tick.C:
+				if e.d.Report().Degraded {
+					degraded += 10 * time.Millisecond
+				}
+			}
+		}
+	}()
+	submit(0, n/2)
+	e.waitFor("first half done", func() bool { return e.resultCount(fmt.Sprintf("sf-%03d", n/2-1)) == 1 })
+	old := rs.KillMaster(t)
+	submit(n/2, 3*n/4) // while Sentinel fails over
+	rs.WaitFailover(t, old, 30*time.Second)
+	submit(3*n/4, n)
+	for i := range n {
+		id := fmt.Sprintf("sf-%03d", i)
+		if res := e.result(id); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("%s: %+v", id, res)
+		}
+		if c := e.resultCount(id); c != 1 {
+			t.Fatalf("%s has %d results", id, c)
+		}
+	}
+	e.waitFor("statistics written to the new master", func() bool {
+		r := e.d.Report()
+		return !r.Degraded && r.Buffered == 0
+	})
+	c, err := redisconn.Open(redisconn.Config{URL: rs.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cfg := e.d.Config()
+	store := redisstats.New(c, cfg.Window())
+	var m *stats.ModelStats
+	e.waitFor("every attempt counted", func() bool {
+		snap, err := store.Snapshot(context.Background())
+		if err != nil {
+			return false
+		}
+		m = snap.Models["m1"]
+		return m != nil && m.Successes >= n
+	})
+	close(stopWatch)
+	<-watched
+	t.Logf("%d tasks, %d successes counted on the new master, degraded for about %v", n, m.Successes, degraded)
+	if m.Successes > n+1000 { // at least once: a batch whose reply died with the master may count twice
+		t.Errorf("%d successes counted for %d tasks", m.Successes, n)
+	}
+	if r := e.d.Report(); r.Dropped != 0 {
+		t.Errorf("dropped %d statistics updates", r.Dropped)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/mlsched/mlsched/shared/redistest"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/stats/redisstats"
@@ -165,9 +167,13 @@ func TestRedisDown(t *testing.T) {
 
 func TestConformanceReset(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	client := srv.Client(t)
-	statstest.RunReset(t, func(t *testing.T) statstest.Shared {
+	statstest.RunReset(t, sharedOn(redistest.Start(t).Client(t)))
+}
+
+// sharedOn is the reset cases' backend: a fresh prefix on client's server
+// per case.
+func sharedOn(client redis.UniversalClient) func(t *testing.T) statstest.Shared {
+	return func(t *testing.T) statstest.Shared {
 		p := prefix()
 		return statstest.Shared{
 			Replica: func(t *testing.T, now func() time.Time) stats.Store {
@@ -176,7 +182,7 @@ func TestConformanceReset(t *testing.T) {
 			Wipe:       func(t *testing.T) { redistest.DeletePrefix(t, client, p) },
 			Checkpoint: func(t *testing.T) func(t *testing.T) { return redistest.Checkpoint(t, client, p) },
 		}
-	})
+	}
 }
 
 func ctxTimeout(t *testing.T, d time.Duration) (context.Context, context.CancelFunc) {

@@ -25,16 +25,7 @@ func TestConformanceSentinel(t *testing.T) {
 	statstest.Run(t, func(t *testing.T, now func() time.Time) stats.Store {
 		return redisstats.New(client, statstest.Window, redisstats.WithPrefix(prefix()), redisstats.WithClock(now))
 	})
-	statstest.RunReset(t, func(t *testing.T) statstest.Shared {
-		p := prefix()
-		return statstest.Shared{
-			Replica: func(t *testing.T, now func() time.Time) stats.Store {
-				return redisstats.New(client, statstest.Window, redisstats.WithPrefix(p), redisstats.WithClock(now))
-			},
-			Wipe:       func(t *testing.T) { redistest.DeletePrefix(t, client, p) },
-			Checkpoint: func(t *testing.T) func(t *testing.T) { return redistest.Checkpoint(t, client, p) },
-		}
-	})
+	statstest.RunReset(t, sharedOn(client))
 }
 
 // Two replicas write statistics through their batchers while the master

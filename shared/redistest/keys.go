@@ -1,6 +1,8 @@
 package redistest
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -8,14 +10,27 @@ import (
 )
 
 // prefixKeys lists the keys starting with prefix.
+// On a cluster it asks every master.
 func prefixKeys(t testing.TB, c redis.UniversalClient, prefix string) []string {
 	t.Helper()
+	var mu sync.Mutex
 	var keys []string
-	iter := c.Scan(t.Context(), 0, prefix+"*", 1000).Iterator()
-	for iter.Next(t.Context()) {
-		keys = append(keys, iter.Val())
+	scan := func(ctx context.Context, n redis.UniversalClient) error {
+		iter := n.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
 	}
-	if err := iter.Err(); err != nil {
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(t.Context(), func(ctx context.Context, n *redis.Client) error { return scan(ctx, n) })
+	} else {
+		err = scan(t.Context(), c)
+	}
+	if err != nil {
 		t.Fatalf("redistest: scan %s*: %v", prefix, err)
 	}
 	return keys

@@ -114,3 +114,19 @@ func TestSentinelFailoverKeepsStatistics(t *testing.T) {
 		t.Fatalf("%d events counted for %d added", got, want)
 	}
 }
+
+// The conformance suite, reset cases included, on a Redis Cluster: every
+// script and snapshot transaction touches the one slot of {stats}.
+func TestConformanceCluster(t *testing.T) {
+	t.Parallel()
+	rc := redistest.StartCluster(t)
+	client, err := redisconn.Open(redisconn.Config{URL: rc.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	statstest.Run(t, func(t *testing.T, now func() time.Time) stats.Store {
+		return redisstats.New(client, statstest.Window, redisstats.WithPrefix(prefix()), redisstats.WithClock(now))
+	})
+	statstest.RunReset(t, sharedOn(client))
+}

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/jsconsume"
+	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -206,9 +208,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}); err != nil {
 		return startErr(ctx, err)
 	}
-	var stream jetstream.Stream
-	if err := retryStart(ctx, w.log, "dispatch stream", func(ctx context.Context) (err error) {
-		stream, err = js.Stream(ctx, topology.StreamDispatch)
+	if err := retryStart(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
+		_, err := js.Stream(ctx, topology.StreamDispatch)
 		return err
 	}); err != nil {
 		return startErr(ctx, fmt.Errorf("stream %s: %w", topology.StreamDispatch, err))
@@ -244,15 +245,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.cancelRun(nil)
 	w.slots = make(chan struct{}, w.cfg.Concurrency)
 
-	cons := &consumer{stream: stream, log: w.log, handle: w.onMessage, cfg: jetstream.ConsumerConfig{
-		Durable:       topology.NodeConsumer(w.node),
-		FilterSubject: topology.DispatchSubject(w.node),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       w.cfg.AckWait,
-		MaxAckPending: w.cfg.Concurrency,
-		MaxDeliver:    -1,
-	}, batch: w.cfg.Concurrency}
-	if err := retryStart(ctx, w.log, "dispatch consumer", cons.Start); err != nil {
+	cons := &jsconsume.Consumer{JS: js, Stream: topology.StreamDispatch, Handle: w.onMessage,
+		Config: jetstream.ConsumerConfig{
+			Durable:       topology.NodeConsumer(w.node),
+			FilterSubject: topology.DispatchSubject(w.node),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       w.cfg.AckWait,
+			MaxAckPending: w.cfg.Concurrency,
+			MaxDeliver:    -1,
+		},
+		// It never has more than Concurrency messages outstanding.
+		Pull: w.cfg.Concurrency, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,
+		Log: w.log.With().Str("consumer", topology.NodeConsumer(w.node)).Logger()}
+	if err := cons.Start(ctx); err != nil {
 		return startErr(ctx, err)
 	}
 
@@ -264,15 +269,21 @@ func (w *Worker) Run(ctx context.Context) error {
 		ensure: func(ctx context.Context) (jetstream.KeyValue, error) {
 			return topology.EnsureNodesBucket(ctx, js, w.topology())
 		}}
-	hbCtx, hbStop := context.WithCancel(context.WithoutCancel(ctx))
-	hbDone := make(chan struct{})
-	go func() { defer close(hbDone); hb.Run(hbCtx) }()
-	readyDone := make(chan struct{})
-	go func() { defer close(readyDone); w.watchReadiness(hbCtx, poke, hb) }()
+	beating := lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); hb.Run(ctx); return nil })
+	readiness := lifecycle.Run(func(ctx context.Context, ready func()) error {
+		ready()
+		w.watchReadiness(ctx, poke, hb)
+		return nil
+	})
+	for _, s := range []lifecycle.Service{beating, readiness} {
+		if err := s.Start(ctx); err != nil {
+			return startErr(ctx, err)
+		}
+	}
 	defer func() {
-		hbStop()
-		<-hbDone
-		<-readyDone
+		if err := errors.Join(beating.Stop(), readiness.Stop()); err != nil {
+			w.log.Warn().Err(err).Msg("stopping the heartbeat")
+		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.PublishTimeout)
 		defer cancel()
 		if err := hb.Remove(dctx); err != nil {
@@ -298,7 +309,7 @@ func startErr(ctx context.Context, err error) error {
 }
 
 // shutdown drains the node; see Run.
-func (w *Worker) shutdown(hb *heartbeat, cons *consumer) {
+func (w *Worker) shutdown(hb *heartbeat, cons lifecycle.Service) {
 	w.log.Info().Int("in_flight", w.InFlight()).Msg("worker draining")
 	w.admit.Lock()
 	w.draining.Store(true)
@@ -308,7 +319,9 @@ func (w *Worker) shutdown(hb *heartbeat, cons *consumer) {
 		w.log.Warn().Err(err).Msg("could not announce draining")
 	}
 	cancel()
-	cons.Stop()
+	if err := cons.Stop(); err != nil {
+		w.log.Warn().Err(err).Msg("stopping the dispatch consumer")
+	}
 
 	done := make(chan struct{})
 	go func() { w.tasks.Wait(); close(done) }()

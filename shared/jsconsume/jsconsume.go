@@ -44,7 +44,8 @@ type Consumer struct {
 }
 
 // Start creates the consumer (retrying, with backoff, what may be
-// transient) and consumes until Stop, which drains what was pulled. It
+// transient) and consumes until Stop, which drains what was pulled and
+// returns once no handler runs any more. It
 // returns once consuming, or with topology.ErrIncompatible when a consumer
 // of that name exists with another configuration, or with ctx's error.
 func (c *Consumer) Start(ctx context.Context) error {
@@ -84,11 +85,14 @@ func (c *Consumer) run(ctx context.Context, ready func()) error {
 		select {
 		case <-ctx.Done():
 			if cc != nil {
+				// Drain hands what was pulled to Handle; once Closed no
+				// handler runs any more, which the caller may rely on.
 				cc.Drain()
 				select {
 				case <-cc.Closed():
 				case <-time.After(5 * time.Second):
 					cc.Stop()
+					<-cc.Closed()
 				}
 			}
 			return nil

@@ -234,20 +234,24 @@ func (s *syncBuffer) lines() [][]byte {
 	return bytes.Split(bytes.TrimSpace(append([]byte(nil), s.b.Bytes()...)), []byte("\n"))
 }
 
-// announced returns the models in the node's heartbeat (nil when none).
-func (h *harness) announced() []string {
+// heartbeat returns the node's heartbeat (zero when none).
+func (h *harness) heartbeat() protocol.Heartbeat {
+	var hb protocol.Heartbeat
 	kv, err := h.srv.JS.KeyValue(context.Background(), topology.BucketNodes)
 	if err != nil {
-		return nil
+		return hb
 	}
 	e, err := kv.Get(context.Background(), h.node)
 	if err != nil {
-		return nil
+		return hb
 	}
-	var hb protocol.Heartbeat
-	if json.Unmarshal(e.Value(), &hb) != nil {
-		return nil
-	}
+	_ = json.Unmarshal(e.Value(), &hb)
+	return hb
+}
+
+// announced returns the models in the node's heartbeat (nil when none).
+func (h *harness) announced() []string {
+	hb := h.heartbeat()
 	var names []string
 	for _, m := range hb.Models {
 		names = append(names, m.Name)

@@ -20,6 +20,8 @@ type heartbeat struct {
 	node   string
 	every  time.Duration
 	models func() []protocol.ModelInfo // the models announced now
+	// unready lists the hosted models not announced now, and why (may be nil).
+	unready func() []protocol.UnreadyModel
 	// kick makes Run beat at once (a model turned ready or unready).
 	kick     chan struct{}
 	capacity int
@@ -68,10 +70,14 @@ func (h *heartbeat) Run(ctx context.Context) {
 
 // Beat puts the node's current heartbeat.
 func (h *heartbeat) Beat(ctx context.Context) error {
-	b, err := json.Marshal(protocol.Heartbeat{
+	hb := protocol.Heartbeat{
 		Node: h.node, Models: h.models(), Capacity: h.capacity, InFlight: h.inFlight(),
 		Draining: h.draining.Load(), StartedAt: h.started, SentAt: time.Now().UTC(),
-	})
+	}
+	if h.unready != nil {
+		hb.Unready = h.unready()
+	}
+	b, err := json.Marshal(hb)
 	if err != nil {
 		return err
 	}

@@ -90,6 +90,19 @@ func (w *Worker) announced() []protocol.ModelInfo {
 	return out
 }
 
+// unready returns the hosted models not announced now, and why.
+func (w *Worker) unready() []protocol.UnreadyModel {
+	var out []protocol.UnreadyModel
+	for _, s := range w.specs {
+		if h := w.models[s.Name]; h != nil {
+			if g, ok := h.exec.(*gate); ok && !g.ready.Load() {
+				out = append(out, protocol.UnreadyModel{Name: s.Name, Reason: *g.why.Load()})
+			}
+		}
+	}
+	return out
+}
+
 // checkReadiness probes every gated model at once and reports whether any
 // changed.
 func (w *Worker) checkReadiness(ctx context.Context) bool {

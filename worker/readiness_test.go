@@ -59,6 +59,9 @@ func TestReadinessWithdrawsAndReannounces(t *testing.T) {
 	if got := h.announced(); strings.Join(got, ",") != "always" {
 		t.Fatalf("announced %v before the model server is ready", got)
 	}
+	if u := h.heartbeat().Unready; len(u) != 1 || u[0].Name != "m" || !strings.Contains(u[0].Reason, "/v2/models/m/ready: 503") {
+		t.Fatalf("unready models in the heartbeat: %+v", u)
+	}
 	h.dispatch("early", "m", dispatchOpts{payload: `[1,2]`})
 	if o := h.next(10 * time.Second); o.Status != protocol.OutcomeModelError || !strings.Contains(o.Error, "model not ready") ||
 		!strings.Contains(o.Error, "/v2/models/m/ready: 503") {

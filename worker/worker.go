@@ -263,7 +263,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	// Announce the node only once it consumes, with the models ready by then.
 	w.checkReadiness(ctx)
-	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.announced, kick: make(chan struct{}, 1),
+	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.announced, unready: w.unready, kick: make(chan struct{}, 1),
 		capacity: w.cfg.Concurrency, inFlight: w.InFlight, draining: &w.draining,
 		started: time.Now().UTC(), log: w.log,
 		ensure: func(ctx context.Context) (jetstream.KeyValue, error) {

@@ -121,13 +121,25 @@ type ModelInfo struct {
 	InFlight int `json:"in_flight,omitempty"`
 }
 
+// UnreadyModel is a hosted model a node does not announce, and why.
+type UnreadyModel struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
 // Heartbeat is what a worker node announces, every heartbeat interval, in
 // the MLSCHED_NODES key-value bucket under its node id.
 type Heartbeat struct {
-	Node     string      `json:"node"`
-	Models   []ModelInfo `json:"models"`
-	Capacity int         `json:"capacity"`
-	InFlight int         `json:"in_flight"`
+	Node string `json:"node"`
+	// Models are the models the node serves now: dispatchers route only
+	// to these.
+	Models []ModelInfo `json:"models"`
+	// Unready are models the node hosts but does not announce now (loading,
+	// restarting, their server unready, cooling down after a 429), with
+	// why: for operators; dispatchers ignore them.
+	Unready  []UnreadyModel `json:"unready,omitempty"`
+	Capacity int            `json:"capacity"`
+	InFlight int            `json:"in_flight"`
 	// Queued is the work sent to the node and not started yet: dispatches
 	// waiting in the node's stream and those received but waiting for a
 	// slot. The dispatcher's load model adds it to InFlight.

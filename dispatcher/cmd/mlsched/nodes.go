@@ -61,7 +61,18 @@ func runNodes(ctx context.Context, a *app, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s ago\t%s\n", r.Key, modelList(h.Models), h.Capacity, h.InFlight,
 			now.Sub(h.SentAt).Round(100*time.Millisecond), state)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Hosted models the nodes do not announce now, and why.
+	for _, r := range rows {
+		if r.Heartbeat != nil {
+			for _, u := range r.Heartbeat.Unready {
+				fmt.Fprintf(a.stdout, "%s: model %s not ready: %s\n", r.Key, u.Name, u.Reason)
+			}
+		}
+	}
+	return nil
 }
 
 // listNodes reads every live entry of the node bucket, sorted by key.

@@ -37,7 +37,8 @@ func TestNodes(t *testing.T) {
 	put("gpu-1", protocol.Heartbeat{Node: "gpu-1", Capacity: 8, InFlight: 3, SentAt: now,
 		Models: []protocol.ModelInfo{{Name: "tesseract", Types: []string{"ocr"}}, {Name: "bert", Types: []string{"classify", "ner"}}}})
 	put("cpu-2", protocol.Heartbeat{Node: "cpu-2", Capacity: 2, Draining: true, SentAt: now,
-		Models: []protocol.ModelInfo{{Name: "tiny", Types: []string{"echo"}}}})
+		Models:  []protocol.ModelInfo{{Name: "tiny", Types: []string{"echo"}}},
+		Unready: []protocol.UnreadyModel{{Name: "resnet", Reason: "GET http://triton:8000/v2/health/ready: 503"}}})
 	if _, err := kv.Put(tctx(t), "broken", []byte("not json")); err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +47,11 @@ func TestNodes(t *testing.T) {
 		t.Fatalf("code %d, stderr %q", code, errs)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || !strings.HasPrefix(lines[0], "NODE") {
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], "NODE") {
 		t.Fatalf("table:\n%s", out)
+	}
+	if lines[4] != "cpu-2: model resnet not ready: GET http://triton:8000/v2/health/ready: 503" {
+		t.Errorf("unready line %q", lines[4])
 	}
 	// Sorted by key: broken, cpu-2, gpu-1.
 	if !strings.HasPrefix(lines[1], "broken") || !strings.Contains(lines[1], "invalid heartbeat") {

@@ -56,9 +56,14 @@ func TestRedisOutageDegradesButKeepsDispatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// ... on top of what the dispatcher had learned before: Redis came back
+	// empty and the dispatcher re-seeded it from its snapshot
 	m := snap.Models["m1"]
-	if m == nil || m.Successes < 5 || m.Dispatched < 5 {
+	if m == nil || m.Successes < 6 || m.Dispatched < 6 {
 		t.Fatalf("statistics after recovery: %+v", m)
+	}
+	if n := e.d.Counters().StoreResets.Load(); n < 1 {
+		t.Errorf("store resets = %d, want the restart noticed", n)
 	}
 	if r := e.d.Report(); r.Dropped != 0 {
 		t.Fatalf("dropped %d updates within the buffer bound", r.Dropped)
@@ -143,5 +148,8 @@ func TestRedisSentinelFailover(t *testing.T) {
 	}
 	if r := e.d.Report(); r.Dropped != 0 {
 		t.Errorf("dropped %d statistics updates", r.Dropped)
+	}
+	if n := e.d.Counters().StoreResets.Load(); n < 1 {
+		t.Errorf("store resets = %d, want the failover noticed (new replication id)", n)
 	}
 }

@@ -83,6 +83,9 @@ type Counters struct {
 	// Saturated counts tasks held back because every candidate was
 	// saturated (hold.go).
 	Saturated atomic.Int64
+	// StoreResets counts the times this replica found the Redis statistics
+	// store reset (restarted empty, or failed over) and re-seeded it.
+	StoreResets atomic.Int64
 }
 
 // Option configures a Dispatcher.
@@ -182,6 +185,7 @@ func (d *Dispatcher) openStore() error {
 	d.redis = c
 	d.store, d.kind = redisstats.New(c, d.cfg.Window(), redisstats.WithReseed(d.cfg.StatsReseed),
 		redisstats.WithOnReset(func(r redisstats.ResetInfo) {
+			d.counters.StoreResets.Add(1)
 			if r.Skipped {
 				d.log.Warn().Str("old_generation", r.OldGeneration).Str("generation", r.NewGeneration).
 					Msg("statistics store was reset; MLSCHED_STATS_RESEED=false: learning again from what it holds")

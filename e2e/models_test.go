@@ -289,5 +289,12 @@ func TestRealInference(t *testing.T) {
 		if slices.Contains(names, "logreg-unready") || !slices.Contains(names, "digits-knn-exec") {
 			t.Errorf("node-2 announces %v: want digits-knn-exec and not logreg-unready", strings.Join(names, ", "))
 		}
+		found := false
+		for _, u := range hb.Unready {
+			found = found || (u.Name == "logreg-unready" && strings.Contains(u.Reason, "/v2/models/digits-logreg/versions/1/ready: 503"))
+		}
+		if !found {
+			t.Errorf("node-2's heartbeat does not say why logreg-unready is withdrawn: %+v", hb.Unready)
+		}
 	}
 }

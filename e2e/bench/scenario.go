@@ -19,6 +19,7 @@ import (
 
 	"github.com/mlsched/mlsched/e2e/bench/relay"
 	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -314,8 +315,12 @@ func (r *run) startMlsched(ctx context.Context) error {
 		return err
 	}
 	r.pprofAddr = pprofAddr
-	if r.httpURL, err = d.HTTPURL(); err != nil {
-		return err
+	// -dispatcher-env MLSCHED_HTTP_ADDR=off measures the listener's cost
+	// (and leaves nothing for the mlsched-observed scenario to watch).
+	if addr := r.o.DispatcherEnv["MLSCHED_HTTP_ADDR"]; addr == "" || !opshttp.Disabled(addr) {
+		if r.httpURL, err = d.HTTPURL(); err != nil {
+			return err
+		}
 	}
 	workers := procGroup{Name: fmt.Sprintf("workers (%d)", r.o.Nodes)}
 	for i, node := range r.nodes() {

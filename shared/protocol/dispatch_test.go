@@ -22,6 +22,7 @@ func fullDispatch() protocol.Dispatch {
 		Submitted: time.UnixMilli(1_800_000_000_000), Submission: "42",
 		History: []protocol.Attempt{{Attempt: 1, Model: "easyocr", Node: "gpu-2", Status: protocol.OutcomeTimeout,
 			Error: "no answer", LatencyMs: 1500}},
+		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 	}
 }
 
@@ -171,5 +172,30 @@ func TestDispatchHeadersMatchTheDocs(t *testing.T) {
 		case req != "yes" && req != "no":
 			t.Errorf("header %s: required column %q, want yes or no", name, req)
 		}
+	}
+}
+
+// A malformed traceparent is dropped, never an error; the lowercase W3C
+// spelling is read too.
+func TestDispatchTraceparent(t *testing.T) {
+	d := fullDispatch()
+	h := d.Header()
+	for _, bad := range []string{"garbage", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "\xff"} {
+		h[protocol.HdrTraceparent] = []string{bad}
+		got, err := protocol.ParseDispatch(h)
+		if err != nil || got.Traceparent != "" {
+			t.Errorf("traceparent %q: %q, %v", bad, got.Traceparent, err)
+		}
+	}
+	delete(h, protocol.HdrTraceparent)
+	h["traceparent"] = []string{d.Traceparent}
+	if got, err := protocol.ParseDispatch(h); err != nil || got.Traceparent != d.Traceparent {
+		t.Errorf("lowercase traceparent: %q, %v", got.Traceparent, err)
+	}
+	if rh := protocol.ResultHeader("t", d.Traceparent); rh.Get(protocol.HdrTraceparent) != d.Traceparent {
+		t.Errorf("result header %v", rh)
+	}
+	if rh := protocol.ResultHeader("t", ""); len(rh) != 1 {
+		t.Errorf("result header without a trace: %v", rh)
 	}
 }

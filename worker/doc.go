@@ -21,4 +21,10 @@
 // JetStream drop the duplicate. A dispatch past its deadline is reported
 // expired without running, so a restarted node does not work off a stale
 // backlog.
+//
+// Readiness: a model whose executor can be unready (an http model server, an
+// exec process loading or restarting, a model cooling down after a 429 with
+// Retry-After) is announced only while ready; the node re-announces at once
+// when that changes, and lists the withdrawn models with the reason. The
+// models file, executors, error table and protocols are in docs/models.md.
 package worker

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,10 +27,13 @@ type supersededSet struct {
 
 	mu sync.RWMutex
 	m  map[string]int // supersededKey → highest superseded attempt
+	// cancelled holds the ids of tasks with a cancelled submission, so that
+	// intake checks a task with one map lookup and no key encoding.
+	cancelled map[string]struct{}
 }
 
 func newSupersededSet(kv jetstream.KeyValue, log zerolog.Logger) *supersededSet {
-	return &supersededSet{kv: kv, log: log, m: map[string]int{}}
+	return &supersededSet{kv: kv, log: log, m: map[string]int{}, cancelled: map[string]struct{}{}}
 }
 
 // supersededKey names one submission of a task in the bucket. Task ids may
@@ -52,7 +56,10 @@ const cancelledAttempt = math.MaxInt32
 
 // Cancelled reports whether that submission of the task was cancelled.
 func (s *supersededSet) Cancelled(task, submission string) bool {
-	return s.Is(task, submission, cancelledAttempt)
+	s.mu.RLock()
+	_, some := s.cancelled[task]
+	s.mu.RUnlock()
+	return some && s.Is(task, submission, cancelledAttempt)
 }
 
 // Mark records that the attempt was superseded, here and for every replica.
@@ -84,6 +91,12 @@ func (s *supersededSet) set(key string, attempt int) {
 	s.mu.Lock()
 	if s.m[key] < attempt {
 		s.m[key] = attempt
+	}
+	if attempt == cancelledAttempt {
+		if raw, err := base64.RawURLEncoding.DecodeString(key); err == nil {
+			task, _, _ := strings.Cut(string(raw), "\x00")
+			s.cancelled[task] = struct{}{}
+		}
 	}
 	s.mu.Unlock()
 }

@@ -26,6 +26,8 @@ type heartbeat struct {
 	kick     chan struct{}
 	capacity int
 	inFlight func() int
+	// queued is the work sent to the node and not started (nil: none).
+	queued   func(context.Context) int
 	draining *atomic.Bool
 	started  time.Time
 	log      zerolog.Logger
@@ -76,6 +78,12 @@ func (h *heartbeat) Beat(ctx context.Context) error {
 	}
 	if h.unready != nil {
 		hb.Unready = h.unready()
+	}
+	if h.queued != nil && !hb.Draining {
+		// one request to the server, bounded so that it never delays a beat
+		qctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		hb.Queued = h.queued(qctx)
+		cancel()
 	}
 	b, err := json.Marshal(hb)
 	if err != nil {

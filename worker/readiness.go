@@ -85,7 +85,11 @@ func (w *Worker) announced() []protocol.ModelInfo {
 				continue
 			}
 		}
-		out = append(out, s.Info(0)) // no model timeout: the dispatcher applies its MLSCHED_TASK_TIMEOUT
+		mi := s.Info(0) // no model timeout: the dispatcher applies its MLSCHED_TASK_TIMEOUT
+		if h := w.models[s.Name]; h != nil {
+			mi.InFlight = int(h.inFlight.Load())
+		}
+		out = append(out, mi)
 	}
 	return out
 }

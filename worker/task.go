@@ -85,7 +85,19 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 	w.admit.Unlock()
 	go func() {
 		defer w.tasks.Done()
+		// The model's own limit first, so that a task waiting for it does
+		// not hold one of the node's slots.
+		w.waiting.Add(1)
+		if h := w.models[msg.Headers().Get(protocol.HdrModel)]; h != nil {
+			h.inFlight.Add(1)
+			defer h.inFlight.Add(-1)
+			if h.limit != nil {
+				h.limit <- struct{}{}
+				defer func() { <-h.limit }()
+			}
+		}
 		w.slots <- struct{}{}
+		w.waiting.Add(-1)
 		w.inFlight.Add(1)
 		defer func() { w.inFlight.Add(-1); <-w.slots }()
 		w.process(msg)

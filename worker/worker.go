@@ -64,6 +64,8 @@ type Worker struct {
 	running  atomic.Bool
 	admit    sync.Mutex // orders tasks.Add before the shutdown's Wait
 	inFlight atomic.Int64
+	// waiting counts dispatches received and waiting for a slot.
+	waiting  atomic.Int64
 	draining atomic.Bool
 
 	// set by Run
@@ -87,6 +89,11 @@ type hosted struct {
 	spec    ModelSpec
 	exec    executor.Executor
 	timeout time.Duration
+	// limit holds a token per running task when the model has its own
+	// max_concurrency (nil otherwise); inFlight counts its tasks running or
+	// waiting for a slot, as announced.
+	limit    chan struct{}
+	inFlight atomic.Int64
 }
 
 // New validates the configuration and the models. It does not connect.
@@ -136,6 +143,21 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 
 // Node returns the node id.
 func (w *Worker) Node() string { return w.node }
+
+// queued returns how the heartbeat reads the work sent to the node and not
+// started: dispatches waiting in the node's stream (its consumer's pending
+// count) plus those received and waiting for a slot.
+func (w *Worker) queued(js jetstream.JetStream, durable string) func(context.Context) int {
+	return func(ctx context.Context) int {
+		n := w.waiting.Load()
+		if c, err := js.Consumer(ctx, topology.StreamDispatch, durable); err == nil { // one info request
+			if ci := c.CachedInfo(); ci != nil {
+				n += int64(ci.NumPending)
+			}
+		}
+		return int(max(n, 0))
+	}
+}
 
 // InFlight returns how many tasks are running.
 func (w *Worker) InFlight() int { return int(w.inFlight.Load()) }
@@ -235,7 +257,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		if t <= 0 {
 			t = w.cfg.DefaultTimeout
 		}
-		w.models[s.Name] = &hosted{spec: s, exec: ex, timeout: t}
+		h := &hosted{spec: s, exec: ex, timeout: t}
+		if n := s.Limit(); n > 0 {
+			h.limit = make(chan struct{}, n)
+		}
+		w.models[s.Name] = h
 	}
 	defer w.closeExecutors()
 
@@ -264,7 +290,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Announce the node only once it consumes, with the models ready by then.
 	w.checkReadiness(ctx)
 	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.announced, unready: w.unready, kick: make(chan struct{}, 1),
-		capacity: w.cfg.Concurrency, inFlight: w.InFlight, draining: &w.draining,
+		capacity: w.cfg.Concurrency, inFlight: w.InFlight, queued: w.queued(js, topology.NodeConsumer(w.node)), draining: &w.draining,
 		started: time.Now().UTC(), log: w.log,
 		ensure: func(ctx context.Context) (jetstream.KeyValue, error) {
 			return topology.EnsureNodesBucket(ctx, js, w.topology())

@@ -64,11 +64,16 @@ type Spec struct {
 	Executor string `yaml:"executor"`
 	// Timeout is the per-task timeout when the dispatch gives none
 	// (default: the worker's DefaultTimeout).
-	Timeout Duration  `yaml:"timeout,omitempty"`
-	Go      *GoSpec   `yaml:"go,omitempty"`
-	Exec    *ExecSpec `yaml:"exec,omitempty"`
-	HTTP    *HTTPSpec `yaml:"http,omitempty"`
-	Sim     *SimSpec  `yaml:"sim,omitempty"`
+	Timeout Duration `yaml:"timeout,omitempty"`
+	// MaxConcurrency is the most tasks of this model the node runs at once
+	// (default: no limit of its own, only the node's concurrency). The
+	// worker enforces it and announces it; the dispatcher counts it as the
+	// model's slots on the node. Zero or negative is refused.
+	MaxConcurrency *int      `yaml:"max_concurrency,omitempty"`
+	Go             *GoSpec   `yaml:"go,omitempty"`
+	Exec           *ExecSpec `yaml:"exec,omitempty"`
+	HTTP           *HTTPSpec `yaml:"http,omitempty"`
+	Sim            *SimSpec  `yaml:"sim,omitempty"`
 }
 
 // GoSpec selects an in-process handler registered with the worker SDK.
@@ -277,6 +282,9 @@ func (s Spec) Validate() error {
 	if len(s.Types) == 0 {
 		return errors.New("types: missing")
 	}
+	if s.MaxConcurrency != nil && *s.MaxConcurrency <= 0 {
+		return fmt.Errorf("max_concurrency: %d must be a positive number of tasks (omit it for no limit of its own)", *s.MaxConcurrency)
+	}
 	for _, t := range s.Types {
 		if err := protocol.ValidToken(t, 64); err != nil {
 			return fmt.Errorf("types: %q %v", t, err)
@@ -473,6 +481,14 @@ func (l Latency) validate(field string) error {
 	return nil
 }
 
+// Limit is the model's own concurrency limit, 0 when it has none.
+func (s Spec) Limit() int {
+	if s.MaxConcurrency == nil {
+		return 0
+	}
+	return *s.MaxConcurrency
+}
+
 // Info returns what a node announces for the spec; defTimeout applies when
 // the spec sets none.
 func (s Spec) Info(defTimeout time.Duration) protocol.ModelInfo {
@@ -480,5 +496,6 @@ func (s Spec) Info(defTimeout time.Duration) protocol.ModelInfo {
 	if t <= 0 {
 		t = defTimeout
 	}
-	return protocol.ModelInfo{Name: s.Name, Types: append([]string(nil), s.Types...), TimeoutMs: t.Milliseconds()}
+	return protocol.ModelInfo{Name: s.Name, Types: append([]string(nil), s.Types...), TimeoutMs: t.Milliseconds(),
+		MaxConcurrency: s.Limit()}
 }

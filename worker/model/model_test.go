@@ -92,6 +92,8 @@ func TestValidationErrorsNameModelAndField(t *testing.T) {
 		{"uniform inverted", "models: [{name: a, types: [t], executor: sim, sim: {latency: {dist: uniform, min: 2s, max: 1s}}}]", `sim.latency.max`},
 		{"lognormal no median", "models: [{name: a, types: [t], executor: sim, sim: {latency: {dist: lognormal, sigma: 1}}}]", `sim.latency.median`},
 		{"schedule order", "models: [{name: a, types: [t], executor: sim, sim: {schedule: [{after: 2s}, {after: 1s}]}}]", `sim.schedule[1].after`},
+		{"zero max_concurrency", "models: [{name: a, types: [t], executor: sim}, {name: big, types: [t], executor: sim, max_concurrency: 0}]", `model "big": max_concurrency: 0 must be a positive`},
+		{"negative max_concurrency", "models: [{name: big, types: [t], executor: sim, max_concurrency: -2}]", `model "big": max_concurrency: -2`},
 		{"schedule rate", "models: [{name: a, types: [t], executor: sim, sim: {schedule: [{after: 1s, timeout_rate: -1}]}}]", `sim.schedule[0].timeout_rate`},
 	}
 	for _, c := range cases {
@@ -122,4 +124,18 @@ func TestLoadFileErrors(t *testing.T) {
 func repoFile(rel string) string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", filepath.FromSlash(rel))
+}
+
+func TestMaxConcurrencyAnnounced(t *testing.T) {
+	t.Parallel()
+	specs, err := Parse([]byte("models: [{name: a, types: [t], executor: sim, max_concurrency: 3}, {name: b, types: [t], executor: sim}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := specs[0].Info(0).MaxConcurrency; got != 3 {
+		t.Errorf("a announces max_concurrency %d, want 3", got)
+	}
+	if got := specs[1].Info(0).MaxConcurrency; got != 0 {
+		t.Errorf("b announces max_concurrency %d, want 0 (no limit)", got)
+	}
 }

@@ -85,8 +85,10 @@ func TestRedisSentinelFailover(t *testing.T) {
 			e.submit(protocol.Task{ID: fmt.Sprintf("sf-%03d", i), Type: "echo"})
 		}
 	}
-	// how long the dispatcher says it is degraded, for the log (not asserted:
-	// timing on a shared machine)
+	submit(0, n/2)
+	e.waitFor("first half done", func() bool { return e.resultCount(fmt.Sprintf("sf-%03d", n/2-1)) == 1 })
+	// how long the dispatcher (running by now) says it is degraded, for
+	// the log (not asserted: timing on a shared machine)
 	var degraded time.Duration
 	stopWatch := make(chan struct{})
 	watched := make(chan struct{})
@@ -105,8 +107,6 @@ func TestRedisSentinelFailover(t *testing.T) {
 			}
 		}
 	}()
-	submit(0, n/2)
-	e.waitFor("first half done", func() bool { return e.resultCount(fmt.Sprintf("sf-%03d", n/2-1)) == 1 })
 	old := rs.KillMaster(t)
 	submit(n/2, 3*n/4) // while Sentinel fails over
 	rs.WaitFailover(t, old, 30*time.Second)

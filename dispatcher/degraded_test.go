@@ -90,6 +90,9 @@ func TestRedisSentinelFailover(t *testing.T) {
 	// how long the dispatcher (running by now) says it is degraded, for
 	// the log (not asserted: timing on a shared machine)
 	var degraded time.Duration
+	// Report reads what Run builds: call it only once Ready says the replica
+	// started (an atomic, so the race detector sees the order).
+	e.waitFor("the dispatcher started", func() bool { return e.d.Ready(e.ctx).Ready() })
 	stopWatch := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {

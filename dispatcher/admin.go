@@ -45,14 +45,15 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	if reason := d.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}
-	if d.batch != nil {
+	wired := d.wired.Load() // batch and reg are set
+	if wired {
 		bs := d.batch.Stats()
 		r.Buffered, r.Dropped = bs.Buffered, bs.Dropped
 		if bs.Degraded && !r.Degraded {
 			r.Degraded, r.DegradedReason = true, "statistics updates are buffered: "+bs.LastError
 		}
 	}
-	if d.reg != nil {
+	if wired {
 		r.Nodes = d.reg.Live()
 	}
 	r.Held = d.held.len()

@@ -18,8 +18,16 @@ import (
 )
 
 // Config is the dispatcher's configuration, read from MLSCHED_* variables.
-// Every field documents its default; README.md lists them all.
+// Every field documents its default, stated once in its tag; README.md lists
+// them all. A Config built in code (the zero value, or a few fields set)
+// gets every default for its zero fields from New; to set a field to zero on
+// purpose where its default is not, start from DefaultConfig (or
+// LoadConfig), whose zeros are kept.
 type Config struct {
+	// defaulted: the defaults are applied (LoadConfig, DefaultConfig), so a
+	// zero field is meant.
+	defaulted bool
+
 	// NATS is how to reach NATS: servers, credentials, TLS (MLSCHED_NATS_*;
 	// default nats://127.0.0.1:4222, no credentials).
 	NATS natsconn.Config
@@ -109,8 +117,9 @@ type Config struct {
 	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6060 (empty: off)"`
 
 	// HTTPAddr is the listen address of /metrics, /healthz, /readyz and the
-	// dashboard; "off" disables the listener (default :9090).
-	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9090" desc:"listen address of /metrics, /healthz, /readyz and the dashboard (off: none)"`
+	// dashboard; "off" disables the listener (default :9090; a Config built
+	// in code keeps it empty, off, unless set).
+	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9090" zero:"keep" desc:"listen address of /metrics, /healthz, /readyz and the dashboard (off: none)"`
 	// OTelEndpoint is the OTLP/HTTP collector spans go to, e.g.
 	// http://otel-collector:4318 (default empty: tracing off; the task's
 	// traceparent is still carried through).
@@ -124,15 +133,16 @@ type Config struct {
 
 // LoadConfig reads the environment.
 func LoadConfig() (Config, error) {
-	var c Config
+	c := Config{defaulted: true}
 	if err := config.Load(&c); err != nil {
 		return c, err
 	}
+	c, _ = c.withDefaults() // the name, as the configuration is already defaulted
 	return c, c.Validate()
 }
 
 // Validate checks values envconfig cannot.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	bad := func(name string, v any, why string) error {
 		return fmt.Errorf("invalid %s_%s=%v: %s", config.Prefix, name, v, why)
 	}
@@ -180,9 +190,6 @@ func (c *Config) Validate() error {
 	if _, err := policy.NewEngine(c.PolicyConfig()); err != nil {
 		return fmt.Errorf("invalid %s_POLICY or %s_POLICY_BY_TYPE: %w", config.Prefix, config.Prefix, err)
 	}
-	if c.Name == "" {
-		c.Name = hostname()
-	}
 	return nil
 }
 
@@ -229,7 +236,21 @@ func (c *Config) Limits() protocol.Limits {
 // DefaultConfig returns the configuration with every default applied and
 // nothing read from the environment.
 func DefaultConfig() Config {
-	var c Config
+	c := Config{defaulted: true}
 	_ = config.Defaults(&c)
 	return c
+}
+
+// withDefaults fills what a Config built in code left zero.
+func (c Config) withDefaults() (Config, error) {
+	if !c.defaulted {
+		if err := config.FillZero(&c); err != nil {
+			return c, err
+		}
+		c.defaulted = true
+	}
+	if c.Name == "" {
+		c.Name = hostname()
+	}
+	return c, nil
 }

@@ -41,3 +41,31 @@ func TestInvalidConfigurationNamesTheVariable(t *testing.T) {
 		}
 	})
 }
+
+// A Config built in code works: its zero fields take the defaults an empty
+// environment gives (the listener stays off), while a zero set on purpose
+// on DefaultConfig or from the environment is kept.
+func TestZeroValueConfigGetsTheDefaults(t *testing.T) {
+	d, err := dispatcher.New(dispatcher.Config{MaxAttempts: 5})
+	if err != nil {
+		t.Fatalf("New(Config{}): %v", err)
+	}
+	got, def := d.Config(), dispatcher.DefaultConfig()
+	if got.MaxAttempts != 5 || got.TaskTimeout != def.TaskTimeout || got.RetryBackoff != def.RetryBackoff ||
+		got.ExploreShare != def.ExploreShare || got.NATS.URL != def.NATS.URL || got.Name == "" || got.HTTPAddr != "" {
+		t.Fatalf("New(Config{MaxAttempts: 5}).Config() = %+v", got)
+	}
+	on := dispatcher.DefaultConfig()
+	on.RetryBackoff, on.ExploreShare = 0, 0 // meant
+	if d, err = dispatcher.New(on); err != nil || d.Config().RetryBackoff != 0 || d.Config().ExploreShare != 0 {
+		t.Fatalf("zeros set on DefaultConfig: %v %+v", err, d.Config())
+	}
+	t.Setenv("MLSCHED_RETRY_BACKOFF", "0s")
+	env, err := dispatcher.LoadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err = dispatcher.New(env); err != nil || d.Config().RetryBackoff != 0 {
+		t.Fatalf("MLSCHED_RETRY_BACKOFF=0s: %v, backoff %v", err, d.Config().RetryBackoff)
+	}
+}

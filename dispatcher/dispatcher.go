@@ -56,6 +56,7 @@ type Dispatcher struct {
 	held    *holdRoom // tasks held back for want of capacity (hold.go)
 
 	counters Counters
+	wired    atomic.Bool // the components are built (Report reads them)
 
 	metrics      *metrics
 	tracer       *tracing.Tracer
@@ -105,6 +106,10 @@ func WithLogger(l zerolog.Logger) Option { return func(d *Dispatcher) { d.log = 
 
 // New validates the configuration and builds a dispatcher; Run starts it.
 func New(cfg Config, opts ...Option) (*Dispatcher, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -245,6 +250,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	d.batch = stats.NewBatcher(d.store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})
 	d.superseded = newSupersededSet(skv, d.log)
 	d.reg = registry.New(kv, d.cfg.NodeTTL, d.log)
+	d.wired.Store(true) // Report may read batch and reg from now on
 	d.snaps.store, d.snaps.reg = d.store, d.reg
 	d.dlq = &deadLetters{js: d.js, log: d.log, count: &d.counters.DeadLettered,
 		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}

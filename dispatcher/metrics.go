@@ -134,7 +134,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descModelInflight, float64(max(0, m.InFlight)), name)
 		}
 	}
-	if d.reg != nil {
+	if d.wired.Load() {
 		nodes := d.reg.Live()
 		gauge(descNodes, float64(len(nodes)))
 		for _, n := range nodes {

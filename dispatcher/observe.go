@@ -119,7 +119,7 @@ func (d *Dispatcher) degradedReason() string {
 	if reason := d.snaps.degraded.Load(); reason != nil {
 		return *reason
 	}
-	if d.batch != nil {
+	if d.wired.Load() {
 		if bs := d.batch.Stats(); bs.Degraded {
 			return "statistics updates are buffered: " + bs.LastError
 		}

@@ -61,41 +61,13 @@ type Config struct {
 	// HTTPAddr is the listen address of /metrics, /healthz and /readyz;
 	// "off" or empty disables it. The variable defaults to :9091; a Config
 	// built in code has none unless set.
-	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9091" desc:"listen address of /metrics, /healthz and /readyz (off: none)"`
+	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9091" zero:"keep" desc:"listen address of /metrics, /healthz and /readyz (off: none)"`
 	// OTelEndpoint is the OTLP/HTTP collector spans go to, e.g.
 	// http://otel-collector:4318 (default empty: tracing off; the task's
 	// traceparent is still sent on to HTTP model servers).
 	OTelEndpoint string `envconfig:"OTEL_ENDPOINT" desc:"OTLP/HTTP collector URL for spans, e.g. http://collector:4318 (empty: tracing off)"`
 	// Log is the logging configuration (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
 	config.Log
-}
-
-func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	if c.NATS.URL == "" {
-		c.NATS.URL = natsconn.DefaultURL
-	}
-	if c.ModelsFile == "" {
-		c.ModelsFile = "models.yaml"
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 8
-	}
-	def(&c.AckWait, 30*time.Second)
-	def(&c.HeartbeatInterval, time.Second)
-	def(&c.ReadyInterval, time.Second)
-	def(&c.ShutdownGrace, 20*time.Second)
-	def(&c.NodeTTL, 10*time.Second)
-	def(&c.DefaultTimeout, 30*time.Second)
-	def(&c.PublishTimeout, 5*time.Second)
-	if c.Replicas <= 0 {
-		c.Replicas = 1
-	}
-	return c
 }
 
 func (c Config) validate() error {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/jsconsume"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
@@ -98,7 +99,9 @@ type hosted struct {
 
 // New validates the configuration and the models. It does not connect.
 func New(cfg Config, opts ...Option) (*Worker, error) {
-	cfg = cfg.withDefaults()
+	if err := config.FillZero(&cfg); err != nil { // zero fields take their defaults, as from an empty environment
+		return nil, err
+	}
 	if cfg.NodeID == "" {
 		cfg.NodeID = hostNodeID()
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -69,4 +70,38 @@ func (l Log) Logger(component string) (zerolog.Logger, error) {
 func Defaults(spec any) error {
 	// No variable has this prefix, so envconfig applies only the defaults.
 	return envconfig.Process("MLSCHED_DEFAULTS_ONLY_3F1B", spec)
+}
+
+// FillZero gives every zero field of *spec that has a `default` tag that
+// default, so that a configuration built in code means what an empty
+// environment means and each default is stated once, in its tag. A field
+// tagged `zero:"keep"` keeps its zero value (its default is for the
+// environment only, e.g. a listen address). Nested structs are filled
+// field by field.
+func FillZero[T any](spec *T) error {
+	var def T
+	if err := Defaults(&def); err != nil {
+		return err
+	}
+	fillZero(reflect.ValueOf(spec).Elem(), reflect.ValueOf(&def).Elem())
+	return nil
+}
+
+func fillZero(v, def reflect.Value) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() || f.Tag.Get("zero") == "keep" {
+			continue
+		}
+		if _, tagged := f.Tag.Lookup("default"); !tagged {
+			if f.Type.Kind() == reflect.Struct {
+				fillZero(v.Field(i), def.Field(i))
+			}
+			continue
+		}
+		if v.Field(i).IsZero() {
+			v.Field(i).Set(def.Field(i))
+		}
+	}
 }

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/mlsched/mlsched/shared/config"
 )
@@ -18,5 +19,27 @@ func TestLogZeroValueAndBadLevel(t *testing.T) {
 	}
 	if _, err := (config.Log{Level: "loud"}).Logger("test"); err == nil {
 		t.Error("level loud accepted")
+	}
+}
+
+func TestFillZero(t *testing.T) {
+	type inner struct {
+		Level string `envconfig:"LEVEL" default:"info"`
+	}
+	type spec struct {
+		Wait   time.Duration `envconfig:"WAIT" default:"5s"`
+		N      int           `envconfig:"N" default:"3"`
+		Addr   string        `envconfig:"ADDR" default:":9090" zero:"keep"`
+		Name   string        `envconfig:"NAME"`
+		Inner  inner
+		Shared inner `envconfig:"SHARED"`
+	}
+	c := spec{N: 7}
+	if err := config.FillZero(&c); err != nil {
+		t.Fatal(err)
+	}
+	want := spec{Wait: 5 * time.Second, N: 7, Inner: inner{Level: "info"}, Shared: inner{Level: "info"}}
+	if c != want {
+		t.Fatalf("got %+v, want %+v", c, want)
 	}
 }

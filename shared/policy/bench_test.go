@@ -128,3 +128,25 @@ func TestDecideAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecide10Loaded is BenchmarkDecide10 with every node full and
+// queued: the load model is evaluated for every candidate.
+func BenchmarkDecide10Loaded(b *testing.B) {
+	snap, hbs := benchWorld(10, 20, 4)
+	for i := range hbs {
+		hbs[i].InFlight, hbs[i].Queued = hbs[i].Capacity, 5+i%7
+	}
+	tab := NewTable(snap, hbs, t0)
+	e, err := NewEngine(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := &Request{Type: "t"}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := e.Decide(tab, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -151,6 +151,7 @@ func (e *Engine) policyFor(taskType string) Policy {
 type scratch struct {
 	rng   Rand
 	load  []Queue     // per candidate of the type (typeCand.idx)
+	view  []Queue     // load, or the type's shared all-free figures (read only)
 	q     []Queue     // parallel to cands
 	base  []*typeCand // allowed and within constraints
 	avail []*typeCand // of base, not blocked by a breaker
@@ -189,18 +190,25 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	s.rng.Seed(e.seed())
 	pol := e.policyFor(req.Type)
 	budget := e.budgetOf(req)
-	s.load = s.load[:0]
 	saturated := false
-	for _, tc := range te.cands {
-		q := e.queueOf(tc, budget, req)
-		saturated = saturated || q.Saturated
-		s.load = append(s.load, q)
+	if t.full.Load() == 0 && te.uniform {
+		// every node has a free slot and runs its models as fast as their
+		// fastest: the load model has nothing to say
+		s.view = te.free
+	} else {
+		s.load = s.load[:0]
+		for _, tc := range te.cands {
+			q := e.queueOf(tc, budget, req)
+			saturated = saturated || q.Saturated
+			s.load = append(s.load, q)
+		}
+		s.view = s.load
 	}
 
 	if te.plain && !saturated && len(req.Models) == 0 && len(req.Tried) == 0 && req.MaxLatencyMs <= 0 && req.MinSuccessRate <= 0 {
 		// the common case: no constraint, no history, no breaker in the way,
 		// no saturated candidate
-		tc := te.cands[pol.Choose(&s.rng, te.list, s.load)]
+		tc := te.cands[pol.Choose(&s.rng, te.list, s.view)]
 		return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, budget, false)}, nil
 	}
 	s.base = s.base[:0]
@@ -226,7 +234,7 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	for _, tc := range s.base {
 		if e.usable(tc) {
 			s.avail = append(s.avail, tc)
-			if !s.load[tc.idx].Saturated {
+			if !s.view[tc.idx].Saturated {
 				ready++
 			}
 		}
@@ -238,7 +246,7 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 			// another candidate can take the task.
 			n := 0
 			for _, tc := range s.avail {
-				if !s.load[tc.idx].Saturated {
+				if !s.view[tc.idx].Saturated {
 					s.avail[n] = tc
 					n++
 				}
@@ -254,7 +262,7 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	tc := e.chooseModel(s, pol, s.base, req, true)
 	sat := true
 	for _, b := range s.base {
-		sat = sat && s.load[b.idx].Saturated
+		sat = sat && s.view[b.idx].Saturated
 	}
 	return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, budget, true), Panic: true, Saturated: sat}, nil
 }
@@ -385,7 +393,7 @@ func (e *Engine) pick(s *scratch, pol Policy, panicking bool) *typeCand {
 			s.cands, s.q = s.cands[:0], s.q[:0]
 			for _, tc := range s.sel {
 				s.cands = append(s.cands, &tc.m.Candidate)
-				s.q = append(s.q, s.load[tc.idx])
+				s.q = append(s.q, s.view[tc.idx])
 			}
 			i = pol.Choose(&s.rng, s.cands, s.q)
 		}
@@ -447,7 +455,7 @@ func (e *Engine) chooseNode(s *scratch, tc *typeCand, req *Request, budget budge
 		// no saturated node while another is not
 		n := 0
 		for _, p := range s.pairs {
-			if p.hasSlot() || !p.queue(budget).Saturated {
+			if !p.saturated(budget) {
 				s.pairs[n] = p
 				n++
 			}

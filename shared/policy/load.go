@@ -105,6 +105,16 @@ func (p *pairState) queue(b budget) Queue {
 	return Queue{Fit: in * math.Exp(-(w+p.extraUs)/b.timeout), InTime: in, WaitUs: w, Saturated: room <= 0}
 }
 
+// saturated reports whether a new attempt on p would not start and finish
+// before the deadline, on average (Queue.Saturated without the rest).
+func (p *pairState) saturated(b budget) bool {
+	if p.hasSlot() {
+		return p.serviceUs >= b.deadline
+	}
+	w, _ := p.wait()
+	return b.deadline-p.serviceUs-w <= 0
+}
+
 // cost is the expected time from now until an attempt sent to p now
 // finishes (µs): its service time, plus the wait when the node (or the
 // model's limit there) is full; with free slots, the service time scaled
@@ -129,26 +139,31 @@ func (p *pairState) cost() float64 {
 // constraints applied to the wait: a queue that alone breaks max_latency_ms
 // or min_success_rate makes the candidate saturated for this task.
 func (e *Engine) queueOf(tc *typeCand, budget budget, req *Request) Queue {
-	for _, p := range tc.pairs {
-		if p.breaker.State != stats.BreakerOpen && p.extraUs == 0 && p.hasSlot() {
-			return free
-		}
-	}
-	best, found := Queue{Saturated: true}, false
-	for pass := 0; pass < 2 && !found; pass++ {
+	// The node with the least delay (wait plus extra service time) is the
+	// best; only its figures are computed in full.
+	var pick *pairState
+	delay := math.Inf(1)
+	for pass := 0; pass < 2 && pick == nil; pass++ {
 		for _, p := range tc.pairs {
 			if pass == 0 && p.breaker.State == stats.BreakerOpen {
 				continue
 			}
-			q := p.queue(budget)
-			if !found || q.Fit > best.Fit {
-				best, found = q, true
-				if q.Fit == 1 {
-					break
-				}
+			d := p.extraUs
+			if !p.hasSlot() {
+				w, _ := p.wait()
+				d += w
+			} else if d == 0 {
+				return free
+			}
+			if d < delay {
+				pick, delay = p, d
 			}
 		}
 	}
+	if pick == nil {
+		return Queue{Saturated: true}
+	}
+	best := pick.queue(budget)
 	if best.WaitUs > 0 && !best.Saturated {
 		c := &tc.m.Candidate
 		if req.MaxLatencyMs > 0 && float64(c.P95)/float64(time.Microsecond)+best.WaitUs > float64(req.MaxLatencyMs)*1000 {
@@ -238,7 +253,11 @@ func serviceTimes(t *Table, ms func(string) *stats.ModelStats) {
 			fastest = min(fastest, p.serviceUs)
 		}
 		for _, p := range m.pairs {
-			p.extraUs = p.serviceUs - fastest
+			// within a quarter of the fastest is the same speed: noise of
+			// the measurement, not a slower node
+			if p.extraUs = p.serviceUs - fastest; p.extraUs <= fastest/4 {
+				p.extraUs = 0
+			}
 		}
 	}
 }

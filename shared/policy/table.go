@@ -144,6 +144,11 @@ type typeEntry struct {
 	// a task without constraints or history can go straight to the policy.
 	list  []*Candidate
 	plain bool
+	// uniform is set when no pair's breaker is open and every node runs
+	// its models as fast as their fastest node: with no node full
+	// (Table.full), every candidate is then free, and free holds that.
+	uniform bool
+	free    []Queue
 }
 
 // Table is everything decisions need, precomputed from one statistics
@@ -155,6 +160,10 @@ type Table struct {
 	types  map[string]*typeEntry
 	models map[string]*modelState
 	nodes  map[string]*nodeState
+	// full counts the nodes without a free slot and the (model, node) at
+	// their model's limit, kept current by Dispatched and Completed, so that
+	// a decision knows at once when the load model has nothing to say.
+	full atomic.Int64
 }
 
 // nodePriorWeight is how many judged outcomes a node's own record must
@@ -256,6 +265,18 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 		n.inFlight = max(n.inFlight, s)
 	}
 	serviceTimes(t, ms)
+	for _, n := range t.nodes {
+		if n.inFlight >= int64(n.capacity) {
+			t.full.Add(1)
+		}
+	}
+	for _, m := range t.models {
+		for _, p := range m.pairs {
+			if p.limit > 0 && p.sent >= int64(p.limit) {
+				t.full.Add(1)
+			}
+		}
+	}
 	for _, te := range t.types {
 		slices.SortFunc(te.cands, func(a, b *typeCand) int {
 			if a.m.Model < b.m.Model {
@@ -266,10 +287,17 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 			}
 			return 0
 		})
-		te.plain = true
+		te.plain, te.uniform = true, true
 		te.list = make([]*Candidate, len(te.cands))
+		te.free = make([]Queue, len(te.cands))
 		for i, tc := range te.cands {
 			tc.idx = i
+			te.free[i] = free
+			for _, p := range tc.pairs {
+				if p.extraUs != 0 || p.breaker.State == stats.BreakerOpen {
+					te.uniform = false
+				}
+			}
 			te.list[i] = &tc.m.Candidate
 			if tc.m.breaker.State != stats.BreakerClosed || tc.closed == 0 {
 				te.plain = false
@@ -453,11 +481,18 @@ func (t *Table) count(model, node string, d int64) {
 	}
 	n := t.nodes[node]
 	if n != nil {
-		n.local.Add(d)
+		// count the node in or out of full when it crosses its capacity
+		after := n.inFlight + n.local.Add(d)
+		if c := int64(n.capacity); (after-d < c) != (after < c) {
+			t.full.Add(d)
+		}
 	}
 	if m != nil && n != nil {
 		if p := m.pair(n); p != nil {
-			p.local.Add(d)
+			after := p.sent + p.local.Add(d)
+			if c := int64(p.limit); c > 0 && (after-d < c) != (after < c) {
+				t.full.Add(d)
+			}
 		}
 	}
 }

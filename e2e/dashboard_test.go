@@ -45,10 +45,11 @@ func screenshotPath() string {
 }
 
 // The dashboard in a real browser (headless Chromium driven by chromedp)
-// against a running cluster: two dispatcher replicas sharing Redis, two
-// workers. The page loads without a console error, shows the models, nodes,
-// replicas, backlog and dead letters of the cluster, and updates as tasks
-// flow. It writes a screenshot.
+// against a running cluster: two dispatcher replicas sharing Redis, three
+// workers (one hosts a model that always fails). The page loads without a
+// console error, shows the models, the open breaker, nodes, replicas,
+// backlog and dead letters of the cluster, and updates as tasks flow. It
+// writes a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	browser := findBrowser()
@@ -68,6 +69,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	c.StartDispatcher(harness.DispatcherOptions{Env: env})
 	c.StartWorker(harness.WorkerOptions{NodeID: "node-a", ModelsFile: "testdata/node-1.yaml", SimSeed: 11})
 	c.StartWorker(harness.WorkerOptions{NodeID: "node-b", ModelsFile: "testdata/node-2.yaml", SimSeed: 12})
+	c.StartWorker(harness.WorkerOptions{NodeID: "node-c", ModelsFile: "testdata/node-broken.yaml", SimSeed: 13})
 	base, err := d.HTTPURL()
 	if err != nil {
 		t.Fatal(err)
@@ -184,11 +186,13 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 
 	// The models of the cluster, from both nodes, with both replicas merged.
-	for _, m := range []string{model00, model10, model02, model30} {
+	for _, m := range []string{model00, model10, model02, model30, "m-broken"} {
 		wait("model "+m, fmt.Sprintf(`document.querySelector('#models tr[data-model=%q]') !== null`, m))
 	}
+	wait("the open breaker of the broken model", `(document.querySelector('#breakers [data-breaker="open"]')||{}).innerText?.includes("m-broken")`)
+	wait("the broken model's breaker open in its row", `document.querySelector('#models tr[data-model="m-broken"] td.breaker').innerText === "open"`)
 	wait("both dispatcher replicas", `document.querySelectorAll('#dispatchers tr[data-replica]').length === 2`)
-	wait("both nodes", `document.querySelectorAll('#nodes tr[data-node]').length === 2`)
+	wait("the three nodes", `document.querySelectorAll('#nodes tr[data-node]').length === 3`)
 	wait("the backlog of translate", `(document.querySelector('#backlog tr[data-type="translate"]')||{}).innerText?.includes("3")`)
 	wait("the dead letter and its reason", `Array.from(document.querySelectorAll('#deadletters tr[data-seq] td.reason')).some(td => td.innerText.includes("JSON"))`)
 
@@ -199,7 +203,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	wait("more results", fmt.Sprintf(`Number(document.querySelector('[data-counter="results"] .v').textContent) >= %d`, int(results)+100))
 	wait("more updates", fmt.Sprintf(`Number(document.getElementById("updated").dataset.updates) >= %d`, int(updates)+3))
 	for _, chart := range []string{"chart-success", "chart-p50", "chart-p95", "chart-share"} {
-		wait("4 lines in "+chart, fmt.Sprintf(`document.querySelectorAll('#%s polyline').length === 4`, chart))
+		wait("5 lines in "+chart, fmt.Sprintf(`document.querySelectorAll('#%s polyline').length === 5`, chart))
 	}
 	wait("history in the charts", `document.querySelector('#chart-share polyline').getAttribute("points").split(" ").length >= 5`)
 

@@ -80,6 +80,16 @@ function render() {
   document.getElementById("totals").replaceChildren(...totals.map(([k, n]) =>
     el("div", { class: "card", "data-counter": k }, el("div", { class: "v" }, n), el("div", { class: "k" }, k))));
 
+  const byState = {};
+  for (const m of v.models || []) {
+    const st = m.breaker || "closed";
+    (byState[st] = byState[st] || []).push(m.name);
+  }
+  const br = document.getElementById("breakers");
+  const notClosed = Object.keys(byState).filter(st => st !== "closed").sort();
+  br.replaceChildren("breakers: ", ...(notClosed.length === 0
+    ? [el("span", { class: "breaker-closed" }, (v.models || []).length ? "all closed" : "-")]
+    : notClosed.map(st => el("span", { class: "breaker-" + st, "data-breaker": st }, st + ": " + byState[st].join(", ") + "  "))));
   fillBody("#models", (v.models || []).map(m => el("tr", { "data-model": m.name },
     el("td", {}, el("span", { class: "swatch", style: "background:" + color(m.name) }), m.name),
     el("td", { class: "dispatched" }, m.dispatched), el("td", {}, m.successes), el("td", {}, m.model_errors),

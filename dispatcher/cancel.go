@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -124,6 +125,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	}
 	d.counters.Results.Add(1)
 	d.counters.Cancelled.Add(1)
+	d.metrics.results.Get(opshttp.L2{A: taskType, B: string(protocol.StatusCancelled)}).Inc()
 	d.log.Info().Str("task_id", id).Strs("where", reply.Where).Msg("task cancelled")
 	reply.Outcome, reply.Status = protocol.CancelDone, protocol.StatusCancelled
 	return reply

@@ -68,6 +68,13 @@ func TestCancelRunningTask(t *testing.T) {
 	if again := e.cancel("run1"); again.Outcome != protocol.CancelFinished || again.Status != protocol.StatusCancelled {
 		t.Fatalf("second cancel = %+v", again)
 	}
+	fams, _ := scrape(t, baseURL(t, e.d))
+	if v, _ := value(fams, "mlsched_results_total", "type=slow", "status=cancelled"); v != 1 {
+		t.Errorf("mlsched_results_total{type=slow,status=cancelled} = %v, want 1", v)
+	}
+	if v, _ := value(fams, "mlsched_dispatcher_events_total", "event=cancelled"); v != 1 {
+		t.Errorf("mlsched_dispatcher_events_total{event=cancelled} = %v, want 1", v)
+	}
 }
 
 // A task still waiting for a node is removed from the backlog and never runs.

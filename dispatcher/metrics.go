@@ -79,7 +79,7 @@ var (
 	descDegraded = prometheus.NewDesc("mlsched_stats_degraded",
 		"1 while the replica cannot reach the statistics store and decides on its last snapshot.", nil, nil)
 	descEvents = prometheus.NewDesc("mlsched_dispatcher_events_total",
-		"Replica events by kind: dispatched, redispatched, suppressed (a second result refused), late (outcome of a superseded attempt), lost (attempt unanswered at its deadline), panic (decision with every breaker open), saturated (task held back: every candidate's queue too long for its deadline), store_reset (the Redis statistics store was found reset, restarted empty or failed over, and re-seeded from this replica's snapshot).",
+		"Replica events by kind: dispatched, redispatched, suppressed (a second result refused), late (outcome of a superseded attempt), lost (attempt unanswered at its deadline), panic (decision with every breaker open), cancelled (tasks an operator cancelled), saturated (task held back: every candidate's queue too long for its deadline), store_reset (the Redis statistics store was found reset, restarted empty or failed over, and re-seeded from this replica's snapshot).",
 		[]string{"event"}, nil)
 	descSnapshotAge = prometheus.NewDesc("mlsched_stats_snapshot_age_seconds",
 		"Age of the statistics snapshot decisions are made on.", nil, nil)
@@ -110,6 +110,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.Late, "late")
 	counter(descEvents, &cs.Lost, "lost")
 	counter(descEvents, &cs.Panic, "panic")
+	counter(descEvents, &cs.Cancelled, "cancelled")
 	counter(descEvents, &cs.Saturated, "saturated")
 	counter(descEvents, &cs.StoreResets, "store_reset")
 	if !d.live.Load() {

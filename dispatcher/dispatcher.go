@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/jsretry"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
@@ -163,14 +164,23 @@ func (d *Dispatcher) connect(ctx context.Context) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	d.js = js
-	if err := topology.Ensure(ctx, js, d.cfg.Topology()); err != nil {
+	// Retried while JetStream is unavailable (a cluster election): a
+	// dispatcher restarted then waits instead of exiting.
+	if err := jsretry.Do(ctx, d.log, "topology", func(ctx context.Context) error {
+		return topology.Ensure(ctx, js, d.cfg.Topology())
+	}); err != nil {
 		return err
 	}
-	if d.dispatchStream, err = js.Stream(ctx, topology.StreamDispatch); err != nil {
-		return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
-	}
-	if d.resultsStream, err = js.Stream(ctx, topology.StreamResults); err != nil {
-		return fmt.Errorf("stream %s: %w", topology.StreamResults, err)
+	if err := jsretry.Do(ctx, d.log, "streams", func(ctx context.Context) (err error) {
+		if d.dispatchStream, err = js.Stream(ctx, topology.StreamDispatch); err != nil {
+			return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
+		}
+		if d.resultsStream, err = js.Stream(ctx, topology.StreamResults); err != nil {
+			return fmt.Errorf("stream %s: %w", topology.StreamResults, err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	return nil
 }
@@ -239,12 +249,14 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		defer d.redis.Close()
 	}
 
-	kv, err := topology.EnsureNodesBucket(ctx, d.js, d.cfg.Topology())
-	if err != nil {
+	var kv, skv jetstream.KeyValue
+	if err := jsretry.Do(ctx, d.log, "buckets", func(ctx context.Context) (err error) {
+		if kv, err = topology.EnsureNodesBucket(ctx, d.js, d.cfg.Topology()); err != nil {
+			return err
+		}
+		skv, err = topology.EnsureSupersededBucket(ctx, d.js, d.cfg.Topology())
 		return err
-	}
-	skv, err := topology.EnsureSupersededBucket(ctx, d.js, d.cfg.Topology())
-	if err != nil {
+	}); err != nil {
 		return err
 	}
 	d.batch = stats.NewBatcher(d.store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})

@@ -15,6 +15,7 @@ import (
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/jsconsume"
 	"github.com/mlsched/mlsched/shared/lifecycle"
+	"github.com/mlsched/mlsched/shared/jsretry"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -221,19 +222,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Concurrency; the window makes the bound explicit.
 	w.outcomes = newOutcomePublisher(js, w.cfg.Concurrency, w.tasks.Done)
 	defer w.outcomes.close()
-	if err := retryStart(ctx, w.log, "topology", func(ctx context.Context) error {
+	if err := jsretry.Do(ctx, w.log, "topology", func(ctx context.Context) error {
 		return topology.Ensure(ctx, js, w.topology())
 	}); err != nil {
 		return startErr(ctx, fmt.Errorf("topology: %w", err))
 	}
 	var kv jetstream.KeyValue
-	if err := retryStart(ctx, w.log, "nodes bucket", func(ctx context.Context) (err error) {
+	if err := jsretry.Do(ctx, w.log, "nodes bucket", func(ctx context.Context) (err error) {
 		kv, err = topology.EnsureNodesBucket(ctx, js, w.topology())
 		return err
 	}); err != nil {
 		return startErr(ctx, err)
 	}
-	if err := retryStart(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
+	if err := jsretry.Do(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
 		_, err := js.Stream(ctx, topology.StreamDispatch)
 		return err
 	}); err != nil {

@@ -1,4 +1,4 @@
-package worker
+package jsretry_test
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/jsretry"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // A start-up step is retried while JetStream is unavailable (503 during a
 // cluster election, no responders, timeouts) and not for other errors.
-func TestRetryStart(t *testing.T) {
+func TestDo(t *testing.T) {
 	t.Parallel()
 	unavailable := &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}
 	for _, tc := range []struct {
@@ -34,7 +35,7 @@ func TestRetryStart(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			calls := 0
-			err := retryStart(context.Background(), zerolog.Nop(), "step", func(ctx context.Context) error {
+			err := jsretry.Do(context.Background(), zerolog.Nop(), "step", func(ctx context.Context) error {
 				calls++
 				if _, ok := ctx.Deadline(); !ok {
 					t.Error("an attempt runs without a deadline")
@@ -55,13 +56,13 @@ func TestRetryStart(t *testing.T) {
 }
 
 // A worker asked to stop while JetStream stays unavailable stops retrying.
-func TestRetryStartStopsWithCtx(t *testing.T) {
+func TestDoStopsWithCtx(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	calls := 0
 	done := make(chan error, 1)
 	go func() {
-		done <- retryStart(ctx, zerolog.Nop(), "step", func(context.Context) error {
+		done <- jsretry.Do(ctx, zerolog.Nop(), "step", func(context.Context) error {
 			calls++
 			if calls == 2 {
 				cancel()
@@ -76,6 +77,6 @@ func TestRetryStartStopsWithCtx(t *testing.T) {
 			t.Fatalf("err = %v, want the last 503", err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("retryStart did not stop when ctx ended")
+		t.Fatal("Do did not stop when ctx ended")
 	}
 }

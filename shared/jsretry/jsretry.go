@@ -1,0 +1,65 @@
+// Package jsretry retries the JetStream requests a process makes while it
+// starts (creating streams, buckets and consumers) as long as JetStream is
+// briefly unavailable: on a cluster, during a leader election (a server
+// killed, paused or partitioned) the meta leader answers 503 "JetStream
+// system temporarily unavailable", or nobody answers in time. A process
+// (re)started at that moment must wait, not exit: the chaos-cluster run found
+// a worker exiting. Any other error, such as an incompatible stream, is
+// returned at once.
+package jsretry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// Backoff between attempts, and the bound of one attempt.
+const (
+	retryMin = 250 * time.Millisecond
+	retryMax = 5 * time.Second
+	// attemptTimeout bounds one attempt, so that a request to a
+	// server that stopped answering is retried (elsewhere) instead of
+	// hanging until ctx ends.
+	attemptTimeout = 10 * time.Second
+)
+
+// Transient reports whether err may go away by itself: JetStream
+// unavailable (HTTP-like 5xx from the API), no responders, a timeout.
+func Transient(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.Code >= 500 {
+		return true
+	}
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected)
+}
+
+// Do runs step until it succeeds, fails for good (not Transient), or ctx
+// ends (then it returns step's last error). Each attempt gets its own
+// deadline; every retry is logged as a warning naming what.
+func Do(ctx context.Context, log zerolog.Logger, what string, step func(ctx context.Context) error) error {
+	wait := retryMin
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		err := step(actx)
+		cancel()
+		if err == nil || !Transient(err) || ctx.Err() != nil {
+			return err
+		}
+		log.Warn().Err(err).Dur("retry_in", wait).Msgf("%s: JetStream unavailable, retrying", what)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, retryMax)
+	}
+}

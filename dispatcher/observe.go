@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -83,24 +82,8 @@ func (d *Dispatcher) Ready(ctx context.Context) opshttp.Status {
 	if !d.live.Load() {
 		return opshttp.Status{Checks: []opshttp.Check{{Name: "dispatcher", Err: errors.New("starting or draining")}}}
 	}
-	natsErr := error(nil)
-	if s := d.nc.Status(); s != nats.CONNECTED {
-		natsErr = fmt.Errorf("connection is %s", s)
-	}
-	st.Checks = append(st.Checks, opshttp.Check{Name: "nats", Err: natsErr})
-	var streamsErr error
-	if natsErr != nil {
-		streamsErr = errors.New("not checked: NATS is not connected")
-	} else {
-		for _, name := range []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes,
-			topology.StreamResults, topology.StreamDLQ} {
-			if _, err := d.js.Stream(ctx, name); err != nil {
-				streamsErr = fmt.Errorf("stream %s: %w", name, err)
-				break
-			}
-		}
-	}
-	st.Checks = append(st.Checks, opshttp.Check{Name: "streams", Err: streamsErr})
+	st.Checks = opshttp.NATSChecks(ctx, d.nc, d.js, topology.StreamTasks, topology.StreamDispatch,
+		topology.StreamOutcomes, topology.StreamResults, topology.StreamDLQ)
 	if d.kind == "redis" {
 		var redisErr error
 		if reason := d.snaps.degraded.Load(); reason != nil {

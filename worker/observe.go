@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"time"
 
@@ -90,25 +89,7 @@ func (w *Worker) Ready(ctx context.Context) opshttp.Status {
 	if live == nil || w.draining.Load() {
 		return opshttp.Status{Checks: []opshttp.Check{{Name: "worker", Err: errors.New("starting or draining")}}}
 	}
-	var st opshttp.Status
-	var natsErr error
-	if s := live.nc.Status(); s != nats.CONNECTED {
-		natsErr = fmt.Errorf("connection is %s", s)
-	}
-	st.Checks = append(st.Checks, opshttp.Check{Name: "nats", Err: natsErr})
-	var streamsErr error
-	if natsErr != nil {
-		streamsErr = errors.New("not checked: NATS is not connected")
-	} else {
-		for _, name := range []string{topology.StreamDispatch, topology.StreamOutcomes} {
-			if _, err := live.js.Stream(ctx, name); err != nil {
-				streamsErr = fmt.Errorf("stream %s: %w", name, err)
-				break
-			}
-		}
-	}
-	st.Checks = append(st.Checks, opshttp.Check{Name: "streams", Err: streamsErr})
-	return st
+	return opshttp.Status{Checks: opshttp.NATSChecks(ctx, live.nc, live.js, topology.StreamDispatch, topology.StreamOutcomes)}
 }
 
 // conns are the node's NATS connection and JetStream context while it

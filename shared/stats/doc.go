@@ -50,6 +50,7 @@
 //	<prefix>{stats}:br      hash, the breakers; no expiry
 //	<prefix>{stats}:gen     string, the store's generation (a random name)
 //	<prefix>{stats}:seq     integer, incremented by every Record
+//	<prefix>{stats}:seeded  string, the last generation a re-seed started
 //
 // The generation and the sequence let a replica notice that the store was
 // reset (restarted empty, or failed over to a replica that missed writes)

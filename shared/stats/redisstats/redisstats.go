@@ -105,6 +105,7 @@ func (s *Store) gaugeKey() string   { return s.prefix + "{stats}:g" }
 func (s *Store) breakerKey() string { return s.prefix + "{stats}:br" }
 func (s *Store) genKey() string     { return s.prefix + "{stats}:gen" }
 func (s *Store) seqKey() string     { return s.prefix + "{stats}:seq" }
+func (s *Store) seededKey() string  { return s.prefix + "{stats}:seeded" }
 
 // series names a model (node "") or a (model, node). As a hash field prefix
 // it is "<model> <node>": names never hold a space.

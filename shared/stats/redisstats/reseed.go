@@ -223,10 +223,15 @@ func (s *Store) reseed(ctx context.Context, resets int64) error {
 	for f, val := range v.gauges {
 		args = append(args, f, val)
 	}
+	zero := v.zeroGauges()
+	args = append(args, len(zero))
+	for _, f := range zero {
+		args = append(args, f)
+	}
 	for f, val := range v.breakers {
 		args = append(args, f, val)
 	}
-	res, err := reseedCommitScript.Run(ctx, s.c, []string{s.gaugeKey(), s.breakerKey(), s.genKey(), s.seqKey()}, args...).Slice()
+	res, err := reseedCommitScript.Run(ctx, s.c, []string{s.gaugeKey(), s.breakerKey(), s.genKey(), s.seqKey(), s.seededKey()}, args...).Slice()
 	if err != nil {
 		return fmt.Errorf("re-seed: %w", err)
 	}
@@ -307,4 +312,33 @@ func (s *Store) adopt(ctx context.Context, start time.Time) error {
 		s.onReset(ResetInfo{OldGeneration: old, NewGeneration: gen, Skipped: true, Took: time.Since(start)})
 	}
 	return nil
+}
+
+// zeroGauges are the in-flight and consecutive-failure fields of the series
+// the view knows that are absent from its gauges (zero): a first re-seed
+// clears them, where a partial reset may have left older values.
+func (v *view) zeroGauges() []string {
+	known := map[string]bool{}
+	add := func(f string) {
+		if k, _, ok := splitField(f); ok {
+			known[k.model+" "+k.node+" "] = true
+		}
+	}
+	for _, h := range v.buckets {
+		for f := range h {
+			add(f)
+		}
+	}
+	for f := range v.gauges {
+		add(f)
+	}
+	var out []string
+	for base := range known {
+		for _, g := range []string{fInFlight, fConsecutive} {
+			if _, ok := v.gauges[base+g]; !ok {
+				out = append(out, base+g)
+			}
+		}
+	}
+	return out
 }

@@ -38,6 +38,7 @@ func RunReset(t *testing.T, newShared func(t *testing.T) Shared) {
 		{"RewindReseedsUnreadBatches", testRewindPending},
 		{"ReseededWindowStillSlides", testReseedSlides},
 		{"ReseededBreakersKeepTransitions", testReseedBreakers},
+		{"FreshReplicaWritesFirst", testFreshReplicaWritesFirst},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -299,5 +300,29 @@ func testReseedBreakers(t *testing.T, r *resetHarness) {
 	}
 	if got := b.model(b.snap(), "bad").Breaker; got.State != to.State {
 		t.Errorf("breaker = %+v, want %+v", got, to)
+	}
+}
+
+// A replica that remembers nothing writes first to the wiped store (and
+// names its generation): the replicas that remember still restore the
+// gauges, not only the counts.
+func testFreshReplicaWritesFirst(t *testing.T, r *resetHarness) {
+	a := r.replica()
+	history(a, Epoch.Add(time.Second))
+	r.clock.Set(Epoch.Add(25 * time.Second))
+	before := a.snap()
+	if c := a.model(before, "bad").ConsecutiveFailures; c == 0 {
+		t.Fatal("history left no consecutive failures to restore")
+	}
+	r.sh.Wipe(t)
+	fresh := r.replica()
+	fresh.record(ev("other", "n9", stats.KindDispatched, r.clock.Now()))
+	s := a.snap()
+	got, want := a.model(s, "bad"), a.model(before, "bad")
+	if got.ConsecutiveFailures != want.ConsecutiveFailures || got.InFlight != want.InFlight || got.Counts != want.Counts {
+		t.Errorf("after a fresh replica wrote first: %+v, want %+v", got.Series, want.Series)
+	}
+	if o := a.model(s, "other"); o.InFlight != 1 {
+		t.Errorf("the fresh replica's write: in flight %d, want 1", o.InFlight)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -89,7 +90,23 @@ func (w *Worker) Ready(ctx context.Context) opshttp.Status {
 	if live == nil || w.draining.Load() {
 		return opshttp.Status{Checks: []opshttp.Check{{Name: "worker", Err: errors.New("starting or draining")}}}
 	}
-	return opshttp.Status{Checks: opshttp.NATSChecks(ctx, live.nc, live.js, topology.StreamDispatch, topology.StreamOutcomes)}
+	st := opshttp.Status{Checks: opshttp.NATSChecks(ctx, live.nc, live.js, topology.StreamDispatch, topology.StreamOutcomes)}
+	// A node whose every model is unready announces nothing: not ready. Some
+	// models unready: ready, and the body says which (degraded).
+	var modelsErr error
+	if un := w.unready(); len(un) > 0 {
+		list := make([]string, len(un))
+		for i, u := range un {
+			list[i] = u.Name + " (" + u.Reason + ")"
+		}
+		if len(un) == len(w.specs) {
+			modelsErr = errors.New("no model is ready: " + strings.Join(list, "; "))
+		} else {
+			st.Degraded = "models not ready: " + strings.Join(list, "; ")
+		}
+	}
+	st.Checks = append(st.Checks, opshttp.Check{Name: "models", Err: modelsErr})
+	return st
 }
 
 // conns are the node's NATS connection and JetStream context while it

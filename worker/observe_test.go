@@ -5,10 +5,14 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mlsched/mlsched/worker/model"
 )
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -42,7 +46,7 @@ func TestWorkerMetricsAndReadiness(t *testing.T) {
 		code, _ := httpGet(t, base+"/readyz")
 		return code == 200
 	})
-	if _, body := httpGet(t, base+"/readyz"); body != "ready\nnats: ok\nstreams: ok\n" {
+	if _, body := httpGet(t, base+"/readyz"); body != "ready\nnats: ok\nstreams: ok\nmodels: ok\n" {
 		t.Errorf("/readyz body %q", body)
 	}
 	h.dispatch("a", "m", dispatchOpts{})
@@ -88,4 +92,35 @@ func TestWorkerBadHTTPAddr(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "MLSCHED_HTTP_ADDR") {
 		t.Fatalf("New with a bad address: %v", err)
 	}
+}
+
+// A node whose only model's server is not ready is not ready, and says why;
+// it becomes ready with the model.
+func TestWorkerReadinessFollowsModels(t *testing.T) {
+	t.Parallel()
+	var up atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v2/health/ready", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /v2/models/m/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if !up.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	h := newHarness(t, "obs-2")
+	cfg := h.config()
+	cfg.HTTPAddr, cfg.ReadyInterval = "127.0.0.1:0", 50*time.Millisecond
+	r := h.start(cfg, WithModels([]ModelSpec{{Name: "m", Types: []string{"t"}, Executor: model.ExecutorHTTP,
+		HTTP: &model.HTTPSpec{URL: srv.URL, Mode: model.HTTPOIP}}}))
+	base := "http://" + r.w.HTTPAddr().String()
+	waitFor(t, 10*time.Second, "not ready naming the model", func() bool {
+		code, body := httpGet(t, base+"/readyz")
+		return code == 503 && strings.Contains(body, "models: error: no model is ready: m (") && strings.Contains(body, "503")
+	})
+	up.Store(true)
+	waitFor(t, 10*time.Second, "ready with the model", func() bool {
+		code, body := httpGet(t, base+"/readyz")
+		return code == 200 && strings.Contains(body, "models: ok")
+	})
 }

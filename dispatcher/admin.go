@@ -41,6 +41,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
 		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(), "cancelled": c.Cancelled.Load(),
 		"saturated": c.Saturated.Load(),
+		"forged":    c.Forged.Load(),
 	}
 	if reason := d.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
@@ -55,6 +56,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	}
 	if wired {
 		r.Nodes = d.reg.Live()
+		r.Counters["bad_heartbeats"] = d.reg.Refused()
 	}
 	r.Held = d.held.len()
 	snap := d.snaps.snap.Load()

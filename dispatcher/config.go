@@ -35,6 +35,16 @@ type Config struct {
 	// (forms in package redisconn); empty keeps statistics in memory, which
 	// is only right for a single dispatcher (default empty).
 	RedisURL string `envconfig:"REDIS_URL" desc:"Redis for shared statistics: redis[s]://host:port/db, redis[s]+sentinel://h:p,h:p/master[/db], redis[s]+cluster://h:p,h:p; empty = in-memory"`
+	// RedisPasswordFile holds the Redis password (of the URL's ACL user,
+	// or the default user), so that it is in neither the URL nor the
+	// environment (default empty).
+	RedisPasswordFile string `envconfig:"REDIS_PASSWORD_FILE" desc:"file holding the Redis password (of the URL's ACL user)"`
+	// RedisCA verifies a rediss:// server (default: the system pool);
+	// RedisCert and RedisKey are the client certificate for mutual TLS
+	// (default empty).
+	RedisCA   string `envconfig:"REDIS_CA" desc:"PEM CA file for rediss:// (default: system pool)"`
+	RedisCert string `envconfig:"REDIS_CERT" desc:"PEM client certificate for rediss:// (mutual TLS), with MLSCHED_REDIS_KEY"`
+	RedisKey  string `envconfig:"REDIS_KEY" desc:"PEM client key for rediss://"`
 	// Name identifies this replica in logs and stats reports (default: hostname).
 	Name string `envconfig:"DISPATCHER_NAME" desc:"replica name (default hostname)"`
 

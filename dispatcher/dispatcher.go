@@ -66,6 +66,10 @@ type Dispatcher struct {
 	httpMu       sync.Mutex
 	http         *opshttp.Server
 	httpHandlers []httpHandler // mounted once the listener starts
+
+	sealKey   []byte    // seals dispatches; shared by every replica (trust.go)
+	forgedLog sometimes // bounded-rate log of refused outcomes
+	badHBLog  sometimes // bounded-rate log of refused heartbeats
 }
 
 // Counters are cumulative, per replica.
@@ -88,6 +92,9 @@ type Counters struct {
 	// StoreResets counts the times this replica found the Redis statistics
 	// store reset (restarted empty, or failed over) and re-seeded it.
 	StoreResets atomic.Int64
+	// Forged counts outcomes refused because they answer no dispatch a
+	// dispatcher made, or disagree with it (trust.go).
+	Forged atomic.Int64
 }
 
 // Option configures a Dispatcher.
@@ -131,6 +138,8 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 		return nil, err
 	}
 	d.held = newHoldRoom()
+
+	d.forgedLog.every, d.badHBLog.every = 10*time.Second, 10*time.Second
 	return d, nil
 }
 
@@ -185,7 +194,7 @@ func (d *Dispatcher) connect(ctx context.Context) error {
 	return nil
 }
 
-func (d *Dispatcher) openStore() error {
+func (d *Dispatcher) openStore(ctx context.Context) error {
 	if d.store != nil {
 		return nil
 	}
@@ -193,9 +202,22 @@ func (d *Dispatcher) openStore() error {
 		d.store, d.kind = stats.NewMemory(d.cfg.Window()), "memory"
 		return nil
 	}
-	c, err := redisconn.Open(redisconn.Config{URL: d.cfg.RedisURL, ClientName: "mlsched-dispatcher-" + d.cfg.Name})
+	c, err := redisconn.Open(redisconn.Config{URL: d.cfg.RedisURL, ClientName: "mlsched-dispatcher-" + d.cfg.Name,
+		PasswordFile: d.cfg.RedisPasswordFile, CA: d.cfg.RedisCA, Cert: d.cfg.RedisCert, Key: d.cfg.RedisKey})
 	if err != nil {
 		return fmt.Errorf("MLSCHED_REDIS_URL: %w", err)
+	}
+	// A refused password is a configuration error, not an outage: stop with
+	// it rather than run degraded for ever. Redis being down is an outage.
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = redisconn.Ping(pctx, c)
+	cancel()
+	switch {
+	case errors.Is(err, redisconn.ErrAuth):
+		_ = c.Close()
+		return fmt.Errorf("connect to Redis at %s: %w (check MLSCHED_REDIS_URL's user and MLSCHED_REDIS_PASSWORD_FILE)", redisconn.Redact(d.cfg.RedisURL), err)
+	case err != nil:
+		d.log.Warn().Err(err).Str("redis", redisconn.Redact(d.cfg.RedisURL)).Msg("Redis does not answer at start: running degraded until it does")
 	}
 	d.redis = c
 	d.store, d.kind = redisstats.New(c, d.cfg.Window(), redisstats.WithReseed(d.cfg.StatsReseed),
@@ -241,7 +263,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	if d.ownNC {
 		defer d.nc.Close()
 	}
-	if err := d.openStore(); err != nil {
+	if err := d.openStore(ctx); err != nil {
 		return err
 	}
 	defer d.store.Close()
@@ -257,6 +279,13 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		skv, err = topology.EnsureSupersededBucket(ctx, d.js, d.cfg.Topology())
 		return err
 	}); err != nil {
+		return err
+	}
+	pkv, err := topology.EnsureDispatcherBucket(ctx, d.js, d.cfg.Topology())
+	if err != nil {
+		return err
+	}
+	if d.sealKey, err = loadSealKey(ctx, pkv); err != nil {
 		return err
 	}
 	d.batch = stats.NewBatcher(d.store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})

@@ -134,6 +134,7 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.Int("mlsched.attempt", a.attempt),
 			attribute.String("mlsched.model", dec.Model), attribute.String("mlsched.node", dec.Node))
 	}
+	d.seal(&pd, a.data)
 	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: pd.Header()}
 	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID(pd.MsgID("d")))
 	id, attempt := t.ID, a.attempt

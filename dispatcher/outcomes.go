@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -32,9 +33,21 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	}
 	pd, err := protocol.ParseDispatch(msg.Headers())
 	if err != nil {
-		// Only a dispatch the dispatcher did not build has bad headers.
+		// Only a dispatch the dispatcher did not build has bad headers:
+		// forged, and kept for an operator.
+		d.counters.Forged.Add(1)
 		d.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
 			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data})
+		return
+	}
+	if err := d.checkOutcome(msg.Subject(), &o, &pd); err != nil {
+		// Counted and ignored: a forged outcome must not touch the task,
+		// the statistics or the logs' volume.
+		d.counters.Forged.Add(1)
+		d.forgedLog.log(&d.log, func(e *zerolog.Event) *zerolog.Event {
+			return e.Err(err).Str("subject", msg.Subject()).Str("task_id", truncateID(o.TaskID))
+		}, "outcome refused")
+		_ = msg.Ack()
 		return
 	}
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -44,26 +45,33 @@ var pipelineModels = []string{model00, model02, model10, model30}
 // unreliable model.
 func TestPipeline(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
-	for _, policy := range []string{"", "thompson"} {
-		name := policy
-		if name == "" {
-			name = "default"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name, policy string
+		auth         bool
+	}{{"default", "", false}, {"thompson", "thompson", false}, {"role-credentials", "", true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			runPipeline(t, policy, false)
+			runPipeline(t, tc.policy, false, tc.auth)
 		})
 	}
 	// The same on a 3-node NATS cluster with R3 streams: clients get the
 	// three URLs (through the harness's proxies).
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		runPipeline(t, "", true)
+		runPipeline(t, "", true, false)
 	})
 }
 
-func runPipeline(t *testing.T, policy string, cluster bool) {
+// runPipeline runs the pipeline, on one NATS server or a 3-node cluster; with
+// auth every process connects with its role's key under the auth.conf of
+// `mlsched auth init`, and the producer submits and waits with the producer
+// key, so a missing grant fails it.
+func runPipeline(t *testing.T, policy string, cluster, auth bool) {
 	c := harness.New(t)
+	var keys *harness.Auth
+	if auth {
+		keys = c.EnableAuth("node-1", "node-2", "node-3")
+	}
 	if cluster {
 		c.StartNATSCluster(harness.NATSClusterOptions{})
 	} else {
@@ -107,6 +115,13 @@ func runPipeline(t *testing.T, policy string, cluster bool) {
 	}
 
 	cl := client.New(js)
+	if keys != nil {
+		var err error
+		if cl, err = client.Dial(keys.Role(c, authconf.Producer, "")); err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+	}
 	tasks := make([]protocol.Task, pipelineTasks)
 	for i := range tasks {
 		typ := "classify"

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -42,6 +43,8 @@ type Cluster struct {
 
 	nc *nats.Conn
 	js jetstream.JetStream
+
+	auth *Auth // set by EnableAuth
 }
 
 // New returns an empty cluster for t.
@@ -204,7 +207,18 @@ func (c *Cluster) StartNATS() *NATS {
 			URL:        fmt.Sprintf("nats://127.0.0.1:%d", port),
 			MonitorURL: fmt.Sprintf("http://127.0.0.1:%d", mport),
 			StoreDir:   filepath.Join(p.Dir, "jetstream"), ConfigPath: filepath.Join(p.Dir, "nats.conf")}
-		if err := os.WriteFile(n.ConfigPath, []byte(NATSConfig(port, mport, n.StoreDir)), 0o644); err != nil {
+		conf := NATSConfig(port, mport, n.StoreDir)
+		if c.auth != nil {
+			ac, err := c.auth.conf()
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(p.Dir, authconf.ConfFile), ac, 0o600); err != nil {
+				c.t.Fatal(err)
+			}
+			conf += "include " + authconf.ConfFile + "\n"
+		}
+		if err := os.WriteFile(n.ConfigPath, []byte(conf), 0o644); err != nil {
 			c.t.Fatal(err)
 		}
 		p.Args = []string{"-c", n.ConfigPath}
@@ -299,8 +313,12 @@ func (n *NATS) ready(ctx context.Context) error {
 // connect opens the cluster's own client connection, which reconnects for
 // ever so that it survives server restarts.
 func (c *Cluster) connect(url string) {
-	nc, err := nats.Connect(url, nats.Name("e2e-harness"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
+	opts := []nats.Option{nats.Name("e2e-harness"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond), nats.RetryOnFailedConnect(true)}
+	if c.auth != nil {
+		opts = append(opts, c.auth.natsOption())
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		c.t.Fatalf("connect to nats: %v", err)
 	}
@@ -331,6 +349,9 @@ func (c *Cluster) Connect(opts ...nats.Option) (*nats.Conn, jetstream.JetStream)
 		c.t.Fatal("harness: StartNATS before Connect")
 	}
 	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
+	if c.auth != nil {
+		opts = append([]nats.Option{c.auth.natsOption()}, opts...)
+	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		c.t.Fatalf("connect: %v", err)
@@ -459,6 +480,9 @@ func (c *Cluster) StartDispatcher(o DispatcherOptions) *Dispatcher {
 	name := fmt.Sprintf("dispatcher-%d", len(c.Dispatchers)+1)
 	c.mu.Unlock()
 	env["MLSCHED_DISPATCHER_NAME"] = name
+	if c.auth != nil {
+		c.auth.env(env, authconf.Identity{Role: authconf.Dispatcher})
+	}
 	env = mergeEnvMap(env, o.Env)
 	p := c.newProcess(name, Binary(c.t, "dispatcher"), nil, mergeEnv(env, nil))
 	d := &Dispatcher{Process: p, Name: env["MLSCHED_DISPATCHER_NAME"], c: c}
@@ -624,6 +648,9 @@ func (c *Cluster) StartWorker(o WorkerOptions) *Worker {
 	}
 	if o.SimSeed != 0 {
 		env["MLSCHED_SIM_SEED"] = strconv.FormatInt(o.SimSeed, 10)
+	}
+	if c.auth != nil {
+		c.auth.env(env, authconf.Identity{Role: authconf.Node, NodeID: o.NodeID})
 	}
 	p := c.newProcess("worker-"+o.NodeID, Binary(c.t, "worker"), nil, mergeEnv(env, o.Env))
 	w := &Worker{Process: p, NodeID: o.NodeID, c: c}

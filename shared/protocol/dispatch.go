@@ -46,6 +46,11 @@ type Dispatch struct {
 	// producer's, or the dispatcher's dispatch span with tracing on
 	// (optional; a malformed one is dropped, never an error).
 	Traceparent string
+	// TaskSum is TaskSum of the task's bytes and Seal the dispatcher's
+	// ComputeSeal (optional here; a dispatcher refuses an outcome whose
+	// dispatch is not sealed with its key, see seal.go).
+	TaskSum string
+	Seal    string
 }
 
 // Headers of a dispatch, echoed on its outcome. Every name is in canonical
@@ -107,12 +112,18 @@ func (d *Dispatch) Header() nats.Header {
 	if d.Traceparent != "" {
 		put(HdrTraceparent, d.Traceparent)
 	}
+	if d.TaskSum != "" {
+		put(HdrTaskSum, d.TaskSum)
+	}
+	if d.Seal != "" {
+		put(HdrSeal, d.Seal)
+	}
 	return h
 }
 
 // dispatchHeaders is how many headers Header writes at most, plus one for
 // the Nats-Msg-Id the publish adds.
-const dispatchHeaders = 13
+const dispatchHeaders = 15
 
 // MsgID is the Nats-Msg-Id of a message about this attempt: kind "d" for the
 // dispatch, "o" for the worker's outcome, "l" for the sweeper's lost report.
@@ -201,6 +212,7 @@ func ParseDispatch(h nats.Header) (Dispatch, error) {
 		}
 	}
 	d.Submission = get(HdrTaskSeq)
+	d.TaskSum, d.Seal = get(HdrTaskSum), get(HdrSeal)
 	if v := get(HdrHistory); v != "" {
 		var hist []Attempt // a local: taking d's address would move d to the heap
 		if err := json.Unmarshal([]byte(v), &hist); err != nil {

@@ -23,6 +23,7 @@ func fullDispatch() protocol.Dispatch {
 		History: []protocol.Attempt{{Attempt: 1, Model: "easyocr", Node: "gpu-2", Status: protocol.OutcomeTimeout,
 			Error: "no answer", LatencyMs: 1500}},
 		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		TaskSum:     protocol.TaskSum([]byte(`{"id":"task-1","type":"ocr"}`)), Seal: "00ff",
 	}
 }
 

@@ -55,6 +55,13 @@ type Config struct {
 	URL string
 	// ClientName is shown by CLIENT LIST (default empty: none).
 	ClientName string
+	// PasswordFile holds the password (of the URL's user, an ACL user, or
+	// of the default user), instead of the URL (default empty).
+	PasswordFile string
+	// CA verifies the server of a rediss:// URL (default: the system pool);
+	// Cert and Key are the client's certificate, for servers that require
+	// one (default empty).
+	CA, Cert, Key string
 }
 
 // Options are parsed connection options, one of the three set according
@@ -71,6 +78,9 @@ type Options struct {
 func Open(cfg Config) (redis.UniversalClient, error) {
 	o, err := Parse(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.secure(cfg); err != nil {
 		return nil, err
 	}
 	return o.NewClient(), nil

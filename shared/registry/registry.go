@@ -37,6 +37,10 @@ type Registry struct {
 	live    atomic.Pointer[[]protocol.Heartbeat]
 	ready   chan struct{}
 	once    sync.Once
+
+	refused    atomic.Int64 // heartbeats that failed validation
+	nextWarn   time.Time    // bounded-rate logging of refused heartbeats (under mu)
+	suppressed int64
 }
 
 type entry struct {
@@ -57,6 +61,9 @@ func New(kv jetstream.KeyValue, ttl time.Duration, log zerolog.Logger) *Registry
 
 // Live returns the live nodes sorted by id. The slice must not be modified.
 func (r *Registry) Live() []protocol.Heartbeat { return *r.live.Load() }
+
+// Refused counts the heartbeats ignored as invalid (protocol.Heartbeat.Validate).
+func (r *Registry) Refused() int64 { return r.refused.Load() }
 
 // Ready is closed once the bucket's initial contents are loaded.
 func (r *Registry) Ready() <-chan struct{} { return r.ready }
@@ -80,8 +87,29 @@ func (r *Registry) apply(e jetstream.KeyValueEntry) {
 		delete(r.nodes, e.Key())
 	default:
 		var hb protocol.Heartbeat
-		if err := json.Unmarshal(e.Value(), &hb); err != nil || hb.Node != e.Key() {
-			r.log.Warn().Err(err).Str("node", e.Key()).Msg("node registry: ignoring a malformed heartbeat")
+		err := json.Unmarshal(e.Value(), &hb)
+		if err == nil {
+			err = hb.Validate(e.Key())
+		}
+		if err != nil {
+			// Not a node the dispatcher may route to: a dotted id would make a
+			// subject outside the dispatch stream, a huge capacity would draw
+			// every task. Forget any earlier entry under the key.
+			r.refused.Add(1)
+			delete(r.nodes, e.Key())
+			r.publishLocked()
+			if now := r.now(); now.After(r.nextWarn) {
+				r.nextWarn = now.Add(10 * time.Second)
+				key := e.Key()
+				if len(key) > 80 {
+					key = key[:80] + "..."
+				}
+				r.log.Warn().Err(err).Str("key", key).Int64("suppressed_since_last", r.suppressed).
+					Msg("node registry: ignoring an invalid heartbeat")
+				r.suppressed = 0
+			} else {
+				r.suppressed++
+			}
 			return
 		}
 		// Absurd load figures are clamped, never a reason to stop routing

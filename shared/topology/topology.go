@@ -25,6 +25,9 @@ const (
 	// BucketSuperseded records attempts the dispatcher declared lost and
 	// re-dispatched, so that their late outcomes are not taken as final.
 	BucketSuperseded = "MLSCHED_SUPERSEDED"
+	// BucketDispatcher holds what only dispatchers may read: the key that
+	// seals dispatches (protocol.Dispatch.Seal).
+	BucketDispatcher = "MLSCHED_DISPATCHER"
 
 	SubjectTasksAll    = "mlsched.tasks.>"
 	SubjectDispatchAll = "mlsched.node.*.tasks"
@@ -232,6 +235,25 @@ func EnsureSupersededBucket(ctx context.Context, js jetstream.JetStream, c Confi
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketSuperseded, err)
+	}
+	return kv, nil
+}
+
+// EnsureDispatcherBucket creates the dispatchers' private bucket (no TTL,
+// one value per key).
+func EnsureDispatcherBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	c = c.withDefaults()
+	kv, err := js.KeyValue(ctx, BucketDispatcher)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: BucketDispatcher, Storage: c.Storage, Replicas: c.Replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, BucketDispatcher)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketDispatcher, err)
 	}
 	return kv, nil
 }

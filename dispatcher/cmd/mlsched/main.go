@@ -96,6 +96,7 @@ func commands() []command {
 		{name: "cancel", summary: "cancel a task that has no result yet: it gets a cancelled result", run: runCancel, admin: true},
 		{name: "nodes", summary: "list live worker nodes", run: runNodes, admin: true},
 		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ, admin: true},
+		{name: "auth", summary: "write NATS nkeys and least-privilege permissions per role (auth init)", run: runAuth},
 		{name: "simulate", summary: "run the scheduling simulator",
 			run: func(_ context.Context, _ *app, args []string) error { return runSimulate(args) }},
 	}

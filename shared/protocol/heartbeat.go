@@ -1,0 +1,51 @@
+package protocol
+
+import (
+	"fmt"
+	"time"
+)
+
+// Bounds of a heartbeat. A heartbeat is written by a node, which the
+// dispatcher does not trust: its node id becomes a subject token, its
+// names become statistics keys, and its capacity steers traffic, so each
+// is bounded.
+const (
+	MaxHeartbeatModels = 64 // models per node
+	MaxModelTypes      = 64 // task types per model
+	MaxModelTimeout    = 24 * time.Hour
+	maxNodeIDLen       = 64
+	maxModelNameLen    = 128
+	maxTypeLen         = 64
+)
+
+// Validate checks a heartbeat stored under key: the node id is the key and
+// a subject token, names are tokens, counts and timeouts are bounded.
+func (h *Heartbeat) Validate(key string) error {
+	if h.Node != key {
+		return fmt.Errorf("node %q is stored under key %q", truncate(h.Node, 80), truncate(key, 80))
+	}
+	if err := ValidToken(h.Node, maxNodeIDLen); err != nil {
+		return fmt.Errorf("node id %q %v", truncate(h.Node, 80), err)
+	}
+	// Load figures (capacity, in-flight) are clamped, not refused: see Clamp.
+	if len(h.Models) > MaxHeartbeatModels {
+		return fmt.Errorf("%d models, the limit is %d", len(h.Models), MaxHeartbeatModels)
+	}
+	for _, m := range h.Models {
+		if err := ValidToken(m.Name, maxModelNameLen); err != nil {
+			return fmt.Errorf("model name %q %v", truncate(m.Name, 80), err)
+		}
+		if len(m.Types) > MaxModelTypes {
+			return fmt.Errorf("model %s: %d task types, the limit is %d", m.Name, len(m.Types), MaxModelTypes)
+		}
+		for _, t := range m.Types {
+			if err := ValidToken(t, maxTypeLen); err != nil {
+				return fmt.Errorf("model %s: task type %q %v", m.Name, truncate(t, 80), err)
+			}
+		}
+		if m.TimeoutMs < 0 || m.TimeoutMs > MaxModelTimeout.Milliseconds() {
+			return fmt.Errorf("model %s: timeout %d ms is outside 0..%d", m.Name, m.TimeoutMs, MaxModelTimeout.Milliseconds())
+		}
+	}
+	return nil
+}

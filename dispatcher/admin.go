@@ -30,6 +30,11 @@ func (d *Dispatcher) serveAdmin() (*nats.Subscription, error) {
 
 // Report builds this replica's view of the cluster.
 func (d *Dispatcher) Report() *protocol.StatsReport {
+	select {
+	case <-d.initDone:
+	default: // still starting: nothing to report but the name
+		return &protocol.StatsReport{Dispatcher: d.cfg.Name, Window: d.cfg.StatsWindow}
+	}
 	r := &protocol.StatsReport{Dispatcher: d.cfg.Name, Store: d.kind, Window: d.cfg.StatsWindow,
 		Policies: map[string]string{"*": d.cfg.Policy}}
 	for k, v := range d.cfg.PolicyConfig().PerType {

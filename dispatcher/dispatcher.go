@@ -67,9 +67,10 @@ type Dispatcher struct {
 	http         *opshttp.Server
 	httpHandlers []httpHandler // mounted once the listener starts
 
-	sealKey   []byte    // seals dispatches; shared by every replica (trust.go)
-	forgedLog sometimes // bounded-rate log of refused outcomes
-	badHBLog  sometimes // bounded-rate log of refused heartbeats
+	initDone  chan struct{} // closed once run has set up the store, registry and snapshots
+	sealKey   []byte        // seals dispatches; shared by every replica (trust.go)
+	forgedLog sometimes     // bounded-rate log of refused outcomes
+	badHBLog  sometimes     // bounded-rate log of refused heartbeats
 }
 
 // Counters are cumulative, per replica.
@@ -140,6 +141,7 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 	d.held = newHoldRoom()
 
 	d.forgedLog.every, d.badHBLog.every = 10*time.Second, 10*time.Second
+	d.initDone = make(chan struct{})
 	return d, nil
 }
 
@@ -300,6 +302,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	tasks := d.newConsumer(topology.StreamTasks, d.handleTask)
 	outcomes := d.newConsumer(topology.StreamOutcomes, d.handleOutcome)
 
+	close(d.initDone) // Report may read what run set up
 	var g lifecycle.Group
 	start := func(name string, s lifecycle.Service) error {
 		err := g.Start(ctx, name, s)

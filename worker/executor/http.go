@@ -121,9 +121,14 @@ func newHTTP(s model.Spec, o Options) *HTTP {
 	} else if s.HTTP.ReadyURL != "" {
 		h.readyURLs = []string{s.HTTP.ReadyURL}
 	}
-	// One idle connection per task slot (plus the readiness probe), so a
-	// busy node reuses its connections instead of opening new ones.
-	conns := max(o.Concurrency, 1) + 1
+	// One idle connection per task slot the model can use (the node's, or
+	// its max_concurrency when lower) plus the readiness probe, so a busy
+	// node reuses its connections instead of opening new ones.
+	slots := max(o.Concurrency, 1)
+	if l := s.Limit(); l > 0 && l < slots {
+		slots = l
+	}
+	conns := slots + 1
 	tr := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,

@@ -535,4 +535,11 @@ func TestHTTPConnectionPoolSizedToConcurrency(t *testing.T) {
 	if n := conns.Load(); n > concurrency {
 		t.Fatalf("%d connections opened for 3 waves of %d concurrent tasks, want at most %d", n, concurrency, concurrency)
 	}
+	// A model with a lower max_concurrency keeps that many.
+	limited := httpSpec(srv.URL, "")
+	limited.MaxConcurrency = new(int)
+	*limited.MaxConcurrency = 2
+	if tr := newHTTPModel(t, limited, Options{Concurrency: concurrency}).client.Transport.(*http.Transport); tr.MaxIdleConnsPerHost != 3 {
+		t.Fatalf("max_concurrency 2: %d idle connections kept, want 3", tr.MaxIdleConnsPerHost)
+	}
 }

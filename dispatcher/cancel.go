@@ -107,7 +107,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	if err != nil {
 		return fail(err)
 	}
-	out := &nats.Msg{Subject: topology.ResultSubject(id), Data: data, Header: nats.Header{protocol.HdrTaskID: {id}}}
+	out := &nats.Msg{Subject: topology.ResultSubject(id), Data: data, Header: protocol.ResultHeader(id, "")}
 	if _, err := d.js.PublishMsg(ctx, out, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		if !isWrongLastSequence(err) {
 			return fail(fmt.Errorf("publishing the cancelled result: %w", err))
@@ -187,8 +187,8 @@ func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, erro
 		return nil, err
 	}
 	err = d.scanStream(ctx, topology.StreamDispatch, topology.SubjectDispatchAll, func(m *jetstream.RawStreamMsg) {
-		if h := m.Header; h.Get(protocol.HdrTaskID) == id {
-			add(foundTask{where: "dispatched", submission: h.Get(protocol.HdrTaskSeq), taskType: h.Get(protocol.HdrType), seq: m.Sequence})
+		if pd, _ := protocol.ParseDispatch(m.Header); pd.TaskID == id { // what could be read: cancel even a damaged one
+			add(foundTask{where: "dispatched", submission: pd.Submission, taskType: pd.Type, seq: m.Sequence})
 		}
 	})
 	if err != nil {
@@ -203,7 +203,8 @@ func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, erro
 			Type   string `json:"type"`
 		}
 		if json.Unmarshal(m.Data, &o) == nil && o.TaskID == id {
-			add(foundTask{where: "retrying", submission: m.Header.Get(protocol.HdrTaskSeq), taskType: o.Type, seq: m.Sequence})
+			pd, _ := protocol.ParseDispatch(m.Header) // the outcome echoes its dispatch
+			add(foundTask{where: "retrying", submission: pd.Submission, taskType: o.Type, seq: m.Sequence})
 		}
 	})
 	return found, err

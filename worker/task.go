@@ -87,8 +87,9 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 		defer w.tasks.Done()
 		// The model's own limit first, so that a task waiting for it does
 		// not hold one of the node's slots.
+		d, perr := parseDispatch(msg)
 		w.waiting.Add(1)
-		if h := w.models[msg.Headers().Get(protocol.HdrModel)]; h != nil {
+		if h := w.models[d.Model]; h != nil {
 			h.inFlight.Add(1)
 			defer h.inFlight.Add(-1)
 			if h.limit != nil {
@@ -100,13 +101,13 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 		w.waiting.Add(-1)
 		w.inFlight.Add(1)
 		defer func() { w.inFlight.Add(-1); <-w.slots }()
-		w.process(msg)
+		w.process(msg, d, perr)
 	}()
 }
 
-// process runs one dispatch and reports its outcome, then acks.
-func (w *Worker) process(msg jetstream.Msg) {
-	d, perr := parseDispatch(msg)
+// process runs one dispatch (parsed, perr telling why it cannot run) and
+// reports its outcome, then acks.
+func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error) {
 	log := w.log.With().Str("task_id", d.TaskID).Str("model", d.Model).Int("attempt", d.Attempt).Logger()
 
 	// Keep the dispatch ours while it runs and until its outcome is stored

@@ -35,16 +35,19 @@ import (
 // re-seeding at once, or one re-seeding twice, never add up (a sum would
 // count the same events once per replica). The gauges (in flight,
 // consecutive failures) of the first replica to re-seed replace whatever
-// the reset left (first writer wins); the last outcome and each breaker take
-// the later one. Each bucket keeps its index
-// and expiry, so the re-seeded past leaves the window exactly as it would
-// have. Then the store moves to a new generation (unless another replica
-// already did), so that every replica notices the reset, merges what it
-// remembers once, and goes on.
+// the reset left for the series it knows (first writer wins; <prefix>
+// {stats}:seeded tells a generation named by a replica that remembered
+// nothing); the last outcome and each breaker take the later one. Each
+// bucket keeps its index and expiry, so the re-seeded past leaves the window
+// exactly as it would have. Then the store moves to a new generation
+// (unless another replica already did), so that every replica notices the
+// reset, merges what it remembers once, and goes on.
 //
-// What is still lost: batches another replica recorded after this one's
-// last snapshot, unless that replica re-seeds them too (it does, when it
-// notices the new generation), and, in a partial reset, nothing else.
+// What is still lost: events another replica wrote in the moments between
+// two replicas' re-seeds, where the maximum keeps the larger of two values
+// rather than their sum (counts err low, never double); and everything, when
+// Redis and every replica restart together, since nobody remembers (hence
+// persistence in compose).
 
 var (
 	//go:embed reseed_buckets.lua

@@ -63,8 +63,11 @@ func TestModelsFilesValid(t *testing.T) {
 	files, _ := filepath.Glob(repoPath(t, "deployments/models/*.yaml"))
 	testdata, _ := filepath.Glob("testdata/*.yaml")
 	files = append(files, testdata...)
-	if len(testdata) != 3 || !slices.Contains(files, repoPath(t, "deployments/models/compose.yaml")) {
-		t.Fatalf("models files missing: %v", files)
+	for _, want := range []string{repoPath(t, "deployments/models/compose.yaml"), repoPath(t, "deployments/models/digits.yaml"),
+		"testdata/node-1.yaml", "testdata/node-2.yaml", "testdata/node-3.yaml"} {
+		if !slices.Contains(files, want) {
+			t.Fatalf("models file %s missing: %v", want, files)
+		}
 	}
 	for _, f := range files {
 		if _, err := model.LoadFile(f); err != nil {

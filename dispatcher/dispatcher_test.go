@@ -28,6 +28,10 @@ type env struct {
 	d   *dispatcher.Dispatcher
 	ctx context.Context
 
+	// queued is the queue the next started node announces from its first
+	// heartbeat on.
+	queued int64
+
 	mu        sync.Mutex
 	published map[string]int // result messages seen per task id
 }
@@ -190,6 +194,8 @@ type node struct {
 	id      string
 	models  map[string]behavior
 	silent  atomic.Bool // consume but never answer (a hung node)
+	queued  atomic.Int64 // the queue its heartbeat announces
+	beat    func() // announce now
 	mu      sync.Mutex
 	seen    []string // "task/attempt/model"
 	headers []nats.Header
@@ -198,6 +204,7 @@ type node struct {
 func (e *env) startNode(id string, types []string, models map[string]behavior) *node {
 	e.t.Helper()
 	n := &node{id: id, models: models}
+	n.queued.Store(e.queued) // known with the node's first heartbeat
 	kv, err := topology.EnsureNodesBucket(e.ctx, e.ns.JS, topology.Config{})
 	if err != nil {
 		e.t.Fatal(err)
@@ -206,12 +213,17 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	for name := range models {
 		hb.Models = append(hb.Models, protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000})
 	}
+	var beatMu sync.Mutex // the ticker and a test may beat at once
 	beat := func() {
+		beatMu.Lock()
+		defer beatMu.Unlock()
 		hb.SentAt = time.Now()
+		hb.Queued = int(n.queued.Load())
 		data, _ := json.Marshal(hb)
 		_, _ = kv.Put(e.ctx, id, data)
 	}
 	beat()
+	n.beat = beat
 	go func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()

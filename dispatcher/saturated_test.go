@@ -1,0 +1,50 @@
+package dispatcher_test
+
+import (
+	"testing"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// A node whose queue cannot be started before the deadline is not sent
+// anything: the task is held back, counted, and fails with code saturated
+// after its own deadline (timeout plus slack), dead-lettered for replay.
+// Once the queue drains, a held task is dispatched.
+func TestSaturatedTaskIsHeldThenFails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000 // on 8 slots: hours of work, from the node's first heartbeat
+	busy := e.startNode("busy", []string{"s"}, map[string]behavior{"m": succeed})
+	e.submit(protocol.Task{ID: "sat1", Type: "s", TimeoutMs: 200})
+	res := e.result("sat1")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeSaturated || res.Attempts != 0 {
+		t.Fatalf("result = %+v, want failed with %s after 0 attempts", res, protocol.CodeSaturated)
+	}
+	if len(busy.attempts()) != 0 {
+		t.Fatalf("the saturated node got %v", busy.attempts())
+	}
+	if n := e.d.Counters().Saturated.Load(); n != 1 {
+		t.Fatalf("saturated counter = %d, want 1", n)
+	}
+	if r := e.d.Report(); r.Counters["saturated"] != 1 {
+		t.Fatalf("stats report counters %v, want saturated=1", r.Counters)
+	}
+	e.waitFor("the dead letter", func() bool {
+		for _, dl := range e.deadLetters() {
+			if dl.TaskID == "sat1" && dl.Code == protocol.CodeSaturated {
+				return true
+			}
+		}
+		return false
+	})
+
+	// held, then dispatched once the queue is gone
+	e.submit(protocol.Task{ID: "sat2", Type: "s", TimeoutMs: 10_000})
+	e.waitFor("sat2 held", func() bool { return e.d.Report().Held == 1 })
+	busy.queued.Store(0)
+	busy.beat()
+	res = e.result("sat2")
+	if res.Status != protocol.StatusSucceeded || res.Attempts != 1 {
+		t.Fatalf("result = %+v, want success at the first attempt", res)
+	}
+}

@@ -193,9 +193,9 @@ func fail(protocol.Task, int) (protocol.OutcomeStatus, string) {
 type node struct {
 	id      string
 	models  map[string]behavior
-	silent  atomic.Bool // consume but never answer (a hung node)
+	silent  atomic.Bool  // consume but never answer (a hung node)
 	queued  atomic.Int64 // the queue its heartbeat announces
-	beat    func() // announce now
+	beat    func()       // announce now
 	mu      sync.Mutex
 	seen    []string // "task/attempt/model"
 	headers []nats.Header

@@ -133,6 +133,9 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 	if r.Backlog != nil {
 		fmt.Fprintln(w, backlogLine(r.Backlog))
 	}
+	if r.Held > 0 {
+		fmt.Fprintf(w, "held back now: %d tasks (every candidate's nodes saturated; see docs/policies.md)\n", r.Held)
+	}
 	if len(r.Counters) > 0 {
 		keys := make([]string, 0, len(r.Counters))
 		for k := range r.Counters {

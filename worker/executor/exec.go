@@ -10,7 +10,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -213,9 +215,7 @@ func (e *Exec) Ready(context.Context) error {
 func (e *Exec) start() (*execProc, error) {
 	cmd := exec.Command(e.spec.Command[0], e.spec.Command[1:]...)
 	cmd.Dir = e.spec.Dir
-	if len(e.spec.Env) > 0 {
-		cmd.Env = append(os.Environ(), e.spec.Env...)
-	}
+	cmd.Env = ModelEnv(os.Environ(), e.spec.Env)
 	cmd.Stderr = &lineLogger{log: e.log}
 	cmd.WaitDelay = time.Second
 	in, err := cmd.StdinPipe()
@@ -473,4 +473,22 @@ func (l *lineLogger) Write(b []byte) (int, error) {
 		l.buf = l.buf[:0]
 	}
 	return len(b), nil
+}
+
+// EnvAllow are the worker's variables an exec model inherits; everything
+// else (MLSCHED_* paths to credentials, cloud keys, tokens) stays with the
+// worker. The models file's env adds to them (docs/security.md).
+var EnvAllow = []string{"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV"}
+
+// ModelEnv is an exec model's explicit environment: the allowed variables
+// of environ, then the model's own entries (which win).
+func ModelEnv(environ, model []string) []string {
+	out := make([]string, 0, len(EnvAllow)+len(model))
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(EnvAllow, k) {
+			out = append(out, kv)
+		}
+	}
+	return append(out, model...)
 }

@@ -290,3 +290,30 @@ func BenchmarkExecEcho(b *testing.B) {
 		}
 	})
 }
+
+// An exec model gets an explicit environment: the allow-list and its own
+// entries, never the worker's secrets.
+func TestExecModelEnvironmentIsExplicit(t *testing.T) {
+	t.Setenv("MLSCHED_NATS_PASSWORD_FILE", "/run/secrets/nats-pw")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-4711")
+	dump := filepath.Join(t.TempDir(), "env")
+	spec := model.Spec{Name: "envdump", Types: []string{"t"}, Executor: model.ExecutorExec,
+		Exec: &model.ExecSpec{Command: []string{"sh", "-c", `env > "$1"; echo '{"ready":true}'; cat >/dev/null`, "sh", dump},
+			Env: []string{"MODEL_FLAG=on"}}}
+	newExecModel(t, spec)
+	b, err := os.ReadFile(dump)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := string(b)
+	for _, bad := range []string{"MLSCHED_", "aws-secret-4711"} {
+		if strings.Contains(env, bad) {
+			t.Errorf("the model sees %q:\n%s", bad, env)
+		}
+	}
+	for _, want := range []string{"MODEL_FLAG=on", "PATH="} {
+		if !strings.Contains(env, want) {
+			t.Errorf("the model lacks %q:\n%s", want, env)
+		}
+	}
+}

@@ -88,7 +88,10 @@ type ExecSpec struct {
 	Command []string `yaml:"command"`
 	// Dir is the working directory (default: the worker's).
 	Dir string `yaml:"dir,omitempty"`
-	// Env adds KEY=VALUE entries to the worker's environment.
+	// Env is the model's environment, KEY=VALUE entries added to the few
+	// variables it inherits from the worker (executor.EnvAllow: PATH, HOME,
+	// locale, TZ, TMPDIR, PYTHONPATH, VIRTUAL_ENV); nothing else of the
+	// worker's environment reaches the model.
 	Env []string `yaml:"env,omitempty"`
 	// ReadyTimeout bounds how long a started process may take to print its
 	// ready line (default 60s); past it the process is killed and restarted.

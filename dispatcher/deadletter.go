@@ -51,6 +51,7 @@ func messageEntryOf(kind string, msg jetstream.Msg) string {
 
 func (p *deadLetters) message(kind string, dl protocol.DeadLetter) (*nats.Msg, error) {
 	dl.At = time.Now().UTC()
+	dl.TruncateOriginal() // an oversized message must not make an unpublishable dead letter
 	data, err := json.Marshal(dl)
 	if err != nil {
 		return nil, err

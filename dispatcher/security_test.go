@@ -293,3 +293,34 @@ func (e *env) stats() protocol.StatsReport {
 	})
 	return r
 }
+
+// The measured attack: a 6 MiB message without an id looped for ever,
+// its dead letter larger than the server allows. Now the dead letter keeps
+// a truncated original with the whole message's size and hash, and the
+// message leaves the task stream.
+func TestOversizedUnkeyableMessageIsDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	e.waitFor("streams", func() bool { _, err := e.ns.JS.Stream(e.ctx, topology.StreamDLQ); return err == nil })
+	big := bytes.Repeat([]byte("x"), 3<<20) // not JSON, no id; within the 4 MiB intake limit
+	e.publish(topology.TaskSubject("t"), big, "")
+	var got []protocol.DeadLetter
+	e.waitFor("the dead letter", func() bool { got = e.deadLetters(); return len(got) == 1 })
+	dl := got[0]
+	if !dl.Truncated || dl.OriginalBytes != len(big) || dl.OriginalSHA256 != protocol.TaskSum(big) ||
+		len(dl.Original) != protocol.MaxDeadLetterOriginal {
+		t.Fatalf("dead letter: truncated=%v bytes=%d sha=%s kept=%d", dl.Truncated, dl.OriginalBytes, dl.OriginalSHA256, len(dl.Original))
+	}
+	e.waitFor("the task stream empties", func() bool {
+		s, err := e.ns.JS.Stream(e.ctx, topology.StreamTasks)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(e.ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	// Above the intake limit the producer gets a clear publish error.
+	_, err := e.ns.JS.Publish(e.ctx, topology.TaskSubject("t"), bytes.Repeat([]byte("y"), 5<<20))
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "message size exceeds") {
+		t.Fatalf("a 5 MiB task: %v, want a message size error", err)
+	}
+}

@@ -159,7 +159,14 @@ type DeadLetter struct {
 	TaskID   string    `json:"task_id,omitempty"`
 	History  []Attempt `json:"history,omitempty"`
 	Original []byte    `json:"original"` // base64 in JSON: the bytes may not be JSON
-	At       time.Time `json:"at"`
+	// Truncated is set when Original holds only the first
+	// MaxDeadLetterOriginal bytes of a larger message; OriginalBytes and
+	// OriginalSHA256 then describe the whole message. A truncated entry
+	// cannot be replayed.
+	Truncated      bool      `json:"truncated,omitempty"`
+	OriginalBytes  int       `json:"original_bytes,omitempty"`
+	OriginalSHA256 string    `json:"original_sha256,omitempty"`
+	At             time.Time `json:"at"`
 }
 
 // Bounds of the load figures a heartbeat may announce; Clamp brings a
@@ -190,4 +197,19 @@ func (h *Heartbeat) Clamp() []string {
 		fix("model "+m.Name+" in_flight", &m.InFlight, 0, MaxQueued)
 	}
 	return out
+}
+
+// MaxDeadLetterOriginal bounds the original bytes a dead letter keeps, so
+// that the dead letter of an oversized message still fits the server's
+// max_payload (base64 grows it by a third).
+const MaxDeadLetterOriginal = 64 << 10
+
+// TruncateOriginal keeps at most MaxDeadLetterOriginal bytes of the
+// original, recording the whole message's size and SHA-256.
+func (dl *DeadLetter) TruncateOriginal() {
+	if len(dl.Original) <= MaxDeadLetterOriginal {
+		return
+	}
+	dl.Truncated, dl.OriginalBytes, dl.OriginalSHA256 = true, len(dl.Original), TaskSum(dl.Original)
+	dl.Original = dl.Original[:MaxDeadLetterOriginal:MaxDeadLetterOriginal]
 }

@@ -72,6 +72,12 @@ type Config struct {
 	DuplicateWindow time.Duration
 	// NodeTTL is how long a node's heartbeat is kept (default 10s).
 	NodeTTL time.Duration
+	// TasksMaxBytes bounds the task stream; beyond it new tasks are refused
+	// (default 128 MiB: the backlog of 100k+ typical tasks).
+	TasksMaxBytes int64
+	// TasksMaxMsgSize bounds one task message (default 4 MiB); the
+	// dispatcher rejects tasks above its own MLSCHED_MAX_PAYLOAD_BYTES.
+	TasksMaxMsgSize int32
 }
 
 func (c Config) withDefaults() Config {
@@ -89,6 +95,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.NodeTTL <= 0 {
 		c.NodeTTL = 10 * time.Second
+	}
+	if c.TasksMaxBytes <= 0 {
+		c.TasksMaxBytes = 128 << 20
+	}
+	if c.TasksMaxMsgSize <= 0 {
+		c.TasksMaxMsgSize = 4 << 20
 	}
 	return c
 }
@@ -112,10 +124,14 @@ func Streams(c Config) []jetstream.StreamConfig {
 	results.AllowDirect = true
 	dlq := base(StreamDLQ, SubjectDLQAll, jetstream.LimitsPolicy)
 	dlq.MaxAge = c.DLQMaxAge
+	// Intake is bounded: a producer gets a clear publish error (message too
+	// large, or maximum bytes exceeded) instead of filling the server.
+	tasks := base(StreamTasks, SubjectTasksAll, jetstream.WorkQueuePolicy)
+	tasks.MaxBytes, tasks.MaxMsgSize, tasks.Discard = c.TasksMaxBytes, c.TasksMaxMsgSize, jetstream.DiscardNew
 	dispatch := base(StreamDispatch, SubjectDispatchAll, jetstream.WorkQueuePolicy)
 	dispatch.AllowDirect = true // the dispatcher reads in-flight dispatches by sequence
 	return []jetstream.StreamConfig{
-		base(StreamTasks, SubjectTasksAll, jetstream.WorkQueuePolicy),
+		tasks,
 		dispatch,
 		base(StreamOutcomes, SubjectOutcomesAll, jetstream.WorkQueuePolicy),
 		results,

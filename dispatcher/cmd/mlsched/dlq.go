@@ -303,6 +303,10 @@ func (a *app) replay(ctx context.Context, dlq jetstream.Stream, e dlqEntry) (uin
 	if e.Err != nil {
 		return 0, fmt.Errorf("%w: the entry is not a dead letter: %v", errNotReplayable, e.Err)
 	}
+	if e.DL.Truncated {
+		return 0, fmt.Errorf("%w: it keeps only the first %d of the original's %d bytes (sha256 %s)", errNotReplayable,
+			len(e.DL.Original), e.DL.OriginalBytes, e.DL.OriginalSHA256)
+	}
 	id := e.DL.TaskID
 	if id == "" {
 		return 0, fmt.Errorf("%w: its original has no usable task id (unkeyable: code %s), so no result could ever be keyed; fix the producer and submit a corrected task", errNotReplayable, e.DL.Code)

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
@@ -113,16 +111,11 @@ type Config struct {
 	MaxInFlight int `envconfig:"MAX_IN_FLIGHT" default:"1024" desc:"publishes awaiting acknowledgement; consumers pull at most this many"`
 	// AckWait of the dispatcher's consumers (default 30s).
 	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"ack wait of the dispatcher consumers"`
-	// NodeTTL expires a node without heartbeats (default 10s).
-	NodeTTL time.Duration `envconfig:"NODE_TTL" default:"10s" desc:"a node without heartbeat for this long is dead (as the workers)"`
 	// ResultsMaxAge is how long results are kept (default 24h).
 	ResultsMaxAge time.Duration `envconfig:"RESULTS_MAX_AGE" default:"24h" desc:"how long results are kept"`
-	// Storage of the streams: file or memory (default file).
-	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage: file or memory"`
-
-	// StreamReplicas of the streams it creates when they do not exist
-	// (default 1).
-	StreamReplicas int `envconfig:"STREAM_REPLICAS" default:"1" desc:"stream replicas when creating streams"`
+	// Shared: NodeTTL, Storage and StreamReplicas, which every process must
+	// set alike (MLSCHED_NODE_TTL, MLSCHED_STORAGE, MLSCHED_STREAM_REPLICAS).
+	topology.Shared
 	// PprofAddr, when set, serves net/http/pprof there (default empty: off).
 	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6060 (empty: off)"`
 
@@ -175,14 +168,8 @@ func (c Config) Validate() error {
 		return bad("MAX_IN_FLIGHT", c.MaxInFlight, "must be at least 1")
 	case c.MaxPayloadBytes < 1:
 		return bad("MAX_PAYLOAD_BYTES", c.MaxPayloadBytes, "must be at least 1")
-	case c.StreamReplicas < 1:
-		return bad("STREAM_REPLICAS", c.StreamReplicas, "must be at least 1")
-	case c.NodeTTL <= 0:
-		return bad("NODE_TTL", c.NodeTTL, "must be positive")
 	case c.StatsBuffer < 1:
 		return bad("STATS_BUFFER", c.StatsBuffer, "must be at least 1")
-	case c.Storage != "file" && c.Storage != "memory":
-		return bad("STORAGE", c.Storage, "must be file or memory")
 	case c.ExploreShare < 0 || c.ExploreShare > 1:
 		return bad("EXPLORE_SHARE", c.ExploreShare, "must be in 0..1")
 	case c.MinSamples < 0:
@@ -194,6 +181,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := opshttp.ValidateAddr(c.HTTPAddr); err != nil {
+		return err
+	}
+	if err := c.Shared.Validate(config.Prefix); err != nil {
 		return err
 	}
 	// What is left for the engine to refuse is a policy name.
@@ -226,10 +216,8 @@ func (c *Config) Window() stats.Window {
 
 // Topology is the stream configuration.
 func (c *Config) Topology() topology.Config {
-	t := topology.Config{ResultsMaxAge: c.ResultsMaxAge, NodeTTL: c.NodeTTL, Replicas: c.StreamReplicas}
-	if c.Storage == "memory" {
-		t.Storage = jetstream.MemoryStorage
-	}
+	t := c.Shared.Config()
+	t.ResultsMaxAge = c.ResultsMaxAge
 	return t
 }
 

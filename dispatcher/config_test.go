@@ -69,3 +69,19 @@ func TestZeroValueConfigGetsTheDefaults(t *testing.T) {
 		t.Fatalf("MLSCHED_RETRY_BACKOFF=0s: %v, backoff %v", err, d.Config().RetryBackoff)
 	}
 }
+
+// The settings every process must set alike come from one shared struct,
+// read from the same variables.
+func TestSharedSettingsAreRead(t *testing.T) {
+	t.Setenv("MLSCHED_NODE_TTL", "7s")
+	t.Setenv("MLSCHED_STORAGE", "memory")
+	t.Setenv("MLSCHED_STREAM_REPLICAS", "3")
+	cfg, err := dispatcher.LoadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeTTL.String() != "7s" || cfg.Storage != "memory" || cfg.StreamReplicas != 3 ||
+		cfg.Topology().Replicas != 3 || cfg.Topology().NodeTTL.String() != "7s" {
+		t.Fatalf("shared settings %+v, topology %+v", cfg.Shared, cfg.Topology())
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // Config configures a worker node. Load it with config.Load (MLSCHED_*
@@ -40,9 +41,6 @@ type Config struct {
 	// ShutdownGrace bounds how long in-flight tasks may finish on shutdown
 	// (default 20s); the rest are nak'ed for redelivery.
 	ShutdownGrace time.Duration `envconfig:"SHUTDOWN_GRACE" default:"20s" desc:"time in-flight tasks get on shutdown"`
-	// NodeTTL is the node bucket's entry TTL (default 10s); it must match
-	// the dispatcher's.
-	NodeTTL time.Duration `envconfig:"NODE_TTL" default:"10s" desc:"node heartbeat TTL (as the dispatcher's)"`
 	// DefaultTimeout is a task's run timeout when neither the dispatch nor
 	// the model sets one (default 30s).
 	DefaultTimeout time.Duration `envconfig:"DEFAULT_TIMEOUT" default:"30s" desc:"run timeout of a dispatch that carries none, for a model without its own"`
@@ -50,11 +48,10 @@ type Config struct {
 	PublishTimeout time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s" desc:"outcome publish timeout"`
 	// SimSeed seeds sim models (default 0: random).
 	SimSeed int64 `envconfig:"SIM_SEED" desc:"seed of sim models (0: random)"`
-	// Storage of streams this node creates when they do not exist: file or
-	// memory (default file). Set it as the dispatcher's MLSCHED_STORAGE.
-	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage when creating streams: file or memory (as the dispatcher's)"`
-	// Replicas of streams this node creates when they do not exist (default 1).
-	Replicas int `envconfig:"STREAM_REPLICAS" default:"1" desc:"stream replicas when creating streams"`
+	// Shared: NodeTTL (the node bucket's entry TTL), Storage and
+	// StreamReplicas, which every process must set alike (MLSCHED_NODE_TTL,
+	// MLSCHED_STORAGE, MLSCHED_STREAM_REPLICAS).
+	topology.Shared
 	// PprofAddr, when set, serves net/http/pprof there, for profiling the
 	// worker's hot path (default empty: off). Set by cmd/worker only.
 	PprofAddr string `envconfig:"PPROF_ADDR" desc:"listen address for net/http/pprof, e.g. 127.0.0.1:6061 (empty: off)"`
@@ -77,8 +74,8 @@ func (c Config) validate() error {
 	if err := protocol.ValidToken(c.NodeID, 64); err != nil {
 		return fmt.Errorf("invalid %s_NODE_ID=%q: %v", config.Prefix, c.NodeID, err)
 	}
-	if c.Storage != "" && c.Storage != "file" && c.Storage != "memory" {
-		return fmt.Errorf("invalid %s_STORAGE=%q: must be file or memory", config.Prefix, c.Storage)
+	if err := c.Shared.Validate(config.Prefix); err != nil {
+		return err
 	}
 	if err := opshttp.ValidateAddr(c.HTTPAddr); err != nil {
 		return err

@@ -49,7 +49,7 @@ func newHarness(t testing.TB, node string) *harness {
 // testConfig is a fast configuration for tests.
 func (h *harness) config() Config {
 	return Config{NATS: natsconn.Config{URL: h.srv.URL}, NodeID: h.node, Concurrency: 4, AckWait: 5 * time.Second,
-		HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 3 * time.Second, ShutdownGrace: 5 * time.Second,
+		HeartbeatInterval: 100 * time.Millisecond, Shared: topology.Shared{NodeTTL: 3 * time.Second}, ShutdownGrace: 5 * time.Second,
 		DefaultTimeout: 5 * time.Second}
 }
 

@@ -43,7 +43,7 @@ func TestSurvivesServerRestart(t *testing.T) {
 	url := s1.ClientURL()
 
 	cfg := Config{NATS: natsconn.Config{URL: url}, NodeID: "n-rs", Concurrency: 2, AckWait: 5 * time.Second,
-		HeartbeatInterval: 100 * time.Millisecond, NodeTTL: 3 * time.Second}
+		HeartbeatInterval: 100 * time.Millisecond, Shared: topology.Shared{NodeTTL: 3 * time.Second}}
 	w, err := New(cfg, WithLogger(zerolog.Nop()), WithModels([]ModelSpec{goModel("m", "echo")}))
 	if err != nil {
 		t.Fatal(err)

@@ -14,8 +14,8 @@ import (
 
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/jsconsume"
-	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/jsretry"
+	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -171,11 +171,7 @@ func (w *Worker) InFlight() int { return int(w.inFlight.Load()) }
 func (w *Worker) Models() []protocol.ModelInfo { return w.announced() }
 
 func (w *Worker) topology() topology.Config {
-	t := topology.Config{Replicas: w.cfg.Replicas, NodeTTL: w.cfg.NodeTTL}
-	if w.cfg.Storage == "memory" {
-		t.Storage = jetstream.MemoryStorage
-	}
-	return t
+	return w.cfg.Shared.Config()
 }
 
 // Run connects, makes sure the topology exists, announces the node and

@@ -30,10 +30,22 @@ type supersededSet struct {
 	// cancelled holds the ids of tasks with a cancelled submission, so that
 	// intake checks a task with one map lookup and no key encoding.
 	cancelled map[string]struct{}
+	// at is when each key was last written; keys older than retention (the
+	// bucket's TTL, after which the bucket forgets them without telling its
+	// watchers) are pruned, so the set does not grow for ever.
+	at        map[string]time.Time
+	retention time.Duration
+	lastPrune time.Time
+	now       func() time.Time
 }
 
+// supersededRetention is how long the MLSCHED_SUPERSEDED bucket keeps an
+// entry (topology.EnsureSupersededBucket), far longer than any attempt.
+const supersededRetention = 24 * time.Hour
+
 func newSupersededSet(kv jetstream.KeyValue, log zerolog.Logger) *supersededSet {
-	return &supersededSet{kv: kv, log: log, m: map[string]int{}, cancelled: map[string]struct{}{}}
+	return &supersededSet{kv: kv, log: log, m: map[string]int{}, cancelled: map[string]struct{}{},
+		at: map[string]time.Time{}, retention: supersededRetention, now: time.Now}
 }
 
 // supersededKey names one submission of a task in the bucket. Task ids may
@@ -77,7 +89,7 @@ func (s *supersededSet) Cancel(ctx context.Context, task, submission string) err
 
 func (s *supersededSet) put(ctx context.Context, task, submission string, attempt int) error {
 	key := supersededKey(task, submission)
-	s.set(key, attempt)
+	s.set(key, attempt, s.now())
 	if s.kv == nil {
 		return nil
 	}
@@ -87,11 +99,15 @@ func (s *supersededSet) put(ctx context.Context, task, submission string, attemp
 	return err
 }
 
-func (s *supersededSet) set(key string, attempt int) {
+func (s *supersededSet) set(key string, attempt int, at time.Time) {
 	s.mu.Lock()
 	if s.m[key] < attempt {
 		s.m[key] = attempt
 	}
+	if at.After(s.at[key]) {
+		s.at[key] = at
+	}
+	s.pruneLocked()
 	if attempt == cancelledAttempt {
 		if raw, err := base64.RawURLEncoding.DecodeString(key); err == nil {
 			task, _, _ := strings.Cut(string(raw), "\x00")
@@ -115,6 +131,37 @@ func (s *supersededSet) apply(e jetstream.KeyValueEntry) {
 		return
 	}
 	if n, err := strconv.Atoi(string(e.Value())); err == nil {
-		s.set(e.Key(), n)
+		s.set(e.Key(), n, e.Created())
 	}
+}
+
+// pruneLocked drops, at most once a minute, the keys older than the
+// retention. Called with mu held.
+func (s *supersededSet) pruneLocked() {
+	now := s.now()
+	if now.Sub(s.lastPrune) < time.Minute {
+		return
+	}
+	s.lastPrune = now
+	cut := now.Add(-s.retention)
+	for key, at := range s.at {
+		if !at.Before(cut) {
+			continue
+		}
+		delete(s.at, key)
+		if s.m[key] == cancelledAttempt {
+			if raw, err := base64.RawURLEncoding.DecodeString(key); err == nil {
+				task, _, _ := strings.Cut(string(raw), "\x00")
+				delete(s.cancelled, task)
+			}
+		}
+		delete(s.m, key)
+	}
+}
+
+// size is how many keys the set holds (for tests).
+func (s *supersededSet) size() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.m)
 }

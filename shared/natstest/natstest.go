@@ -181,6 +181,10 @@ func NewCluster(t testing.TB, n int) *Cluster {
 func (c *Cluster) WaitStreamCurrent(ctx context.Context, name string) error {
 	for {
 		err := func() error {
+			// One attempt's requests get a short deadline: during an election
+			// a request may get no answer at all.
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
 			s, err := c.JS.Stream(ctx, name)
 			if err != nil {
 				return err

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/jsretry"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -17,10 +20,14 @@ func TestClusterR3Topology(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := topology.Config{Replicas: 3}
-	if err := topology.Ensure(ctx, c.JS, cfg); err != nil {
+	// As the dispatcher and the worker do: a request made while the new
+	// cluster still elects its leaders may get no answer, so each attempt has
+	// a deadline of its own and is retried.
+	ensure := func(ctx context.Context) error { return topology.Ensure(ctx, c.JS, cfg) }
+	if err := jsretry.Do(ctx, zerolog.Nop(), "topology", ensure); err != nil {
 		t.Fatal(err)
 	}
-	if err := topology.Ensure(ctx, c.JS, cfg); err != nil {
+	if err := jsretry.Do(ctx, zerolog.Nop(), "topology", ensure); err != nil {
 		t.Fatalf("second Ensure: %v", err)
 	}
 	for _, sc := range topology.Streams(cfg) {
@@ -61,7 +68,12 @@ func TestClusterR3Topology(t *testing.T) {
 	defer rcancel()
 	var got []byte
 	for got == nil {
-		m, err := s.GetLastMsgForSubject(rctx, topology.ResultSubject("r1"))
+		// Each read gets a short timeout of its own: a request made while the
+		// client reconnects, or to a server that just left, gets no answer at
+		// all and would otherwise wait out the whole deadline.
+		actx, acancel := context.WithTimeout(rctx, 2*time.Second)
+		m, err := s.GetLastMsgForSubject(actx, topology.ResultSubject("r1"))
+		acancel()
 		switch {
 		case err == nil:
 			got = m.Data

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -90,7 +91,17 @@ func TestProxyCutAndHeal(t *testing.T) {
 // A 3-node cluster serves an R3 stream; with one node partitioned off the
 // other two keep accepting writes, the partitioned node refuses clients, and
 // after Heal it catches up: every replica current with every message.
+//
+// Quarantined from `make test`: in about one fresh-clone run in five under
+// load the leader never saw the partitioned replica fall behind within a
+// minute. The suspected cause is a leak in the harness's partition: a server
+// may also route to a peer through the address that peer advertises for
+// gossip (its inbound proxy), which Partition(i) cannot cut for node i alone.
+// Run it with `cd e2e && MLSCHED_CHAOS_CLUSTER=1 go test -run TestNATSClusterPartition ./harness/`.
 func TestNATSClusterPartition(t *testing.T) {
+	if os.Getenv("MLSCHED_CHAOS_CLUSTER") == "" {
+		t.Skip("quarantined (flaky: the partition may leak through gossiped route addresses); set MLSCHED_CHAOS_CLUSTER=1 to run it")
+	}
 	t.Parallel()
 	c := harness.New(t)
 	nc := c.StartNATSCluster(harness.NATSClusterOptions{})

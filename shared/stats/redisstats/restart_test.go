@@ -135,9 +135,15 @@ func TestKilledRedisRestartedEmptyKeepsChoices(t *testing.T) {
 		}
 	}
 
-	// the replicas notice, re-seed, and every replica sees the past again
-	for name, s := range map[string]stats.Store{"a": a, "b": b, "a new replica": newReplica()} {
-		after := snapOf(s)
+	// the replicas notice, re-seed, and every replica sees the past again.
+	// In this order: a replica started before an old one has touched the
+	// restarted store finds it empty, as it should (the order once came from
+	// ranging over a map, and CI failed on it).
+	for _, r := range []struct {
+		name string
+		s    stats.Store
+	}{{"a", a}, {"b", b}, {"a new replica", newReplica()}} {
+		name, after := r.name, snapOf(r.s)
 		for _, p := range pols {
 			if got := choices(after, p); !slices.Equal(got, want[p]) {
 				t.Errorf("%s, %s after the restart: %v, want %v", name, p, share(got), share(want[p]))

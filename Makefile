@@ -130,6 +130,7 @@ test: redis-server prometheus sklearn chromium ## vet and test (-race) every mod
 	else \
 		summary+=("SKIP  fuzz FuzzDecodeTask (no such fuzz target in shared/protocol yet)"); \
 	fi; \
+	step "fuzz FuzzDecodeOutcome $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzDecodeOutcome\$$' -fuzztime $(FUZZTIME) ./protocol/"; \
 	echo; echo "==================== make test summary ===================="; \
 	printf '%s\n' "$${summary[@]}"; \
 	echo "==========================================================="; \

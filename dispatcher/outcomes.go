@@ -1,7 +1,6 @@
 package dispatcher
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -21,8 +20,8 @@ import (
 // handle any outcome.
 func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	data := msg.Data()
-	var o protocol.Outcome
-	if err := json.Unmarshal(data, &o); err != nil || o.TaskID == "" || o.Status == "" {
+	o, err := protocol.DecodeOutcome(data) // as json.Unmarshal would, in one pass
+	if err != nil || o.TaskID == "" || o.Status == "" {
 		reason := "outcome has no task_id or status"
 		if err != nil {
 			reason = "outcome is not valid JSON: " + err.Error()
@@ -58,7 +57,11 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	if meta, err := msg.Metadata(); err == nil {
 		first = meta.NumDelivered == 1
 	}
-	log := d.log.With().Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt).Logger()
+	// Built only for a line that is logged: successes are the bulk, and
+	// logged at debug level.
+	log := func(e *zerolog.Event) *zerolog.Event {
+		return e.Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt)
+	}
 
 	state := settle.State{Redelivered: !first, Cancelled: d.superseded.Cancelled(o.TaskID, submission),
 		Superseded: o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)}
@@ -90,13 +93,13 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		// cancelled: its outcome counts in the statistics, but the task's
 		// result comes from a later attempt or the cancellation.
 		d.counters.Late.Add(1)
-		log.Info().Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
+		log(d.log.Info()).Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
 		_ = msg.Ack()
 	case settle.Finish:
 		if dec.Status == protocol.StatusSucceeded {
-			log.Debug().Msg("attempt succeeded")
+			log(d.log.Debug()).Msg("attempt succeeded") // a nil event when debug is off: nothing built
 		} else {
-			log.Info().Str("error", o.Error).Msg("task error: not retried")
+			log(d.log.Info()).Str("error", o.Error).Msg("task error: not retried")
 		}
 		d.finish(msg, &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
@@ -106,12 +109,12 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 			_ = msg.NakWithDelay(dec.Backoff) // durable backoff: the redelivery re-dispatches
 			return
 		}
-		log.Info().Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
+		log(d.log.Info()).Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
 		d.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
 			submission: submission, traceparent: pd.Traceparent}, msg)
 	default: // settle.DeadLetter
 		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
-		log.Warn().Err(err).Msg("task failed")
+		log(d.log.Warn()).Err(err).Msg("task failed")
 		task.ID, task.Type = o.TaskID, o.Type
 		d.reject(msg, ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
 			history: history, attempts: attempt, submitted: submitted, submission: submission,

@@ -1,6 +1,7 @@
 package protocol_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -62,6 +63,38 @@ func BenchmarkParseDispatch(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if _, err := protocol.ParseDispatch(h); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDecodeOutcome compares what the dispatcher pays to decode an
+// outcome, encoding/json against DecodeOutcome, for a success and for a
+// failure carrying the task's bytes.
+func BenchmarkDecodeOutcome(b *testing.B) {
+	success := []byte(`{"task_id":"task-000123","type":"classify","attempt":1,"model":"bert-v2","node":"node-3","status":"success","output":{"label":"spam","score":0.97},"latency_ms":3.217}`)
+	failure := []byte(`{"task_id":"task-000123","type":"classify","attempt":2,"model":"bert-v2","node":"node-3","status":"model_error","error":"model server answered 503","latency_ms":12.5,"task":{"id":"task-000123","type":"classify","payload":{"text":"is this spam?"},"max_attempts":3}}`)
+	for _, bc := range []struct {
+		name string
+		data []byte
+	}{{"success", success}, {"failure", failure}} {
+		b.Run(bc.name+"/json", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.data)))
+			for b.Loop() {
+				var o protocol.Outcome
+				if err := json.Unmarshal(bc.data, &o); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(bc.name+"/DecodeOutcome", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.data)))
+			for b.Loop() {
+				if _, err := protocol.DecodeOutcome(bc.data); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,0 +1,102 @@
+package protocol_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// outcomeSeeds are the fuzz seeds of FuzzDecodeOutcome, and the table of
+// TestDecodeOutcomeMatchesJSON: what workers send, and the corners of
+// encoding/json's rules (null, duplicates, case folding, escapes, bad
+// UTF-8, numbers, nesting, trailing data).
+var outcomeSeeds = []string{
+	`{"task_id":"t-1","type":"echo","attempt":1,"model":"m1","node":"n1","status":"success","output":{"x":[1,2.5,"y",null,true]},"latency_ms":0.125}`,
+	`{"task_id":"t-1","type":"echo","attempt":2,"model":"m1","node":"n1","status":"model_error","error":"boom \"quoted\"\n","latency_ms":3,"task":{"id":"t-1","type":"echo","payload":"p"}}`,
+	``, ` `, `null`, ` null `, `nul`, `{}`, `[]`, `"x"`, `1`, `true`, `{"task_id":"a"} {}`, `{"task_id":"a"}x`, `{"task_id":"a",}`,
+	`{"task_id":null,"attempt":null,"latency_ms":null,"output":null,"task":null}`,
+	`{"task_id":"a","task_id":null}`, `{"task_id":"a","task_id":"b"}`, `{"output":1,"output":[2]}`,
+	`{"TASK_ID":"a","Type":"t","ATTEMPT":3}`, "{\"tas\u212a_id\":\"kelvin\"}", "{\"task_\u0131d\":\"dotless\"}", "{\"\u017ftatus\":\"success\"}",
+	`{"task_\u0069d":"escaped key"}`, `{"task_id":"\u00e9\ud83d\ude00\ud800x\udc00\u0000\/\b\f\n\r\t"}`,
+	"{\"task_id\":\"\xff\xfe bad utf-8 \xed\xa0\x80\"}", "{\"task_id\":\"tab\tin string\"}", "{\"task_id\":\"a\\x\"}",
+	`{"attempt":1.0}`, `{"attempt":1e2}`, `{"attempt":-0}`, `{"attempt":-12}`, `{"attempt":9223372036854775807}`,
+	`{"attempt":9223372036854775808}`, `{"attempt":-9223372036854775808}`, `{"attempt":0123}`, `{"attempt":"1"}`,
+	`{"latency_ms":1e400}`, `{"latency_ms":-1e-400}`, `{"latency_ms":1.5E+3}`, `{"latency_ms":.5}`, `{"latency_ms":1.}`,
+	`{"latency_ms":-}`, `{"latency_ms":true}`, `{"status":1}`, `{"status":"lost"}`, `{"status":"succes\u0073"}`,
+	`{"status":{"a":1}}`, `{"error":["x"]}`, `{"model":false}`, `{"unknown":{"deep":[{"a":[]}]},"node":"n"}`,
+	`{"output":"\ud83d"}`, `{"task":{"id":"a","payload":[1,{"b":"c"}]}}`, "\t{ \"node\" :\r\n\"n\" }\n",
+	`{"a":[1,2,]}`, `{"a":{"b"}}`, `{"a":tru}`, `{"a":nulll}`, `{"a" 1}`, `{1:2}`, `{"a":1`, `{"a":"unterminated`,
+	`{"a":"\u12"}`, `{"a":"\u12g4"}`, `{"output":[[[[[[[[[[]]]]]]]]]]}`, `"\u0000"`,
+}
+
+func FuzzDecodeOutcome(f *testing.F) {
+	for _, s := range outcomeSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { checkOutcomeDecode(t, data) })
+}
+
+// TestDecodeOutcomeMatchesJSON runs the fuzz seeds and a few shapes too
+// big for them (nesting at encoding/json's depth limit).
+func TestDecodeOutcomeMatchesJSON(t *testing.T) {
+	for _, s := range outcomeSeeds {
+		checkOutcomeDecode(t, []byte(s))
+	}
+	for _, depth := range []int{9999, 10000, 10001} {
+		deep := `{"output":` + strings.Repeat("[", depth-1) + strings.Repeat("]", depth-1) + `}`
+		checkOutcomeDecode(t, []byte(deep))
+		deep = `{"x":` + strings.Repeat(`{"a":`, depth-1) + "1" + strings.Repeat("}", depth-1) + `}`
+		checkOutcomeDecode(t, []byte(deep))
+	}
+	if _, err := protocol.DecodeOutcome([]byte(`{"attempt":1.5}`)); err == nil || !strings.Contains(err.Error(), "attempt") {
+		t.Errorf("a type error names the field: %v", err)
+	}
+	var je *protocol.JSONError
+	if _, err := protocol.DecodeOutcome([]byte(`{"a":x}`)); !errors.As(err, &je) || je.Offset != 5 {
+		t.Errorf("a syntax error carries its offset: %v", err)
+	}
+}
+
+// checkOutcomeDecode holds DecodeOutcome to json.Unmarshal: the same
+// inputs refused, the same fields decoded.
+func checkOutcomeDecode(t *testing.T, data []byte) {
+	t.Helper()
+	var want protocol.Outcome
+	werr := json.Unmarshal(data, &want)
+	got, err := protocol.DecodeOutcome(data)
+	if (werr == nil) != (err == nil) {
+		t.Fatalf("%q: encoding/json says %v, DecodeOutcome says %v", data, werr, err)
+	}
+	if werr != nil {
+		return
+	}
+	if got.TaskID != want.TaskID || got.Type != want.Type || got.Attempt != want.Attempt || got.Model != want.Model ||
+		got.Node != want.Node || got.Status != want.Status || got.Error != want.Error ||
+		math.Float64bits(got.LatencyMs) != math.Float64bits(want.LatencyMs) ||
+		!sameRaw(got.Output, want.Output) || !sameRaw(got.Task, want.Task) {
+		t.Fatalf("%q:\n got  %+v\n want %+v", data, got, want)
+	}
+}
+
+func sameRaw(a, b json.RawMessage) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
+
+// The raw members alias the message and cannot be appended into it.
+func TestDecodeOutcomeAliases(t *testing.T) {
+	data := []byte(`{"output":[1],"task":{"id":"a"},"status":"success"}`)
+	o, err := protocol.DecodeOutcome(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = append(o.Output, 'x')
+	if string(data) != `{"output":[1],"task":{"id":"a"},"status":"success"}` {
+		t.Fatalf("an append to Output wrote into the message: %s", data)
+	}
+	if o.Status != protocol.OutcomeSuccess || string(o.Task) != `{"id":"a"}` {
+		t.Fatalf("decoded %+v", o)
+	}
+}

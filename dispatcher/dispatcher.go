@@ -283,11 +283,16 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	pkv, err := topology.EnsureDispatcherBucket(ctx, d.js, d.cfg.Topology())
-	if err != nil {
+	// On a cluster the bucket's stream may still be electing its leader
+	// (its reads get no responders): wait, as for the other buckets.
+	if err := jsretry.Do(ctx, d.log, "seal key", func(ctx context.Context) error {
+		pkv, err := topology.EnsureDispatcherBucket(ctx, d.js, d.cfg.Topology())
+		if err != nil {
+			return err
+		}
+		d.sealKey, err = loadSealKey(ctx, pkv)
 		return err
-	}
-	if d.sealKey, err = loadSealKey(ctx, pkv); err != nil {
+	}); err != nil {
 		return err
 	}
 	d.batch = stats.NewBatcher(d.store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})

@@ -696,6 +696,11 @@ func (r *chaosRunner) injectCluster(ctx context.Context, f fault) (string, error
 		if err = nc.Partition(f.Target); err != nil {
 			return target, err
 		}
+		// A partition that leaks is no partition: fail the fault.
+		if err = nc.WaitIsolated(f.Target, 30*time.Second); err != nil {
+			nc.Heal(f.Target)
+			return target, err
+		}
 		sleepCtx(ctx, f.Down)
 		nc.Heal(f.Target)
 	case faultRollingNATS:

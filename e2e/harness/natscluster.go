@@ -2,8 +2,10 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,11 +30,19 @@ type NATSClusterOptions struct {
 }
 
 // NATSCluster is a cluster of nats-server processes whose every link goes
-// through a Proxy: a client port proxy per server, a proxy per route
-// direction between two servers, and one per server for the address it
-// advertises to its peers (used by routes learnt by gossip). So a test can
-// cut one server off from its peers and its clients (Partition) and heal it,
-// on loopback, without root.
+// through a Proxy: a client port proxy per server and a proxy per route
+// direction between two servers (the routes are a full mesh of configured
+// routes). So a test can cut one server off from its peers and its clients
+// (Partition) and heal it, on loopback, without root.
+//
+// Servers also learn each other's route address by gossip and dial it when
+// a gossiped peer is not yet connected, or to reconnect a route that began
+// that way. Such a route would bypass the per-link proxies: one proxy per
+// server cannot be cut for one peer alone, so a partitioned server kept (or
+// re-established) routes through its peers' advertised addresses and went on
+// replicating. Each server therefore advertises a sink, a proxy that is cut
+// for good and refuses every connection: every route that exists is a
+// configured one, through the proxies that Partition cuts.
 type NATSCluster struct {
 	Name  string
 	Nodes []*NATS
@@ -40,9 +50,9 @@ type NATSCluster struct {
 	// proxies), what MLSCHED_NATS_URL takes.
 	URL string
 
-	client  []*Proxy          // per node: clients -> node
-	inbound []*Proxy          // per node: the advertised route address
-	links   map[[2]int]*Proxy // {from, to}: from's configured route to `to`
+	client []*Proxy          // per node: clients -> node
+	sink   []*Proxy          // per node: the advertised route address, always cut
+	links  map[[2]int]*Proxy // {from, to}: from's configured route to `to`
 
 	mu          sync.Mutex
 	partitioned map[int]bool
@@ -78,7 +88,7 @@ func renderNATSNodeConfig(n natsNodeConfig) string {
 		clientAdv = fmt.Sprintf("# clients learn the proxied address, not the real one\nclient_advertise: %q\n", n.ClientAdvertise)
 	}
 	if n.RouteAdvertise != "" {
-		routeAdv = fmt.Sprintf("  # peers that learn this server by gossip dial its proxy\n  advertise: %q\n", n.RouteAdvertise)
+		routeAdv = fmt.Sprintf("  # peers that learn this server by gossip dial a sink that refuses:\n  # every route is a configured one, through the harness's proxies\n  advertise: %q\n", n.RouteAdvertise)
 	}
 	return fmt.Sprintf(`# written by the e2e harness: one server of a %[6]s cluster
 server_name: %[1]q
@@ -158,11 +168,12 @@ func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(stri
 			return nil, err
 		}
 		nc.client = append(nc.client, cp)
-		ip, err := StartProxy(name(i)+" gossiped route", fmt.Sprintf("127.0.0.1:%d", p.cluster))
+		sp, err := StartProxy(name(i)+" gossip sink", fmt.Sprintf("127.0.0.1:%d", p.cluster))
 		if err != nil {
 			return nil, err
 		}
-		nc.inbound = append(nc.inbound, ip)
+		sp.Cut() // before the servers start: nothing ever goes through
+		nc.sink = append(nc.sink, sp)
 	}
 	for from := range ps {
 		for to, p := range ps {
@@ -191,7 +202,7 @@ func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(stri
 		clientAddr, clientAdv, routeAdv := fmt.Sprintf("127.0.0.1:%d", p.client), "", ""
 		if !o.Direct {
 			clientAddr = nc.client[i].Addr()
-			clientAdv, routeAdv = clientAddr, nc.inbound[i].Addr()
+			clientAdv, routeAdv = clientAddr, nc.sink[i].Addr()
 		}
 		procName := name(i)
 		if try > 0 {
@@ -245,7 +256,7 @@ func (nc *NATSCluster) Close() {
 }
 
 func (nc *NATSCluster) proxies() []*Proxy {
-	out := append(append([]*Proxy(nil), nc.client...), nc.inbound...)
+	out := append(append([]*Proxy(nil), nc.client...), nc.sink...)
 	for _, p := range nc.links {
 		out = append(out, p)
 	}
@@ -255,7 +266,7 @@ func (nc *NATSCluster) proxies() []*Proxy {
 // nodeProxies are the proxies that carry node i's traffic: its clients, the
 // routes it dials and the routes dialled to it.
 func (nc *NATSCluster) nodeProxies(i int) []*Proxy {
-	out := []*Proxy{nc.client[i], nc.inbound[i]}
+	out := []*Proxy{nc.client[i]}
 	for k, p := range nc.links {
 		if k[0] == i || k[1] == i {
 			out = append(out, p)
@@ -265,8 +276,9 @@ func (nc *NATSCluster) nodeProxies(i int) []*Proxy {
 }
 
 // Partition cuts node i off from the other servers and from its clients:
-// every connection to or from it is closed and new ones are refused until
-// Heal. The server itself keeps running.
+// every connection to or from it is closed, in both directions, and new ones
+// are refused until Heal. The server itself keeps running. Routes shows it:
+// a partitioned server lists none.
 func (nc *NATSCluster) Partition(i int) error {
 	if len(nc.client) == 0 {
 		return errors.New("a cluster started Direct has no proxies to cut")
@@ -293,7 +305,6 @@ func (nc *NATSCluster) Heal(i int) {
 	}
 	nc.mu.Unlock()
 	nc.client[i].Heal()
-	nc.inbound[i].Heal()
 	for k, p := range nc.links {
 		if (k[0] == i && !cut[k[1]]) || (k[1] == i && !cut[k[0]]) {
 			p.Heal()
@@ -325,4 +336,105 @@ func (nc *NATSCluster) WaitHealthy(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	return WaitFor(ctx, func() error { return nc.Healthy(ctx) })
+}
+
+// Route is one route connection of a server as its /routez reports it.
+type Route struct {
+	RemoteName   string `json:"remote_name"`
+	DidSolicit   bool   `json:"did_solicit"`
+	IsConfigured bool   `json:"is_configured"`
+	IP           string `json:"ip"`
+	Port         int    `json:"port"`
+	Account      string `json:"account,omitempty"`
+	// Via names the proxy a route the server dialled goes through (empty
+	// for a route it accepted: the remote port is then the proxy's own
+	// outgoing one).
+	Via string `json:"-"`
+}
+
+func (r Route) String() string {
+	dir := "accepted"
+	if r.DidSolicit {
+		dir = "dialled"
+	}
+	cfg := "implicit"
+	if r.IsConfigured {
+		cfg = "configured"
+	}
+	s := fmt.Sprintf("%s %s %s %s:%d", r.RemoteName, dir, cfg, r.IP, r.Port)
+	if r.Account != "" {
+		s += " account " + r.Account
+	}
+	if r.Via != "" {
+		s += " via " + r.Via
+	}
+	return s
+}
+
+// Routes lists node i's route connections (its /routez), naming the proxy
+// each dialled route goes through: what a test checks, or logs, to see
+// whether a partition really cut a server off.
+func (nc *NATSCluster) Routes(ctx context.Context, i int) ([]Route, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, nc.Nodes[i].MonitorURL+"/routez", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s routez: %s", nc.Nodes[i].ServerName, resp.Status)
+	}
+	var rz struct {
+		Routes []Route `json:"routes"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&rz); err != nil {
+		return nil, fmt.Errorf("%s routez: %w", nc.Nodes[i].ServerName, err)
+	}
+	byPort := map[int]string{}
+	for _, p := range nc.proxies() {
+		byPort[p.Port()] = p.Name
+	}
+	for k := range rz.Routes {
+		if rz.Routes[k].DidSolicit {
+			rz.Routes[k].Via = byPort[rz.Routes[k].Port]
+		}
+	}
+	return rz.Routes, nil
+}
+
+// Isolated reports nil when node i lists no route and no other server lists
+// a route to it, as after Partition(i) has taken effect; otherwise an error
+// naming a route that crosses the cut and listing every server's routes.
+func (nc *NATSCluster) Isolated(ctx context.Context, i int) error {
+	cut := nc.Nodes[i].ServerName
+	var crossing *Route
+	var b strings.Builder
+	for k, n := range nc.Nodes {
+		rs, err := nc.Routes(ctx, k)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "\n%s:", n.ServerName)
+		for j, r := range rs {
+			fmt.Fprintf(&b, "\n  %s", r)
+			if crossing == nil && (k == i || r.RemoteName == cut) {
+				crossing = &rs[j]
+			}
+		}
+	}
+	if crossing != nil {
+		return fmt.Errorf("a route crosses the partition of %s: %s; routes:%s", cut, crossing, b.String())
+	}
+	return nil
+}
+
+// WaitIsolated waits at most timeout until Isolated(i) returns nil: the
+// servers notice closed routes at once, but a route may be in its handshake.
+func (nc *NATSCluster) WaitIsolated(i int, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return WaitFor(ctx, func() error { return nc.Isolated(ctx, i) })
 }

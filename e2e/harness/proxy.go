@@ -22,11 +22,12 @@ type Proxy struct {
 
 	ln net.Listener
 
-	mu     sync.Mutex
-	cut    bool
-	closed bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	cut     bool
+	closed  bool
+	refused int
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
 }
 
 // StartProxy listens on a free loopback port and forwards to target.
@@ -73,6 +74,13 @@ func (p *Proxy) IsCut() bool {
 	return p.cut
 }
 
+// Refused is the number of connections refused because the proxy was cut.
+func (p *Proxy) Refused() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
+}
+
 // Conns is the number of open connection halves (two per forwarded
 // connection).
 func (p *Proxy) Conns() int {
@@ -113,6 +121,9 @@ func (p *Proxy) track(cs ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cut || p.closed {
+		if p.cut && !p.closed {
+			p.refused++
+		}
 		return false
 	}
 	for _, c := range cs {
@@ -131,7 +142,7 @@ func (p *Proxy) untrack(cs ...net.Conn) {
 
 func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
-	if p.IsCut() {
+	if !p.track() { // cut: refuse before dialling
 		client.Close()
 		return
 	}

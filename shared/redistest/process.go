@@ -91,6 +91,18 @@ func startOnce(bin, dir string, port int, extra []string) (*Process, error) {
 	return startCmd(bin, args, dir, port)
 }
 
+// StartConfig runs bin (redis-server or redis-sentinel) with the
+// configuration file conf, which must make it listen on 127.0.0.1:port, plus
+// args, in dir, and waits until it answers PING: for tests of shipped
+// configuration files. The caller picks the port (FreePort) and must Stop it.
+func StartConfig(bin, conf, dir string, port int, args ...string) (*Process, error) {
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("%s not found in PATH: %w", bin, err)
+	}
+	return startCmd(path, append([]string{conf}, args...), dir, port)
+}
+
 // startCmd runs bin with args and waits until it answers PING on port.
 func startCmd(bin string, args []string, dir string, port int) (*Process, error) {
 	out := &lockedBuffer{}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/jsretry"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
@@ -50,8 +51,9 @@ type Dispatcher struct {
 
 	// The components, each with the same lifecycle (shared/lifecycle); run
 	// starts them in this order and stops them in reverse.
-	snaps   *refresher // statistics snapshot and decision table
-	settler *settler   // publish-then-ack
+	snaps   *refresher       // statistics snapshot and decision table
+	pub     *jspub.Publisher // dispatches: publish-then-ack by callback
+	settler *settler         // publish-then-ack
 	dlq     *deadLetters
 	sweeper *sweeper  // lost attempts
 	held    *holdRoom // tasks held back for want of capacity (hold.go)
@@ -175,6 +177,7 @@ func (d *Dispatcher) connect(ctx context.Context) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	d.js = js
+	d.pub = jspub.New(d.nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
 	// Retried while JetStream is unavailable (a cluster election): a
 	// dispatcher restarted then waits instead of exiting.
 	if err := jsretry.Do(ctx, d.log, "topology", func(ctx context.Context) error {
@@ -324,6 +327,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"superseded set", d.superseded},
 		{"node registry", d.registryService()},
 		{"snapshot refresher", d.snaps},
+		// stopped after everything that dispatches: its Stop waits for the
+		// dispatches in flight, which settle their messages
+		{"dispatch publisher", &lifecycle.Func{OnStart: d.pub.Start, OnStop: d.pub.Stop}},
 		{"settler", d.settler},
 		{"sweeper", d.sweeper},
 		{"backlog sampler", d.backlogService()},

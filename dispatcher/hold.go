@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,6 +48,9 @@ type holdRoom struct {
 	q       []*heldTask
 	kick    chan struct{}
 	stopped bool
+	// n is len(q), readable without mu: wake costs nothing while nothing
+	// is held (every outcome calls it).
+	n atomic.Int64
 
 	lastLog  time.Time
 	unlogged int64
@@ -54,8 +58,13 @@ type holdRoom struct {
 
 func newHoldRoom() *holdRoom { return &holdRoom{kick: make(chan struct{}, 1)} }
 
-// wake prompts the hold loop (an outcome freed a slot).
+// wake prompts the hold loop (an outcome freed a slot). While nothing is
+// held it does nothing: waking the loop for every outcome cost a goroutine
+// switch each. A task held at the same moment is retried within holdRetry.
 func (h *holdRoom) wake() {
+	if h.n.Load() == 0 {
+		return
+	}
 	select {
 	case h.kick <- struct{}{}:
 	default:
@@ -91,6 +100,7 @@ func (d *Dispatcher) hold(a attemptSpec, msg jetstream.Msg, dec policy.Decision,
 	}
 	a.heldSince = since
 	h.q = append(h.q, &heldTask{a: a, msg: msg, since: since, until: since.Add(wait), progress: now})
+	h.n.Store(int64(len(h.q)))
 	logNow := now.Sub(h.lastLog) >= holdLogEvery
 	h.unlogged++
 	n, held := h.unlogged, len(h.q)
@@ -140,6 +150,7 @@ func (d *Dispatcher) retryHeld() {
 	h.mu.Lock()
 	q := h.q
 	h.q = nil
+	h.n.Store(0)
 	h.mu.Unlock()
 	if len(q) == 0 {
 		return
@@ -173,6 +184,7 @@ func (d *Dispatcher) retryHeld() {
 	h.mu.Lock()
 	// tasks held meanwhile come after the older ones
 	h.q = append(keep, h.q...)
+	h.n.Store(int64(len(h.q)))
 	h.mu.Unlock()
 }
 
@@ -201,6 +213,7 @@ func (d *Dispatcher) releaseHeld() {
 	h.mu.Lock()
 	q := h.q
 	h.q, h.stopped = nil, true
+	h.n.Store(0)
 	h.mu.Unlock()
 	for _, ht := range q {
 		_ = ht.msg.Nak()

@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"time"
@@ -136,21 +137,17 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	}
 	d.seal(&pd, a.data)
 	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: pd.Header()}
-	fut, err := d.js.PublishMsgAsync(out, jetstream.WithMsgID(pd.MsgID("d")))
 	id, attempt := t.ID, a.attempt
-	if err != nil {
-		d.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
-		span.End(err)
-		_ = msg.NakWithDelay(time.Second)
-		return
-	}
-	table.Dispatched(dec.Model, dec.Node)
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
-	d.settler.After(msg, fut, func(ack *jetstream.PubAck, err error) error {
+	table.Dispatched(dec.Model, dec.Node)
+	// Publish-then-ack: msg is settled on the publisher's reply goroutine
+	// once JetStream has stored the dispatch (or refused it).
+	err = d.pub.Publish(context.Background(), out, pd.MsgID("d"), func(ack *jetstream.PubAck, err error) {
 		span.End(err)
 		if err != nil {
 			d.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
-			return err
+			d.settler.Settle(msg, err)
+			return
 		}
 		if !ack.Duplicate {
 			d.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
@@ -161,8 +158,14 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 			}
 		}
 		d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
-		return nil
+		d.settler.Settle(msg, nil)
 	})
+	if err != nil {
+		table.Completed(dec.Model, dec.Node) // not sent after all
+		d.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
+		span.End(err)
+		_ = msg.NakWithDelay(time.Second)
+	}
 }
 
 // request is what the policy engine needs to decide an attempt: the task's

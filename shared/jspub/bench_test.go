@@ -1,0 +1,118 @@
+package jspub_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/natstest"
+)
+
+// BenchmarkParseAck: reading one acknowledgement by hand (what Publisher
+// does) against encoding/json (what jetstream.PublishMsgAsync does), in the
+// same run.
+func BenchmarkParseAck(b *testing.B) {
+	body := []byte(`{"stream":"MLSCHED_DISPATCH","seq":1234567}`)
+	b.Run("jspub", func(b *testing.B) {
+		b.ReportAllocs()
+		m := &nats.Msg{Data: body}
+		for b.Loop() {
+			if ack, err := jspub.ParseReply(m); err != nil || ack.Sequence != 1234567 {
+				b.Fatal(ack, err)
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var r struct {
+				Error *jetstream.APIError `json:"error"`
+				*jetstream.PubAck
+			}
+			if err := json.Unmarshal(body, &r); err != nil || r.Sequence != 1234567 {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkPublish: one asynchronous publish to a stream and its
+// acknowledgement handled, through Publisher against
+// jetstream.PublishMsgAsync with a goroutine resolving the futures in order
+// (the dispatcher's former settler), in the same run on an embedded server
+// (whose CPU counts too: compare the difference, not the ratio).
+func BenchmarkPublish(b *testing.B) {
+	s := natstest.New(b)
+	ctx := context.Background()
+	if _, err := s.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "B", Subjects: []string{"b.>"},
+		Storage: jetstream.MemoryStorage}); err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 256)
+	var n atomic.Int64
+	b.Run("jspub", func(b *testing.B) {
+		b.ReportAllocs()
+		p := jspub.New(s.NC, jspub.Config{MaxPending: 1024})
+		if err := p.Start(ctx); err != nil {
+			b.Fatal(err)
+		}
+		done := make(chan struct{}, 1024)
+		cb := func(_ *jetstream.PubAck, err error) {
+			if err != nil {
+				b.Error(err)
+			}
+			done <- struct{}{}
+		}
+		sent := 0
+		for b.Loop() {
+			m := &nats.Msg{Subject: "b.x", Data: data, Header: make(nats.Header, 1)}
+			if err := p.Publish(ctx, m, "j"+strconv.FormatInt(n.Add(1), 10), cb); err != nil {
+				b.Fatal(err)
+			}
+			sent++
+			for sent > 512 {
+				<-done
+				sent--
+			}
+		}
+		for ; sent > 0; sent-- {
+			<-done
+		}
+		_ = p.Stop()
+	})
+	b.Run("jetstream-async", func(b *testing.B) {
+		b.ReportAllocs()
+		js, err := jetstream.New(s.NC, jetstream.WithPublishAsyncMaxPending(1024))
+		if err != nil {
+			b.Fatal(err)
+		}
+		futs := make(chan jetstream.PubAckFuture, 1024)
+		resolved := make(chan struct{})
+		go func() {
+			defer close(resolved)
+			for f := range futs {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					b.Error(err)
+				}
+			}
+		}()
+		for b.Loop() {
+			m := &nats.Msg{Subject: "b.x", Data: data, Header: make(nats.Header, 1)}
+			f, err := js.PublishMsgAsync(m, jetstream.WithMsgID("a"+strconv.FormatInt(n.Add(1), 10)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			futs <- f
+		}
+		close(futs)
+		<-resolved
+	})
+}

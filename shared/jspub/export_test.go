@@ -1,0 +1,4 @@
+package jspub
+
+// ParseReply is parseReply, for the tests.
+var ParseReply = parseReply

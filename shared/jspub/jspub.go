@@ -1,0 +1,420 @@
+// Package jspub publishes to JetStream asynchronously and hands each
+// publish's acknowledgement to a callback, for publish-then-ack on a hot
+// path: the callback acks the consumed message that caused the publish, on
+// the goroutine that read the acknowledgement, with no future, channel,
+// timer or settling goroutine per publish.
+//
+// It does what jetstream.PublishMsgAsync does for mlsched, cheaper (see
+// BenchmarkPublish): one reply subscription on the connection's inbox
+// prefix, reply subjects numbered from a counter, acknowledgements parsed by
+// hand in their one server format (anything else falls back to
+// encoding/json), one timer for every publish in flight instead of one per
+// publish, and a bounded number in flight (Publish waits for room).
+//
+// Guarantee: a callback is called exactly once per accepted publish: with
+// the acknowledgement, or with an error when JetStream refused the message,
+// nobody answered in time (ErrTimeout), the connection dropped
+// (nats.ErrDisconnected: a publish buffered while reconnecting may still be
+// stored; use message ids), or the publisher stopped (ErrStopped).
+package jspub
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Callback receives a publish's outcome: the acknowledgement (nil on error)
+// or the error. It runs on the publisher's reply goroutine (or its timeout
+// loop) and must not block: it may publish or ack, but not wait for a reply.
+type Callback func(ack *jetstream.PubAck, err error)
+
+var (
+	// ErrTimeout: no acknowledgement came within Config.Timeout.
+	ErrTimeout = errors.New("jspub: no acknowledgement in time")
+	// ErrStopped: the publisher stopped before the acknowledgement came, or
+	// Publish was called on a stopped publisher.
+	ErrStopped = errors.New("jspub: publisher stopped")
+	// ErrInvalidAck: the acknowledgement could not be read.
+	ErrInvalidAck = errors.New("jspub: invalid acknowledgement")
+	// ErrNoResponders: nothing stores the subject (no stream, or JetStream
+	// unavailable).
+	ErrNoResponders = errors.New("jspub: no stream answered (no responders)")
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// MaxPending bounds publishes awaiting acknowledgement; Publish waits
+	// for room (default 1024).
+	MaxPending int
+	// Timeout fails a publish not acknowledged within it (default 10s);
+	// it is checked every Timeout/10, so a publish fails at most 10% late.
+	Timeout time.Duration
+}
+
+// Publisher is an asynchronous JetStream publisher on one connection. Start
+// subscribes; Stop waits (bounded by Timeout) for the publishes in flight.
+type Publisher struct {
+	nc  *nats.Conn
+	cfg Config
+
+	prefix string // reply subject prefix, "<inbox>."
+	room   chan struct{}
+
+	mu      sync.Mutex
+	pending map[uint64]entry
+	next    uint64
+	sub     *nats.Subscription
+	stopped bool
+	drained chan struct{} // closed when pending empties after Stop
+	done    chan struct{} // ends the timeout loop
+	loop    sync.WaitGroup
+	status  chan nats.Status
+}
+
+type entry struct {
+	cb      Callback
+	expires int64 // unix nanoseconds
+}
+
+// New returns a publisher on nc; Start it before publishing.
+func New(nc *nats.Conn, cfg Config) *Publisher {
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = 1024
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	return &Publisher{nc: nc, cfg: cfg, room: make(chan struct{}, cfg.MaxPending)}
+}
+
+// Start subscribes to the reply subjects (under the connection's inbox
+// prefix, so permissions written for it apply) and starts the timeout loop.
+func (p *Publisher) Start(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sub != nil {
+		return errors.New("jspub: already started")
+	}
+	p.prefix = p.nc.NewInbox() + "."
+	sub, err := p.nc.Subscribe(p.prefix+"*", p.onReply)
+	if err != nil {
+		return fmt.Errorf("jspub: subscribe to acknowledgements: %w", err)
+	}
+	// Acknowledgements must never be dropped as a slow consumer's: the
+	// number in flight is bounded by MaxPending anyway.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("jspub: %w", err)
+	}
+	p.sub = sub
+	p.pending = make(map[uint64]entry, p.cfg.MaxPending)
+	p.stopped, p.drained, p.done = false, nil, make(chan struct{})
+	p.status = p.nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
+	p.loop.Add(1)
+	go p.run(p.done, p.status)
+	return nil
+}
+
+// Pending is the number of publishes awaiting acknowledgement.
+func (p *Publisher) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending)
+}
+
+// Publish sends m (whose Reply must be empty) with Nats-Msg-Id msgID when
+// not empty, and calls cb once with its outcome. It waits while MaxPending
+// publishes are in flight, until ctx ends. An error means cb will not be
+// called.
+func (p *Publisher) Publish(ctx context.Context, m *nats.Msg, msgID string, cb Callback) error {
+	if m.Reply != "" {
+		return errors.New("jspub: the message has a reply subject")
+	}
+	select {
+	case p.room <- struct{}{}:
+	default:
+		select {
+		case p.room <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("jspub: waiting for room (%d publishes in flight): %w", p.cfg.MaxPending, ctx.Err())
+		}
+	}
+	if msgID != "" {
+		if m.Header == nil {
+			m.Header = make(nats.Header, 1)
+		}
+		m.Header[jetstream.MsgIDHeader] = []string{msgID}
+	}
+	p.mu.Lock()
+	if p.stopped || p.sub == nil {
+		p.mu.Unlock()
+		<-p.room
+		return ErrStopped
+	}
+	p.next++
+	id := p.next
+	p.pending[id] = entry{cb: cb, expires: time.Now().Add(p.cfg.Timeout).UnixNano()}
+	p.mu.Unlock()
+
+	var buf [20]byte
+	m.Reply = p.prefix + string(strconv.AppendUint(buf[:0], id, 10))
+	if err := p.nc.PublishMsg(m); err != nil {
+		if _, ok := p.take(id); ok {
+			return fmt.Errorf("jspub: publish: %w", err)
+		}
+		// The timeout loop or a disconnect took it first and called cb.
+	}
+	return nil
+}
+
+// take removes and returns the entry of id, releasing its room (false when
+// it was taken already).
+func (p *Publisher) take(id uint64) (entry, bool) {
+	p.mu.Lock()
+	e, ok := p.pending[id]
+	if ok {
+		delete(p.pending, id)
+		p.releaseLocked()
+	}
+	p.mu.Unlock()
+	return e, ok
+}
+
+// releaseLocked frees one unit of room and, once stopping and nothing is
+// pending, tells Stop.
+func (p *Publisher) releaseLocked() {
+	<-p.room
+	if p.drained != nil && len(p.pending) == 0 {
+		close(p.drained)
+		p.drained = nil
+	}
+}
+
+func (p *Publisher) onReply(m *nats.Msg) {
+	if len(m.Subject) <= len(p.prefix) {
+		return // not ours
+	}
+	id, err := strconv.ParseUint(m.Subject[len(p.prefix):], 10, 64)
+	if err != nil {
+		return // not ours
+	}
+	e, ok := p.take(id)
+	if !ok {
+		return // timed out, or failed on a disconnect, earlier
+	}
+	ack, err := parseReply(m)
+	e.cb(ack, err)
+}
+
+// parseReply reads a JetStream publish acknowledgement.
+func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
+	if len(m.Data) == 0 {
+		if m.Header.Get("Status") == "503" {
+			return nil, ErrNoResponders
+		}
+		return nil, ErrInvalidAck
+	}
+	if ack, ok := parseAck(m.Data); ok {
+		return ack, nil
+	}
+	var r struct {
+		Error *jetstream.APIError `json:"error"`
+		jetstream.PubAck
+	}
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidAck, err)
+	}
+	if r.Error != nil {
+		return nil, r.Error
+	}
+	if r.Stream == "" {
+		return nil, ErrInvalidAck
+	}
+	return &r.PubAck, nil
+}
+
+// parseAck reads the acknowledgement nats-server writes for a stored
+// message, {"stream":"S","seq":N} with optional "domain", "duplicate"
+// (a space may follow its colon) and "val", without encoding/json's
+// reflection: a flat object of those keys, unescaped strings, an unsigned
+// integer and a boolean. Anything else (an error, escapes, another key)
+// returns false, and the caller decodes it with encoding/json.
+func parseAck(b []byte) (*jetstream.PubAck, bool) {
+	var a jetstream.PubAck
+	var seenSeq bool
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil, false
+	}
+	i++
+	for {
+		i = skipSpace(b, i)
+		key, j, ok := str(b, i)
+		if !ok {
+			return nil, false
+		}
+		i = skipSpace(b, j)
+		if i >= len(b) || b[i] != ':' {
+			return nil, false
+		}
+		i = skipSpace(b, i+1)
+		switch string(key) {
+		case "stream", "domain", "val":
+			v, j, ok := str(b, i)
+			if !ok {
+				return nil, false
+			}
+			switch string(key) {
+			case "stream":
+				a.Stream = string(v)
+			case "domain":
+				a.Domain = string(v)
+			default:
+				a.Value = string(v)
+			}
+			i = j
+		case "seq":
+			j := i
+			for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+				j++
+			}
+			n, err := strconv.ParseUint(string(b[i:j]), 10, 64)
+			if err != nil {
+				return nil, false
+			}
+			a.Sequence, seenSeq, i = n, true, j
+		case "duplicate":
+			switch {
+			case bytes.HasPrefix(b[i:], []byte("true")):
+				a.Duplicate, i = true, i+4
+			case bytes.HasPrefix(b[i:], []byte("false")):
+				i += 5
+			default:
+				return nil, false
+			}
+		default:
+			return nil, false
+		}
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ',':
+			i++
+			continue
+		case '}':
+			if skipSpace(b, i+1) != len(b) || a.Stream == "" || !seenSeq {
+				return nil, false
+			}
+			return &a, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// str reads a JSON string without escapes or control characters at b[i],
+// returning its contents and the index after its closing quote.
+func str(b []byte, i int) ([]byte, int, bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, 0, false
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return b[i+1 : j], j + 1, true
+		case c == '\\' || c < 0x20:
+			return nil, 0, false
+		}
+	}
+	return nil, 0, false
+}
+
+// run fails publishes past their deadline, and every publish in flight when
+// the connection drops (their acknowledgements would go to a subscription
+// the server no longer has, or never come).
+func (p *Publisher) run(done chan struct{}, status chan nats.Status) {
+	defer p.loop.Done()
+	t := time.NewTicker(max(p.cfg.Timeout/10, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			p.fail(func(e *entry) bool { return e.expires <= now.UnixNano() }, ErrTimeout)
+		case _, ok := <-status:
+			if !ok {
+				status = nil
+				continue
+			}
+			p.fail(func(*entry) bool { return true }, nats.ErrDisconnected)
+		}
+	}
+}
+
+// fail removes the entries match selects and calls their callbacks with err.
+func (p *Publisher) fail(match func(*entry) bool, err error) {
+	var failed []entry
+	p.mu.Lock()
+	for id, e := range p.pending {
+		if match(&e) {
+			delete(p.pending, id)
+			p.releaseLocked()
+			failed = append(failed, e)
+		}
+	}
+	p.mu.Unlock()
+	for _, e := range failed {
+		e.cb(nil, err)
+	}
+}
+
+// Stop refuses new publishes, waits until every publish in flight is
+// acknowledged or failed (at most Timeout, then fails the rest with
+// ErrStopped), and unsubscribes.
+func (p *Publisher) Stop() error {
+	p.mu.Lock()
+	if p.sub == nil || p.stopped {
+		p.mu.Unlock()
+		return nil
+	}
+	p.stopped = true
+	drained := make(chan struct{})
+	if len(p.pending) == 0 {
+		close(drained)
+	} else {
+		p.drained = drained
+	}
+	p.mu.Unlock()
+	select {
+	case <-drained:
+	case <-time.After(p.cfg.Timeout):
+		p.fail(func(*entry) bool { return true }, ErrStopped)
+	}
+	close(p.done)
+	p.loop.Wait()
+	p.nc.RemoveStatusListener(p.status)
+	p.mu.Lock()
+	sub := p.sub
+	p.sub, p.drained = nil, nil
+	p.mu.Unlock()
+	return sub.Unsubscribe()
+}

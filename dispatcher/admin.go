@@ -46,7 +46,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
 		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(), "cancelled": c.Cancelled.Load(),
 		"saturated": c.Saturated.Load(),
-		"forged":    c.Forged.Load(),
+		"forged":    c.Forged.Load(), "unserved_refused": c.UnservedRefused.Load(),
 	}
 	if reason := d.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
@@ -64,6 +64,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		r.Counters["bad_heartbeats"] = d.reg.Refused()
 	}
 	r.Held = d.held.len()
+	r.Unserved = d.unserved.len()
 	snap := d.snaps.snap.Load()
 	if snap == nil {
 		return r

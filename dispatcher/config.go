@@ -101,6 +101,14 @@ type Config struct {
 	// NoNodeWait is how long a task whose type no live node serves waits
 	// for one before it is rejected (default 30s).
 	NoNodeWait time.Duration `envconfig:"NO_NODE_WAIT" default:"30s" desc:"how long a task no live node serves waits before it is rejected"`
+	// UnservedMax bounds the tasks no live node serves that a replica keeps
+	// waiting (up to NoNodeWait) at once: each holds one of the consumer's
+	// MaxAckPending slots, which all types share. Beyond it, the type
+	// keeping the most gives way and a task is rejected at once with code
+	// no_model. It is capped at MaxInFlight, half the consumers'
+	// MaxAckPending (default 256; 0 rejects such tasks without waiting, but
+	// only a Config from DefaultConfig or the environment keeps a zero).
+	UnservedMax int `envconfig:"UNSERVED_MAX" default:"256" desc:"tasks no live node serves that a replica keeps waiting at once, capped at MLSCHED_MAX_IN_FLIGHT (beyond: the type keeping most gives way, rejected at once with no_model)"`
 	// SweepInterval between scans for lost attempts (default 1s).
 	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"1s" desc:"how often the stored dispatches are scanned for lost attempts"`
 
@@ -166,6 +174,8 @@ func (c Config) Validate() error {
 		return bad("MAX_ATTEMPTS", c.MaxAttempts, fmt.Sprintf("must be 1..%d", protocol.DefaultLimits.MaxAttempts))
 	case c.MaxInFlight < 1:
 		return bad("MAX_IN_FLIGHT", c.MaxInFlight, "must be at least 1")
+	case c.UnservedMax < 0:
+		return bad("UNSERVED_MAX", c.UnservedMax, "must not be negative (0 rejects such tasks without waiting)")
 	case c.MaxPayloadBytes < 1:
 		return bad("MAX_PAYLOAD_BYTES", c.MaxPayloadBytes, "must be at least 1")
 	case c.StatsBuffer < 1:
@@ -225,6 +235,10 @@ func (c *Config) Topology() topology.Config {
 func (c *Config) Retry() settle.Rules {
 	return settle.Rules{Backoff: c.RetryBackoff, BackoffMax: c.RetryBackoffMax}
 }
+
+// unservedMax is UnservedMax capped at MaxInFlight, so that tasks waiting
+// for a node leave at least half the consumers' MaxAckPending to the rest.
+func (c *Config) unservedMax() int { return min(c.UnservedMax, c.MaxInFlight) }
 
 // Limits are the task validation limits.
 func (c *Config) Limits() protocol.Limits {

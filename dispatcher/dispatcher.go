@@ -57,6 +57,8 @@ type Dispatcher struct {
 	dlq     *deadLetters
 	sweeper *sweeper  // lost attempts
 	held    *holdRoom // tasks held back for want of capacity (hold.go)
+	// tasks waiting for a node to serve them (unserved.go)
+	unserved *unservedRoom
 
 	counters Counters
 	wired    atomic.Bool // the components are built (Report reads them)
@@ -95,6 +97,9 @@ type Counters struct {
 	// StoreResets counts the times this replica found the Redis statistics
 	// store reset (restarted empty, or failed over) and re-seeded it.
 	StoreResets atomic.Int64
+	// UnservedRefused counts tasks no node served that were rejected at
+	// once because MLSCHED_UNSERVED_MAX tasks were waiting (unserved.go).
+	UnservedRefused atomic.Int64
 	// Forged counts outcomes refused because they answer no dispatch a
 	// dispatcher made, or disagree with it (trust.go).
 	Forged atomic.Int64
@@ -141,6 +146,7 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 		return nil, err
 	}
 	d.held = newHoldRoom()
+	d.unserved = &unservedRoom{}
 
 	d.forgedLog.every, d.badHBLog.every = 10*time.Second, 10*time.Second
 	d.initDone = make(chan struct{})
@@ -339,6 +345,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// after the settler (a held task's dispatch settles through it),
 		// before the consumers (which hold tasks): stopping, it naks them
 		{"hold room", d.holdService()},
+		{"unserved room", d.unservedService()},
 		{"task consumer", tasks},
 		{"outcome consumer", outcomes},
 	}

@@ -97,11 +97,11 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 		code := protocol.CodeOf(err)
 		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
 			// Nodes may be starting or restarting: wait, bounded, then reject.
-			if waited := time.Since(a.submitted); waited < d.cfg.NoNodeWait {
-				_ = msg.NakWithDelay(min(time.Second, d.cfg.NoNodeWait-waited))
-				return
+			if time.Since(a.submitted) >= d.cfg.NoNodeWait {
+				err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, d.cfg.NoNodeWait)
+			} else if err = d.waitForNode(a, msg, err); err == nil {
+				return // bounded, so that no type stalls the others (unserved.go)
 			}
-			err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, d.cfg.NoNodeWait)
 		}
 		status := protocol.StatusRejected
 		if a.attempt > 1 {

@@ -31,12 +31,17 @@ type StatsReport struct {
 	// attempts), lost (attempts found unanswered at their deadline), panic
 	// (decisions routed in panic mode: every candidate's breaker open),
 	// saturated (tasks held back because every candidate's nodes held more
-	// work than they could start before the deadline).
+	// work than they could start before the deadline), forged (outcomes
+	// refused), unserved_refused (tasks no node served rejected at once
+	// because MLSCHED_UNSERVED_MAX tasks were already waiting).
 	Counters map[string]int64 `json:"counters"`
 	// Held is how many tasks the replica holds back now, for want of
 	// capacity.
-	Held  int         `json:"held"`
-	Nodes []Heartbeat `json:"nodes"`
+	Held int `json:"held"`
+	// Unserved is how many tasks the replica keeps waiting now for a node
+	// to serve their type (at most MLSCHED_UNSERVED_MAX).
+	Unserved int         `json:"unserved"`
+	Nodes    []Heartbeat `json:"nodes"`
 	// Backlog maps task types to the number of tasks waiting in
 	// MLSCHED_TASKS (submitted, not yet dispatched). It is absent when the
 	// stream could not be read in time.

@@ -136,6 +136,9 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 	if r.Held > 0 {
 		fmt.Fprintf(w, "held back now: %d tasks (every candidate's nodes saturated; see docs/policies.md)\n", r.Held)
 	}
+	if r.Unserved > 0 {
+		fmt.Fprintf(w, "waiting for a node now: %d tasks (no live node serves their type; at most MLSCHED_UNSERVED_MAX)\n", r.Unserved)
+	}
 	if len(r.Counters) > 0 {
 		keys := make([]string, 0, len(r.Counters))
 		for k := range r.Counters {

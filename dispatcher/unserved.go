@@ -1,0 +1,210 @@
+package dispatcher
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/lifecycle"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// Tasks no node serves. A task whose type (or allow-list) no live node
+// announces waits up to MLSCHED_NO_NODE_WAIT for one, since nodes may be
+// starting or restarting. While it waits its message stays unacknowledged
+// and takes one of the consumer's MaxAckPending slots, which every type
+// shares: left unbounded, a flood of tasks of a type nobody serves (junk,
+// or a type whose nodes are all gone) would fill them and stall every other
+// type until the wait ran out. So a replica keeps at most
+// MLSCHED_UNSERVED_MAX such tasks at once, here, kept alive with
+// InProgress and decided again every unservedRetry. When the room is full,
+// the type keeping the most tasks gives way: its newest waiting task, or
+// else the task just arrived, is rejected at once with code no_model and a
+// message saying why, so no type can keep another from waiting its turn.
+// Nothing is dropped: every task gets its result. On shutdown the tasks are
+// nak'ed for another replica.
+
+// unservedRetry is how often waiting tasks are decided again.
+const unservedRetry = 250 * time.Millisecond
+
+type unservedTask struct {
+	a        attemptSpec
+	msg      jetstream.Msg
+	err      error     // why no node serves it, as last decided
+	progress time.Time // last InProgress
+}
+
+// unservedRoom is the replica's list of tasks waiting for a node, oldest
+// first.
+type unservedRoom struct {
+	mu      sync.Mutex
+	q       []*unservedTask
+	inPass  int // tasks taken out of q by retryUnserved, still counted
+	stopped bool
+}
+
+func (r *unservedRoom) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.q) + r.inPass
+}
+
+// leave uncounts a task of the pass that leaves the room.
+func (r *unservedRoom) leave() {
+	r.mu.Lock()
+	r.inPass--
+	r.mu.Unlock()
+}
+
+// waitForNode keeps a task that no live node serves (err has code
+// no_model or unknown_model) until one does or MLSCHED_NO_NODE_WAIT has
+// passed since its submission. It returns nil when the task waits (or was
+// given back to the stream), or the error to reject it with now.
+func (d *Dispatcher) waitForNode(a attemptSpec, msg jetstream.Msg, err error) error {
+	r := d.unserved
+	r.mu.Lock()
+	if r.stopped { // shutting down: another replica decides
+		r.mu.Unlock()
+		_ = msg.NakWithDelay(time.Second)
+		return nil
+	}
+	if len(r.q)+r.inPass < d.cfg.unservedMax() {
+		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
+		r.mu.Unlock()
+		return nil
+	}
+	// Full: the type keeping the most gives way, if it keeps more than this
+	// task's type would after taking a place.
+	counts := map[string]int{}
+	top := ""
+	for _, w := range r.q {
+		t := w.a.task.Type
+		counts[t]++
+		if top == "" || counts[t] > counts[top] {
+			top = t
+		}
+	}
+	if top == "" || counts[top] <= counts[a.task.Type]+1 {
+		r.mu.Unlock()
+		d.counters.UnservedRefused.Add(1)
+		return d.unservedFull(err, a.task.Type, counts[a.task.Type])
+	}
+	var evicted *unservedTask
+	for i := len(r.q) - 1; i >= 0; i-- {
+		if r.q[i].a.task.Type == top {
+			evicted = r.q[i]
+			r.q = append(r.q[:i], r.q[i+1:]...)
+			break
+		}
+	}
+	r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
+	r.mu.Unlock()
+	d.counters.UnservedRefused.Add(1)
+	d.rejectUnserved(evicted, d.unservedFull(evicted.err, top, counts[top]))
+	return nil
+}
+
+// unservedFull is the error of a task refused a place in the full room.
+func (d *Dispatcher) unservedFull(err error, typ string, ofType int) error {
+	return protocol.Errorf(protocol.CodeOf(err), "%s; rejected at once: this dispatcher already keeps %d tasks waiting for a node (MLSCHED_UNSERVED_MAX), %d of them of type %q",
+		msgOf(err), d.cfg.unservedMax(), ofType, typ)
+}
+
+func msgOf(err error) string {
+	if pe, ok := err.(*protocol.Error); ok {
+		return pe.Msg
+	}
+	return err.Error()
+}
+
+// rejectUnserved ends a waiting task with err.
+func (d *Dispatcher) rejectUnserved(w *unservedTask, err error) {
+	a := &w.a
+	status := protocol.StatusRejected
+	if a.attempt > 1 {
+		status = protocol.StatusFailed
+	}
+	d.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("no model for task")
+	d.reject(w.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err, status: status,
+		history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
+		traceparent: a.traceparent})
+}
+
+// unservedService runs the waiting room as a component.
+func (d *Dispatcher) unservedService() lifecycle.Service {
+	return lifecycle.Run(func(ctx context.Context, ready func()) error {
+		r := d.unserved
+		r.mu.Lock()
+		r.stopped = false
+		r.mu.Unlock()
+		ready()
+		t := time.NewTicker(unservedRetry)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				r.mu.Lock()
+				q := r.q
+				r.q, r.stopped = nil, true
+				r.mu.Unlock()
+				for _, w := range q {
+					_ = w.msg.Nak()
+				}
+				return nil
+			case <-t.C:
+			}
+			d.retryUnserved()
+		}
+	})
+}
+
+// retryUnserved decides again for the waiting tasks, oldest first: those
+// now served are dispatched, those past MLSCHED_NO_NODE_WAIT rejected.
+func (d *Dispatcher) retryUnserved() {
+	r := d.unserved
+	r.mu.Lock()
+	q := r.q
+	r.q, r.inPass = nil, len(q)
+	r.mu.Unlock()
+	if len(q) == 0 {
+		return
+	}
+	now := time.Now()
+	table := d.snaps.table.Load()
+	var unserved []string // types no node serves at all, in this pass
+	var keep []*unservedTask
+	for _, w := range q {
+		a := &w.a
+		if waited := now.Sub(a.submitted); waited >= d.cfg.NoNodeWait {
+			r.leave()
+			d.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), d.cfg.NoNodeWait))
+			continue
+		}
+		if !containsStr(unserved, a.task.Type) {
+			req := d.request(a)
+			_, err := d.engine.Decide(table, &req)
+			switch code := protocol.CodeOf(err); {
+			case code == protocol.CodeNoModel:
+				unserved = append(unserved, a.task.Type)
+				w.err = err
+			case code == protocol.CodeUnknownModel:
+				w.err = err
+			default: // served now (dispatch decides again, and handles an error)
+				r.leave()
+				d.dispatch(*a, w.msg)
+				continue
+			}
+		}
+		if now.Sub(w.progress) >= d.cfg.AckWait/3 {
+			_ = w.msg.InProgress()
+			w.progress = now
+		}
+		keep = append(keep, w)
+	}
+	r.mu.Lock()
+	r.q, r.inPass = append(keep, r.q...), 0 // tasks that came meanwhile are newer
+	r.mu.Unlock()
+}

@@ -162,7 +162,8 @@ func (d *Dispatcher) unservedService() lifecycle.Service {
 }
 
 // retryUnserved decides again for the waiting tasks, oldest first: those
-// now served are dispatched, those past MLSCHED_NO_NODE_WAIT rejected.
+// now served are dispatched, those past MLSCHED_NO_NODE_WAIT rejected,
+// those cancelled meanwhile dropped.
 func (d *Dispatcher) retryUnserved() {
 	r := d.unserved
 	r.mu.Lock()
@@ -178,6 +179,11 @@ func (d *Dispatcher) retryUnserved() {
 	var keep []*unservedTask
 	for _, w := range q {
 		a := &w.a
+		if d.superseded.Cancelled(a.task.ID, a.submission) { // it has its result
+			r.leave()
+			_ = w.msg.Ack()
+			continue
+		}
 		if waited := now.Sub(a.submitted); waited >= d.cfg.NoNodeWait {
 			r.leave()
 			d.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), d.cfg.NoNodeWait))

@@ -80,6 +80,12 @@ type Config struct {
 	// failover to a replica that missed writes) from this replica's last
 	// snapshot, so the cluster keeps what it learned (default true).
 	StatsReseed bool `envconfig:"STATS_RESEED" default:"true" desc:"re-seed a reset Redis store (restart, failover) from the last snapshot; false: learn again from nothing"`
+	// StatsForgetAfter is how long a model, or a model on a node, may go
+	// without a dispatch or an outcome before Redis forgets its gauges and
+	// breaker, so that the names of models and nodes that are gone do not
+	// stay for ever (default 24h; 0 keeps them). Keep it longer than the
+	// longest task timeout.
+	StatsForgetAfter time.Duration `envconfig:"STATS_FORGET_AFTER" default:"24h" desc:"Redis forgets the gauges and breaker of a model or node idle this long (0: never); keep it above the longest task timeout"`
 	// SnapshotInterval between statistics refreshes (default 250ms).
 	SnapshotInterval time.Duration `envconfig:"SNAPSHOT_INTERVAL" default:"250ms" desc:"how often statistics and the decision table are refreshed"`
 	// StatsBuffer bounds statistics updates buffered while Redis is down;
@@ -166,6 +172,8 @@ func (c Config) Validate() error {
 		return bad("STATS_BUCKET", c.StatsBucket, "must be positive and at most the window")
 	case c.StatsRecent < 0 || c.StatsRecent > c.StatsWindow:
 		return bad("STATS_RECENT", c.StatsRecent, "must be 0..the window")
+	case c.StatsForgetAfter != 0 && c.StatsForgetAfter < c.StatsWindow:
+		return bad("STATS_FORGET_AFTER", c.StatsForgetAfter, "must be 0 (never) or at least the window")
 	case c.SnapshotInterval <= 0:
 		return bad("SNAPSHOT_INTERVAL", c.SnapshotInterval, "must be positive")
 	case c.TaskTimeout <= 0:

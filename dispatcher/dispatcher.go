@@ -232,6 +232,7 @@ func (d *Dispatcher) openStore(ctx context.Context) error {
 	}
 	d.redis = c
 	d.store, d.kind = redisstats.New(c, d.cfg.Window(), redisstats.WithReseed(d.cfg.StatsReseed),
+		redisstats.WithForgetAfter(d.cfg.StatsForgetAfter),
 		redisstats.WithOnReset(func(r redisstats.ResetInfo) {
 			d.counters.StoreResets.Add(1)
 			if r.Skipped {

@@ -46,8 +46,9 @@
 //
 //	<prefix>{stats}:b:<i>   hash, bucket i; expires a window and a bucket
 //	                        after the bucket ends
-//	<prefix>{stats}:g       hash, the gauges; no expiry
-//	<prefix>{stats}:br      hash, the breakers; no expiry
+//	<prefix>{stats}:g       hash, the gauges; fields of a series unwritten
+//	                        for the forget-after time (24h) are deleted
+//	<prefix>{stats}:br      hash, the breakers; likewise
 //	<prefix>{stats}:gen     string, the store's generation (a random name)
 //	<prefix>{stats}:seq     integer, incremented by every Record
 //	<prefix>{stats}:seeded  string, the last generation a re-seed started
@@ -66,7 +67,9 @@
 //	                      failure latency, µs), h0..h39 (latency histogram)
 //	"<model> <node> <g>"  in the gauges, g = if (in flight), cf
 //	                      (consecutive failures), lo (last outcome, Unix ns
-//	                      zero-padded to 20 digits)
+//	                      zero-padded to 20 digits), tw (last written by a
+//	                      Record, Unix ms: redisstats.Sweep deletes the
+//	                      series' gauges and breaker when it is too old)
 //	"<model> <node>"      in the breakers, value "<state>:<since Unix ns>"
 //
 // Record aggregates a batch in Go and applies it with one Lua script

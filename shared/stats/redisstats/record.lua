@@ -3,7 +3,8 @@
 -- KEYS[4..] bucket hashes
 -- ARGV      known generation ('' if none yet), known sequence, a new
 --           generation to create if there is none and none is known, the
---           known replication id of the master ('' if none yet);
+--           known replication id of the master ('' if none yet), now
+--           (ms since the epoch, stamped on every series written: "tw");
 --           then per bucket key: ttl_ms, nfields, nfields x (field, delta)
 --           then ngauges, ngauges x (series "<model> <node> ", if_add,
 --           cf_reset, cf_add, last_outcome or ""); in-flight is a signed
@@ -29,7 +30,7 @@ local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
 if seq < tonumber(ARGV[2]) then return {1, gen, seq, rid} end
 
 local g = KEYS[1]
-local a = 5
+local a = 6
 for k = 4, #KEYS do
   local key = KEYS[k]
   local ttl = ARGV[a]
@@ -51,6 +52,7 @@ for _ = 1, ng do
   local lo = ARGV[a + 4]
   a = a + 5
 
+  redis.call('HSET', g, base .. 'tw', ARGV[5])
   local f = base .. 'if'
   local v = tonumber(redis.call('HGET', g, f) or '0') + ifAdd
   if v == 0 then redis.call('HDEL', g, f) else redis.call('HSET', g, f, v) end

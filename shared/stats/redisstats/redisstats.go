@@ -38,7 +38,12 @@ const (
 	fInFlight    = "if"
 	fConsecutive = "cf"
 	fLastOutcome = "lo"
+	fWritten     = "tw" // when a Record last wrote the series (ms), for Sweep
 )
+
+// DefaultForgetAfter is how long a series (a model, or a model on a node)
+// may go unwritten before Sweep deletes its gauges and breaker.
+const DefaultForgetAfter = 24 * time.Hour
 
 var (
 	//go:embed record.lua
@@ -47,6 +52,9 @@ var (
 	//go:embed breaker.lua
 	breakerSrc    string
 	breakerScript = redis.NewScript(breakerSrc)
+	//go:embed forget.lua
+	forgetSrc    string
+	forgetScript = redis.NewScript(forgetSrc)
 )
 
 // Store is a stats.Store in Redis. It does not own the client: Close leaves
@@ -58,6 +66,11 @@ type Store struct {
 	now      func() time.Time
 	onReset  func(ResetInfo)
 	noReseed bool
+	// forget: series unwritten that long are deleted (0: never); Snapshot
+	// sweeps at most every sweepEvery, by the store's clock.
+	forget     time.Duration
+	sweepEvery time.Duration
+	lastSweep  atomic.Int64 // unix ns of the last sweep
 
 	// what this replica knows of the store, to notice a reset and re-seed
 	// it (reseed.go)
@@ -86,13 +99,24 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
+// WithForgetAfter sets how long a series (a model, or a model on a node)
+// may go unwritten before its gauges (in flight, consecutive failures, last
+// outcome) and its breaker are deleted, so that the names of models and
+// nodes that are gone do not stay in Redis for ever (default
+// DefaultForgetAfter; 0 keeps them). Their buckets expire with the window
+// anyway. Keep it longer than the longest task timeout: an outcome after it
+// counts from zero. Snapshot sweeps at most every quarter of it (5 minutes
+// at most).
+func WithForgetAfter(d time.Duration) Option { return func(s *Store) { s.forget = max(d, 0) } }
+
 // New returns a store over window w (zero fields take the defaults of
 // stats.Window). Every replica must use the same window.
 func New(client redis.UniversalClient, w stats.Window, opts ...Option) *Store {
-	s := &Store{c: client, w: w.WithDefaults(), prefix: DefaultPrefix, now: time.Now}
+	s := &Store{c: client, w: w.WithDefaults(), prefix: DefaultPrefix, now: time.Now, forget: DefaultForgetAfter}
 	for _, o := range opts {
 		o(s)
 	}
+	s.sweepEvery = min(s.forget/4, 5*time.Minute)
 	return s
 }
 
@@ -218,8 +242,8 @@ func (s *Store) Record(ctx context.Context, events []stats.Event) error {
 
 	keys := make([]string, 0, 3+len(bucketOrder))
 	keys = append(keys, s.gaugeKey(), s.genKey(), s.seqKey())
-	args := make([]any, 0, 16*len(buckets)+6*len(gauges)+11)
-	args = append(args, "", int64(0), "", "") // generation, sequence, replication id: set per try
+	args := make([]any, 0, 16*len(buckets)+6*len(gauges)+12)
+	args = append(args, "", int64(0), "", "", now.UnixMilli()) // generation, sequence, replication id: set per try
 	fieldsOf := make(map[int64][]any, len(bucketOrder))
 	for bk, a := range buckets {
 		fieldsOf[bk.idx] = appendFields(fieldsOf[bk.idx], bk.series, a)
@@ -299,9 +323,11 @@ func appendFields(out []any, k series, a *agg) []any {
 }
 
 // Snapshot reads the window's buckets, the gauges and the breakers in one
-// MULTI/EXEC round trip. When it finds the store reset (see reseed.go) it
+// MULTI/EXEC round trip, after a sweep of idle series when one is due
+// (Sweep). When it finds the store reset (see reseed.go) it
 // re-seeds it from what this replica remembers and reads it again.
 func (s *Store) Snapshot(ctx context.Context) (*stats.Snapshot, error) {
+	s.maybeSweep(ctx)
 	for try := 0; ; try++ {
 		snap, reset, resets, err := s.snapshot(ctx)
 		if err != nil || !reset {
@@ -557,6 +583,34 @@ func (s *Store) SetBreaker(ctx context.Context, key stats.BreakerKey, from, to s
 		return false, fmt.Errorf("redisstats: set breaker %s/%s: %w", key.Model, key.Node, err)
 	}
 	return n == 1, nil
+}
+
+// Sweep deletes the gauges and breakers of the series (a model, or a model
+// on a node) no Record has written for the forget-after time (see
+// WithForgetAfter), by the store's clock, in one script call; it returns
+// how many series it deleted. A series written by an older version, which
+// has no write time, is given the current time. Snapshot calls it itself,
+// at most every quarter of the forget-after time.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	if s.forget <= 0 {
+		return 0, nil
+	}
+	now := s.now()
+	n, err := forgetScript.Run(ctx, s.c, []string{s.gaugeKey(), s.breakerKey()}, now.UnixMilli(), s.forget.Milliseconds()).Int()
+	if err != nil {
+		return 0, fmt.Errorf("redisstats: sweep idle series: %w", err)
+	}
+	s.lastSweep.Store(now.UnixNano())
+	return n, nil
+}
+
+// maybeSweep sweeps when the last sweep is sweepEvery old; an error waits
+// for the next snapshot.
+func (s *Store) maybeSweep(ctx context.Context) {
+	if s.forget <= 0 || s.now().UnixNano()-s.lastSweep.Load() < int64(s.sweepEvery) {
+		return
+	}
+	_, _ = s.Sweep(ctx)
 }
 
 // Close does nothing: the caller owns the client.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,4 +188,116 @@ func sharedOn(client redis.UniversalClient) func(t *testing.T) statstest.Shared 
 
 func ctxTimeout(t *testing.T, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(t.Context()), d)
+}
+
+// Names of models and nodes that stop reporting do not stay in Redis for
+// ever: a series (a model, or a model on a node) that no Record wrote for
+// the forget-after time loses its gauges and breaker at the next sweep
+// (Snapshot runs it); an active one stays; one written by an older version
+// (no write time) is given one and goes after the same time.
+func TestIdleSeriesAreForgotten(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	clock := statstest.NewClock(statstest.Epoch)
+	w := stats.Window{Size: time.Minute, Bucket: 10 * time.Second}
+	const forget = 10 * time.Minute
+	p := prefix()
+	s := redisstats.New(c, w, redisstats.WithPrefix(p), redisstats.WithClock(clock.Now), redisstats.WithForgetAfter(forget))
+	gauges, breakers := p+"{stats}:g", p+"{stats}:br"
+	record := func(model, node string) {
+		t.Helper()
+		if err := s.Record(ctx, []stats.Event{
+			{Model: model, Node: node, Kind: stats.KindDispatched},
+			{Model: model, Node: node, Kind: stats.KindModelError, Latency: time.Millisecond},
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshot := func() *stats.Snapshot {
+		t.Helper()
+		snap, err := s.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap
+	}
+	// series of a model: "<model> <node> " and "<model>  "
+	has := func(model string) (g, br bool) {
+		t.Helper()
+		for _, h := range []struct {
+			key string
+			in  *bool
+		}{{gauges, &g}, {breakers, &br}} {
+			fields, err := c.HKeys(ctx, h.key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range fields {
+				if strings.HasPrefix(f, model+" ") {
+					*h.in = true
+				}
+			}
+		}
+		return g, br
+	}
+	record("gone", "n1")
+	record("stay", "n2")
+	open := stats.Breaker{State: stats.BreakerOpen, Since: clock.Now()}
+	for _, m := range []string{"gone", "stay"} {
+		if ok, err := s.SetBreaker(ctx, stats.BreakerKey{Model: m, Node: "n"}, stats.Breaker{}, open); !ok || err != nil {
+			t.Fatalf("set breaker: %v %v", ok, err)
+		}
+	}
+	snapshot()
+	if g, br := has("gone"); !g || !br {
+		t.Fatalf("gone's series vanished before its time: gauges %v, breaker %v", g, br)
+	}
+	// a field of an older version, without a write time
+	if err := c.HSet(ctx, gauges, "old n3 cf", "4").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	clock.Advance(forget / 2)
+	record("stay", "n2")
+	snapshot() // sweeps: nothing is that old yet; old gets a write time
+	if g, _ := has("gone"); !g {
+		t.Fatal("gone's series vanished before its time")
+	}
+	if v, _ := c.HGet(ctx, gauges, "old n3 tw").Result(); v == "" {
+		t.Fatal("the unstamped series was not given a write time")
+	}
+
+	clock.Advance(forget/2 + time.Second)
+	record("stay", "n2")
+	snap := snapshot()
+	if g, br := has("gone"); g || br {
+		t.Fatalf("gone's series stayed after %s unwritten: gauges %v, breaker %v", forget, g, br)
+	}
+	if _, ok := snap.Models["gone"]; ok {
+		t.Fatal("gone is still in the snapshot")
+	}
+	if g, _ := has("stay"); !g {
+		t.Fatal("the active model's gauges were deleted")
+	}
+	if snap.Models["stay"] == nil || snap.Models["stay"].Nodes["n2"] == nil {
+		t.Fatalf("the active model is missing from the snapshot: %+v", snap.Models)
+	}
+	// stay's breaker on node n was never written by a Record either: it
+	// went with gone's, and stay's own series were kept
+	if g, _ := has("old"); !g {
+		t.Fatal("the formerly unstamped series went before its time")
+	}
+	clock.Advance(forget / 2)
+	record("stay", "n2")
+	if n, err := s.Sweep(ctx); err != nil || n != 1 {
+		t.Fatalf("sweep = %d, %v; want the old series", n, err)
+	}
+	if g, _ := has("old"); g {
+		t.Fatal("the formerly unstamped series stayed")
+	}
+	if g, _ := has("stay"); !g {
+		t.Fatal("the active model's gauges were deleted")
+	}
 }

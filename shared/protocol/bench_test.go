@@ -20,16 +20,23 @@ func BenchmarkDecodeTask(b *testing.B) {
 		name string
 		data []byte
 	}{{"small", small}, {"4KiB", large}, {"rejected", invalid}} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(bc.data)))
-			for b.Loop() {
-				_, err := protocol.DecodeTask(bc.data, protocol.Limits{})
-				if (err == nil) != (bc.name != "rejected") {
-					b.Fatal(err)
+		for _, dec := range []struct {
+			name string
+			f    func([]byte, protocol.Limits) (protocol.Task, error)
+		}{{"", protocol.DecodeTask}, {"/encoding-json", protocol.DecodeTaskReflect}} {
+			// DecodeTask (one pass, taskfast.go) against its encoding/json
+			// reference in the same run.
+			b.Run(bc.name+dec.name, func(b *testing.B) {
+				b.ReportAllocs()
+				b.SetBytes(int64(len(bc.data)))
+				for b.Loop() {
+					_, err := dec.f(bc.data, protocol.Limits{})
+					if (err == nil) != (bc.name != "rejected") {
+						b.Fatal(err)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -23,6 +26,15 @@ func FuzzDecodeTask(f *testing.F) {
 		`{"id":"a1","type":"echo","timeout_ms":-1}`, `{"id":"a1","type":"echo","models":"m"}`,
 		"{\"id\":\"a1\",\"type\":\"echo\",\"payload\":\"\xff\"}", `{"id":"a1","type":"echo","payload":"<&>\u2028"}`,
 		`{"ID":"a1","TYPE":"echo"}`, `{"id":"a1","id":"a2","type":"echo"}`, `{"id":"a1","type":"echo"} {}`,
+		// the single pass's edges (taskfast.go)
+		` {"id" : "a1" , "type":"echo", "payload" : [ 1 , -0.5e+3, "\u00e9\n", {"k":[]}, {} , true, false, null] } `,
+		`{"id":"a1","type":"echo","payload":null}`, `{"id":"a1","type":"echo","models":[]}`, `{"id":"a1","type":"echo","models":null}`,
+		`{"id":"a1","type":"echo","timeout_ms":1.0}`, `{"id":"a1","type":"echo","timeout_ms":1e3}`, `{"id":"a1","type":"echo","max_attempts":01}`,
+		`{"id":"a1","type":"echo","timeout_ms":99999999999999999999}`, `{"id":"a1","type":"echo","min_success_rate":1e999}`,
+		`{"id":"a\u0031","type":"echo"}`, `{"Id":"a1","type":"echo"}`, `{"id":"a1","type":"echo","payload":"é"}`,
+		`{"id":"a1","type":"echo","payload":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]`,
+		`{"id":"a1","type":"echo","payload":{"a":1,}}`, `{"id":"a1","type":"echo","payload":[1,]}`, `{"id":"a1","type":"echo","x":"\q"}`,
+		`{"id":"a1","type":"echo",}`, `{"id":"a1" "type":"echo"}`, `{"id":"a1","type":"echo","payload":tru}`, `{"id":"a1","type":"echo","payload":-}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -40,6 +52,15 @@ func checkDecode(t *testing.T, data []byte, lim protocol.Limits) {
 		maxID = protocol.DefaultLimits.MaxIDLen
 	}
 	task, err := protocol.DecodeTask(data, lim)
+	// The single pass (taskfast.go) must agree with encoding/json, in the
+	// task and in the error, and accept only valid JSON.
+	ref, refErr := protocol.DecodeTaskReflect(data, lim)
+	if !reflect.DeepEqual(task, ref) || fmt.Sprint(err) != fmt.Sprint(refErr) {
+		t.Fatalf("DecodeTask and encoding/json disagree on %q:\n %+v, %v\n %+v, %v", data, task, err, ref, refErr)
+	}
+	if _, ok := protocol.DecodeTaskFast(data); ok && (!json.Valid(data) || !utf8.Valid(data)) {
+		t.Fatalf("the single pass accepted invalid input %q", data)
+	}
 	if task.ID != "" {
 		if verr := protocol.ValidToken(task.ID, maxID); verr != nil {
 			t.Fatalf("returned an id that cannot key a result: %q: %v (err %v)", task.ID, verr, err)

@@ -77,6 +77,18 @@ func DecodeTask(data []byte, lim Limits) (Task, error) {
 		t.ID = peekID(data, lim.MaxIDLen)
 		return t, Errorf(CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
 	}
+	// One pass for the common shape (taskfast.go); anything else, and every
+	// error, through encoding/json.
+	if t, ok := decodeTaskFast(data); ok {
+		return t, t.Validate(lim)
+	}
+	return decodeTaskReflect(data, lim)
+}
+
+// decodeTaskReflect is DecodeTask through encoding/json, the reference
+// decodeTaskFast must agree with.
+func decodeTaskReflect(data []byte, lim Limits) (Task, error) {
+	var t Task
 	if !utf8.Valid(data) {
 		t.ID = peekID(data, lim.MaxIDLen) // keyable when the bad bytes are elsewhere
 		return t, Errorf(CodeInvalidUTF8, "task is not valid UTF-8")

@@ -20,6 +20,7 @@ import (
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/policy"
+	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
@@ -71,10 +72,10 @@ type Dispatcher struct {
 	http         *opshttp.Server
 	httpHandlers []httpHandler // mounted once the listener starts
 
-	initDone  chan struct{} // closed once run has set up the store, registry and snapshots
-	sealKey   []byte        // seals dispatches; shared by every replica (trust.go)
-	forgedLog sometimes     // bounded-rate log of refused outcomes
-	badHBLog  sometimes     // bounded-rate log of refused heartbeats
+	initDone  chan struct{}    // closed once run has set up the store, registry and snapshots
+	sealer    *protocol.Sealer // seals dispatches under the key every replica shares (trust.go)
+	forgedLog sometimes        // bounded-rate log of refused outcomes
+	badHBLog  sometimes        // bounded-rate log of refused heartbeats
 }
 
 // Counters are cumulative, per replica.
@@ -300,7 +301,10 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		d.sealKey, err = loadSealKey(ctx, pkv)
+		key, err := loadSealKey(ctx, pkv)
+		if err == nil {
+			d.sealer = protocol.NewSealer(key)
+		}
 		return err
 	}); err != nil {
 		return err

@@ -48,7 +48,7 @@ func loadSealKey(ctx context.Context, kv jetstream.KeyValue) ([]byte, error) {
 // seal makes a dispatch verifiable when its outcome comes back.
 func (d *Dispatcher) seal(pd *protocol.Dispatch, task []byte) {
 	pd.TaskSum = protocol.TaskSum(task)
-	pd.Seal = pd.ComputeSeal(d.sealKey)
+	pd.Seal = d.sealer.Seal(pd)
 }
 
 // errForged is wrapped by checkOutcome's errors.
@@ -65,7 +65,7 @@ func (d *Dispatcher) checkOutcome(subject string, o *protocol.Outcome, pd *proto
 		return fmt.Errorf("%w: subject %q names no node", errForged, subject)
 	case pd.Seal == "":
 		return fmt.Errorf("%w: the dispatch it answers is not sealed", errForged)
-	case !pd.SealValid(d.sealKey):
+	case !d.sealer.Valid(pd):
 		return fmt.Errorf("%w: the dispatch it answers was not made by a dispatcher (bad seal)", errForged)
 	case pd.Node != node || o.Node != node:
 		return fmt.Errorf("%w: subject node %q, body node %q, dispatch node %q", errForged, node, o.Node, pd.Node)

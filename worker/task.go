@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,26 +45,22 @@ func parseDispatch(msg jetstream.Msg) (dispatch, error) {
 	d := dispatch{Dispatch: pd, body: msg.Data()}
 	// Only what the worker uses: the dispatcher validated the rest, and the
 	// original bytes travel on in the outcome of a failed attempt.
-	var t struct {
-		ID      string          `json:"id"`
-		Type    string          `json:"type"`
-		Payload json.RawMessage `json:"payload"`
-	}
-	bodyErr := json.Unmarshal(d.body, &t)
+	// One pass, as json.Unmarshal into those three fields would.
+	id, typ, payload, bodyErr := protocol.DecodeTaskHead(d.body)
 	if d.TaskID == "" {
-		d.TaskID = t.ID // keys the outcome of a dispatch without the header
+		d.TaskID = id // keys the outcome of a dispatch without the header
 	}
 	if d.Type == "" {
-		d.Type = t.Type
+		d.Type = typ
 	}
-	d.payload = t.Payload
+	d.payload = bytes.Clone(payload) // the model's own copy: the body travels on in a failed outcome
 	switch {
 	case bodyErr != nil:
 		return d, fmt.Errorf("%w: body is not a task: %v", ErrMalformedDispatch, bodyErr)
 	case herr != nil:
 		return d, fmt.Errorf("%w: %w", ErrMalformedDispatch, herr)
-	case t.ID != d.TaskID:
-		return d, fmt.Errorf("%w: the dispatch is for task %q but its body is task %q", ErrMalformedDispatch, d.TaskID, t.ID)
+	case id != d.TaskID:
+		return d, fmt.Errorf("%w: the dispatch is for task %q but its body is task %q", ErrMalformedDispatch, d.TaskID, id)
 	}
 	return d, nil
 }
@@ -242,7 +239,7 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 // outcome publisher, which acks msg once the outcome is stored and then
 // calls stop. On error nothing was published and the caller still owns msg.
 func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome, log zerolog.Logger, stop func()) error {
-	body, err := json.Marshal(out)
+	body, err := out.AppendJSON(make([]byte, 0, 256+len(out.Output)+len(out.Task))) // json.Marshal's bytes, without reflection
 	if err != nil {
 		return fmt.Errorf("encode outcome: %w", err)
 	}

@@ -100,3 +100,30 @@ func TestDecodeOutcomeAliases(t *testing.T) {
 		t.Fatalf("decoded %+v", o)
 	}
 }
+
+// FuzzDecodeTaskHead holds DecodeTaskHead to json.Unmarshal into the three
+// fields it reads.
+func FuzzDecodeTaskHead(f *testing.F) {
+	for _, s := range outcomeSeeds {
+		f.Add([]byte(s))
+	}
+	for _, s := range []string{`{"id":"a1","type":"echo","payload":{"x":[1,2,{"y":null}]},"models":["m1"],"timeout_ms":100}`,
+		`{"ID":"a","TYPE":"b","Payload":"p"}`, `{"id":1}`, `{"payload":null}`, `{"id":"a","id":"b","payload":1,"payload":[2]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var want struct {
+			ID      string          `json:"id"`
+			Type    string          `json:"type"`
+			Payload json.RawMessage `json:"payload"`
+		}
+		werr := json.Unmarshal(data, &want)
+		id, typ, payload, err := protocol.DecodeTaskHead(data)
+		if (werr == nil) != (err == nil) {
+			t.Fatalf("%q: encoding/json says %v, DecodeTaskHead says %v", data, werr, err)
+		}
+		if werr == nil && (id != want.ID || typ != want.Type || !sameRaw(payload, want.Payload)) {
+			t.Fatalf("%q: got %q %q %q, want %+v", data, id, typ, payload, want)
+		}
+	})
+}

@@ -20,12 +20,16 @@ import (
 )
 
 // A scrape or a dashboard stream never blocks the dispatch path. The same
-// batch of tasks runs twice through a dispatcher and a worker: alone, then
-// while 4 clients scrape /metrics 10 times a second each, 4 connections hold a /metrics
-// response unread (a stalled scraper), 4 dashboard event streams stay
-// open and 2 more are never read (stalled browsers). The second run completes, at a throughput not below a generous
-// fraction of the first (timing on a shared 2-core machine is noisy; the
-// figures are logged).
+// batch of tasks runs through a dispatcher and a worker alone, then while 4
+// clients scrape /metrics 10 times a second each, 4 connections hold a
+// /metrics response unread (a stalled scraper), 4 dashboard event streams
+// stay open and 2 more are never read (stalled browsers). The loaded run
+// completes, at a throughput not below a generous fraction of the quiet run
+// measured just before it. Timing on a shared 2-core machine is noisy (other
+// processes come and go between the two runs; once the loaded run measured
+// 0.33 of the quiet one while nothing was wrong), so a pair of runs below the
+// bound is measured again, up to loadRounds pairs: a scrape or stream that
+// really slows dispatch does so in every pair. The figures are logged.
 func TestScrapesAndStreamsDoNotSlowDispatch(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
 	t.Parallel()
@@ -39,7 +43,7 @@ func TestScrapesAndStreamsDoNotSlowDispatch(t *testing.T) {
 	}
 	_, js := c.Conn()
 	cl := client.New(js)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	const n = 1000
@@ -58,11 +62,36 @@ func TestScrapesAndStreamsDoNotSlowDispatch(t *testing.T) {
 		return n / time.Since(start).Seconds()
 	}
 	run("warmup") // statistics, consumers and connections in place
-	quiet := run("quiet")
 
+	const loadRounds = 3
+	for round := 1; ; round++ {
+		quiet := run(fmt.Sprintf("quiet%d", round))
+		loaded, scrapes, events := loadedRun(ctx, t, base, func() float64 { return run(fmt.Sprintf("loaded%d", round)) })
+		t.Logf("round %d: throughput %.0f tasks/s alone, %.0f tasks/s with scrapes and streams (ratio %.2f); %d scrapes, %d events meanwhile",
+			round, quiet, loaded, loaded/quiet, scrapes, events)
+		if scrapes == 0 || events == 0 {
+			t.Fatalf("the load was not there: %d scrapes, %d stream events", scrapes, events)
+		}
+		if loaded >= 0.3*quiet {
+			return
+		}
+		if round == loadRounds {
+			t.Fatalf("throughput fell below 30%% under scrapes and streams in each of %d rounds (last: from %.0f to %.0f tasks/s)",
+				loadRounds, quiet, loaded)
+		}
+	}
+}
+
+// loadedRun runs run while 4 clients scrape base's /metrics 10 times a second
+// each, 4 connections hold a /metrics response unread, 4 dashboard event
+// streams are read and 2 are never read; it returns run's figure and how many
+// scrapes and stream events the load saw.
+func loadedRun(ctx context.Context, t *testing.T, base string, run func() float64) (figure float64, scrapes, events int64) {
+	t.Helper()
 	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
 	var wg sync.WaitGroup
-	var scrapes, events atomic.Int64
+	var nScrapes, nEvents atomic.Int64
 	for range 4 { // scrapers on keep-alive connections, each 10 times a second (Prometheus: every 15s)
 		wg.Add(1)
 		go func() {
@@ -83,7 +112,7 @@ func TestScrapesAndStreamsDoNotSlowDispatch(t *testing.T) {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
-					scrapes.Add(1)
+					nScrapes.Add(1)
 				}
 			}
 		}()
@@ -123,21 +152,13 @@ func TestScrapesAndStreamsDoNotSlowDispatch(t *testing.T) {
 			sc.Buffer(make([]byte, 1<<20), 16<<20)
 			for sc.Scan() {
 				if strings.HasPrefix(sc.Text(), "event:") {
-					events.Add(1)
+					nEvents.Add(1)
 				}
 			}
 		}()
 	}
-	loaded := run("loaded")
+	figure = run()
 	stopLoad()
 	wg.Wait()
-
-	t.Logf("throughput: %.0f tasks/s alone, %.0f tasks/s with scrapes and streams (ratio %.2f); %d scrapes, %d events meanwhile",
-		quiet, loaded, loaded/quiet, scrapes.Load(), events.Load())
-	if scrapes.Load() == 0 || events.Load() == 0 {
-		t.Errorf("the load was not there: %d scrapes, %d stream events", scrapes.Load(), events.Load())
-	}
-	if loaded < 0.3*quiet {
-		t.Errorf("throughput fell from %.0f to %.0f tasks/s under scrapes and streams", quiet, loaded)
-	}
+	return figure, nScrapes.Load(), nEvents.Load()
 }

@@ -217,10 +217,28 @@ func TestHeartbeatAndDraining(t *testing.T) {
 	cfg.Concurrency = 3
 	sim := ModelSpec{Name: "sim-a", Types: []string{"t", "u"}, Executor: "sim"}
 	sim.Timeout = 2_000_000_000
-	r := h.start(cfg, WithModels([]ModelSpec{goModel("echo-m", "echo"), sim}))
+	// A task held in flight through the shutdown keeps the node draining
+	// (not yet deleted) until the watch has seen it: the bucket keeps one
+	// value per key, so a draining entry deleted at once could be replaced
+	// before a watcher is delivered it (1 run in 20 under load).
+	gate := make(chan struct{})
+	var running atomic.Int32
+	cfg.ShutdownGrace = time.Minute // the gate, not the grace, ends the task
+	r := h.start(cfg, WithHandler("gated", func(ctx context.Context, _ Task) (any, error) {
+		running.Add(1)
+		select {
+		case <-gate:
+			return "finished", nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}), WithModels([]ModelSpec{goModel("echo-m", "gated"), sim}))
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the worker's cleanup, should the test fail early
 
 	var first protocol.Heartbeat
-	waitFor(t, 5*time.Second, "a heartbeat", func() bool {
+	waitFor(t, 20*time.Second, "a heartbeat", func() bool {
 		e, err := kv.Get(context.Background(), "n-hb")
 		return err == nil && json.Unmarshal(e.Value(), &first) == nil
 	})
@@ -234,17 +252,18 @@ func TestHeartbeatAndDraining(t *testing.T) {
 		t.Errorf("times: started %v sent %v", first.StartedAt, first.SentAt)
 	}
 	// Heartbeats keep coming.
-	waitFor(t, 5*time.Second, "a later heartbeat", func() bool {
+	waitFor(t, 20*time.Second, "a later heartbeat", func() bool {
 		e, err := kv.Get(context.Background(), "n-hb")
 		var hb protocol.Heartbeat
 		return err == nil && json.Unmarshal(e.Value(), &hb) == nil && hb.SentAt.After(first.SentAt)
 	})
-	if err := r.Stop(t); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	// The watch saw draining announced, then the key deleted.
+	h.dispatch("in-flight", "echo-m", dispatchOpts{})
+	waitFor(t, 20*time.Second, "the task running", func() bool { return running.Load() == 1 })
+	r.stop()
+	// The watch sees draining announced, then, once the task finished, the
+	// key deleted.
 	sawDraining, deleted := false, false
-	timeout := time.After(5 * time.Second)
+	timeout := time.After(30 * time.Second)
 	for !deleted {
 		select {
 		case e := <-watch.Updates():
@@ -262,10 +281,24 @@ func TestHeartbeatAndDraining(t *testing.T) {
 			if err := json.Unmarshal(e.Value(), &hb); err != nil {
 				t.Fatal(err)
 			}
-			sawDraining = sawDraining || hb.Draining
+			if hb.Draining && !sawDraining {
+				sawDraining = true
+				select {
+				case err := <-r.done:
+					t.Fatalf("Run returned (%v) with a task in flight", err)
+				default:
+				}
+				open()
+			}
 		case <-timeout:
 			t.Fatalf("draining=%v deleted=%v after shutdown", sawDraining, deleted)
 		}
+	}
+	if err := r.Stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if o := h.next(20 * time.Second); o.TaskID != "in-flight" || o.Status != protocol.OutcomeSuccess {
+		t.Fatalf("the task in flight at shutdown: %+v", o.Outcome)
 	}
 }
 

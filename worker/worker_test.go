@@ -369,7 +369,7 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 	waitFor(t, 10*time.Second, "two running", func() bool { return cur.Load() == 2 })
 	stopped := make(chan error, 1)
 	go func() { stopped <- r.Stop(t) }()
-	waitFor(t, 5*time.Second, "draining", func() bool { return r.w.draining.Load() })
+	waitFor(t, 20*time.Second, "draining", func() bool { return r.w.draining.Load() })
 	select {
 	case err := <-stopped:
 		t.Fatalf("Run returned (%v) with tasks in flight", err)
@@ -522,18 +522,21 @@ func TestLongTaskIsNotRedelivered(t *testing.T) {
 	h := newHarness(t, "n-long")
 	var calls atomic.Int32
 	cfg := h.config()
-	cfg.AckWait = 600 * time.Millisecond
+	// Progress is signalled every AckWait/3: this leaves a signal 1s to be
+	// late on a busy machine (load 30, -race) before the server redelivers;
+	// 400ms was tight. The dispatch's own timeout is far beyond the work.
+	cfg.AckWait = 1500 * time.Millisecond
 	h.start(cfg, WithHandler("long", func(ctx context.Context, _ Task) (any, error) {
 		calls.Add(1)
 		select { // the work itself: three ack waits long
-		case <-time.After(1800 * time.Millisecond):
+		case <-time.After(4500 * time.Millisecond):
 			return "done", nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}), WithModels([]ModelSpec{goModel("m", "long")}))
-	h.dispatch("long-1", "m", dispatchOpts{})
-	if o := h.next(10 * time.Second); o.Status != protocol.OutcomeSuccess {
+	h.dispatch("long-1", "m", dispatchOpts{timeout: 30 * time.Second})
+	if o := h.next(30 * time.Second); o.Status != protocol.OutcomeSuccess {
 		t.Fatalf("%+v", o.Outcome)
 	}
 	if n := calls.Load(); n != 1 {

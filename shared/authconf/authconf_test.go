@@ -113,7 +113,7 @@ func (d *deployment) connect(id authconf.Identity, cfg natsconn.Config) *conn {
 func (c *conn) refused(op, kind, subject string) {
 	c.t.Helper()
 	want := fmt.Sprintf("Permissions Violation for %s to %q", kind, subject)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		c.mu.Lock()
 		for _, v := range c.violations {

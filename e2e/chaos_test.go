@@ -112,9 +112,15 @@ func chaosParamsFromEnv(t *testing.T, roundTasks int) chaosParams {
 //
 // The short run (2000 tasks) is part of `make test`; `make chaos` runs
 // 20000. MLSCHED_CHAOS_SEED replays a schedule.
+//
+// Not parallel: each attempt has 3s (timeout and slack, kept short so that
+// lost attempts are found fast), and sharing the machine's two cores with
+// another e2e test (the model servers' training, Chromium, a pipeline)
+// pushed the queueing past that under a busy machine: attempts expired,
+// were retried, added load, and 352 of 1976 tasks exhausted their attempts.
+// Run alone it is a test of faults, not of the machine's spare CPU.
 func TestChaos(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker", "nats-server")
-	t.Parallel()
 	runChaos(t, chaosVariant{kinds: faultKinds, roundTasks: 4000})
 }
 

@@ -81,6 +81,9 @@ func TestProxyCutAndHeal(t *testing.T) {
 	if err := echo(); err == nil {
 		t.Fatal("a new connection went through a cut proxy")
 	}
+	if p.Refused() == 0 {
+		t.Fatal("the cut proxy counted no refused connection")
+	}
 	p.Heal()
 	if err := echo(); err != nil {
 		t.Fatalf("after Heal: %v", err)

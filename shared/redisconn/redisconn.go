@@ -216,7 +216,7 @@ func (o *Options) NewClient() redis.UniversalClient {
 	case Sentinel:
 		return redis.NewFailoverClient(o.Failover)
 	case Cluster:
-		return redis.NewClusterClient(o.Cluster)
+		return newClusterClient(o.Cluster)
 	default:
 		return redis.NewClient(o.Single)
 	}

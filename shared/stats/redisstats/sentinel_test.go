@@ -35,14 +35,43 @@ func TestConformanceSentinel(t *testing.T) {
 func TestSentinelFailoverKeepsStatistics(t *testing.T) {
 	t.Parallel()
 	s := redistest.StartSentinel(t)
+	recordThroughFailover(t, s.URL(), func() (string, string) {
+		old := s.KillMaster(t)
+		return old, s.WaitFailover(t, old, 30*time.Second)
+	})
+}
+
+// The same on a Redis Cluster of three masters with a replica each: the
+// master serving the {stats} slot is killed with -9 and its replica takes
+// the slot over (after the 2 s node timeout).
+func TestClusterFailoverKeepsStatistics(t *testing.T) {
+	t.Parallel()
+	rc := redistest.StartClusterWith(t, redistest.ClusterOptions{Replicas: 1})
+	recordThroughFailover(t, rc.URL(), func() (string, string) {
+		old, err := rc.MasterOf(t.Context(), "{stats}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc.Kill(t, old)
+		return old, rc.WaitFailover(t, "{stats}", old, time.Minute)
+	})
+}
+
+// recordThroughFailover has two replicas record statistics through their
+// batchers on url while fail kills the master of the statistics and waits
+// for its successor: writing must go on once the client follows, and every
+// event recorded must reach the new master (the replicas re-seed whatever
+// the promoted replica missed), none counted more than a batch twice.
+func recordThroughFailover(t *testing.T, url string, fail func() (old, now string)) {
 	var added atomic.Int64
+	var maxGap atomic.Int64 // longest time between two successful snapshots of a replica
 	var resets atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var stores []*redisstats.Store
 	var batchers []*stats.Batcher
 	for r := range 2 {
-		c, err := redisconn.Open(redisconn.Config{URL: s.URL()})
+		c, err := redisconn.Open(redisconn.Config{URL: url})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,6 +82,7 @@ func TestSentinelFailoverKeepsStatistics(t *testing.T) {
 		stores, batchers = append(stores, st), append(batchers, b)
 		node := []string{"n1", "n2"}[r]
 		wg.Go(func() {
+			lastOK := time.Now()
 			tick := time.NewTicker(time.Millisecond)
 			defer tick.Stop()
 			for {
@@ -69,6 +99,10 @@ func TestSentinelFailoverKeepsStatistics(t *testing.T) {
 				if _, err := st.Snapshot(t.Context()); err != nil {
 					continue // the master is down: the dispatcher would be degraded
 				}
+				if gap := time.Since(lastOK); int64(gap) > maxGap.Load() {
+					maxGap.Store(int64(gap)) // one writer per replica: a lost race only loses a smaller gap
+				}
+				lastOK = time.Now()
 			}
 		})
 	}
@@ -82,11 +116,12 @@ func TestSentinelFailoverKeepsStatistics(t *testing.T) {
 		}
 	}
 	waitAdded(2000)
-	old := s.KillMaster(t)
 	t0 := time.Now()
-	now := s.WaitFailover(t, old, 30*time.Second)
+	old, now := fail()
 	t.Logf("failover from %s to %s in %v", old, now, time.Since(t0).Round(time.Millisecond))
 	waitAdded(added.Load() + 2000)
+	// logged, not asserted: on a loaded machine it varies
+	t.Logf("degraded: at most %v between two successful snapshots of a replica", time.Duration(maxGap.Load()).Round(time.Millisecond))
 	close(stop)
 	wg.Wait()
 	for _, b := range batchers {

@@ -49,6 +49,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		os.Exit(healthcheck())
 	}
+	config.ApplyGCDefault()
 	cfg, err := dispatcher.LoadConfig()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dispatcher:", err)

@@ -36,6 +36,7 @@ func run() int {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		return healthcheck()
 	}
+	config.ApplyGCDefault()
 	if err := config.Load(&cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2

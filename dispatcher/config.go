@@ -236,6 +236,7 @@ func (c *Config) Window() stats.Window {
 func (c *Config) Topology() topology.Config {
 	t := c.Shared.Config()
 	t.ResultsMaxAge = c.ResultsMaxAge
+	t.UpdateLimits = true // the dispatcher owns the streams
 	return t
 }
 

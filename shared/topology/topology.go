@@ -78,6 +78,11 @@ type Config struct {
 	// TasksMaxMsgSize bounds one task message (default 4 MiB); the
 	// dispatcher rejects tasks above its own MLSCHED_MAX_PAYLOAD_BYTES.
 	TasksMaxMsgSize int32
+	// UpdateLimits brings the size limits (MaxBytes, MaxMsgSize, Discard)
+	// of existing streams to these, so that a stream created by an older
+	// version, without limits, gets them. Only the streams' owner, the
+	// dispatcher, sets it: other roles may not update streams.
+	UpdateLimits bool
 }
 
 func (c Config) withDefaults() Config {
@@ -140,11 +145,17 @@ func Streams(c Config) []jetstream.StreamConfig {
 }
 
 // Ensure creates every stream and the node bucket, or checks that existing
-// ones are compatible.
+// ones are compatible (and, with UpdateLimits, updates their size limits).
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 	for _, sc := range Streams(c) {
-		if _, err := EnsureStream(ctx, js, sc); err != nil {
+		s, err := EnsureStream(ctx, js, sc)
+		if err != nil {
 			return err
+		}
+		if c.UpdateLimits {
+			if err := updateLimits(ctx, js, s, sc); err != nil {
+				return err
+			}
 		}
 	}
 	_, err := EnsureNodesBucket(ctx, js, c)
@@ -172,6 +183,23 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 			want.Subjects, want.Retention, want.Storage, want.MaxMsgsPerSubject)
 	}
 	return s, nil
+}
+
+// updateLimits updates the stream when its size limits differ from
+// want's, keeping the rest of its configuration.
+func updateLimits(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, want jetstream.StreamConfig) error {
+	got := s.CachedInfo().Config
+	if unlimited(got.MaxBytes) == unlimited(want.MaxBytes) &&
+		unlimited(int64(got.MaxMsgSize)) == unlimited(int64(want.MaxMsgSize)) && got.Discard == want.Discard {
+		return nil
+	}
+	cfg := got
+	cfg.MaxBytes, cfg.MaxMsgSize, cfg.Discard = want.MaxBytes, want.MaxMsgSize, want.Discard
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("stream %s: update limits max_bytes=%d max_msg_size=%d discard=%v (have %d, %d, %v): %w",
+			want.Name, want.MaxBytes, want.MaxMsgSize, want.Discard, got.MaxBytes, got.MaxMsgSize, got.Discard, err)
+	}
+	return nil
 }
 
 // unlimited maps every "no limit" value to -1: the server reports -1 for a

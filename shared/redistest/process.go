@@ -105,6 +105,11 @@ func StartConfig(bin, conf, dir string, port int, args ...string) (*Process, err
 
 // startCmd runs bin with args and waits until it answers PING on port.
 func startCmd(bin string, args []string, dir string, port int) (*Process, error) {
+	return startCmdPing(bin, args, dir, port, ping)
+}
+
+// startCmdPing is startCmd with the PING of ping (TLS servers need theirs).
+func startCmdPing(bin string, args []string, dir string, port int, ping func(addr string) error) (*Process, error) {
 	out := &lockedBuffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
@@ -122,7 +127,7 @@ func startCmd(bin string, args []string, dir string, port int) (*Process, error)
 		out:  out,
 	}
 	go func() { _ = cmd.Wait(); close(p.done) }()
-	if err := p.waitReady(readyTimeout); err != nil {
+	if err := p.waitReady(readyTimeout, ping); err != nil {
 		p.Stop()
 		return nil, fmt.Errorf("%s on port %d: %w; output: %s", bin, port, err, strings.TrimSpace(out.String()))
 	}
@@ -130,7 +135,7 @@ func startCmd(bin string, args []string, dir string, port int) (*Process, error)
 }
 
 // waitReady polls PING until PONG, the process exits, or the timeout.
-func (p *Process) waitReady(timeout time.Duration) error {
+func (p *Process) waitReady(timeout time.Duration, ping func(addr string) error) error {
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
@@ -155,6 +160,11 @@ func ping(addr string) error {
 	if err != nil {
 		return err
 	}
+	return pingOn(c)
+}
+
+// pingOn sends an inline PING on c, expects +PONG and closes c.
+func pingOn(c net.Conn) error {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {

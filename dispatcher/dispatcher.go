@@ -219,8 +219,9 @@ func (d *Dispatcher) openStore(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("MLSCHED_REDIS_URL: %w", err)
 	}
-	// A refused password is a configuration error, not an outage: stop with
-	// it rather than run degraded for ever. Redis being down is an outage.
+	// A refused password or certificate is a configuration error, not an
+	// outage: stop with it rather than run degraded for ever. Redis being
+	// down is an outage.
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = redisconn.Ping(pctx, c)
 	cancel()
@@ -228,6 +229,9 @@ func (d *Dispatcher) openStore(ctx context.Context) error {
 	case errors.Is(err, redisconn.ErrAuth):
 		_ = c.Close()
 		return fmt.Errorf("connect to Redis at %s: %w (check MLSCHED_REDIS_URL's user and MLSCHED_REDIS_PASSWORD_FILE)", redisconn.Redact(d.cfg.RedisURL), err)
+	case errors.Is(err, redisconn.ErrTLS):
+		_ = c.Close()
+		return fmt.Errorf("connect to Redis at %s: %w (check MLSCHED_REDIS_CA, MLSCHED_REDIS_CERT and MLSCHED_REDIS_KEY)", redisconn.Redact(d.cfg.RedisURL), err)
 	case err != nil:
 		d.log.Warn().Err(err).Str("redis", redisconn.Redact(d.cfg.RedisURL)).Msg("Redis does not answer at start: running degraded until it does")
 	}

@@ -2,10 +2,13 @@ package dispatcher_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/redistest"
@@ -50,5 +53,31 @@ func TestRedissStatisticsStore(t *testing.T) {
 	defer cancel()
 	if n, err := c.HLen(ctx, "mlsched:{stats}:g").Result(); err != nil || n == 0 {
 		t.Fatalf("gauges in the TLS server: %d fields, %v", n, err)
+	}
+}
+
+// Without the client certificate the TLS server requires, the dispatcher
+// stops at start with an error naming the variables to check, instead of
+// running degraded for ever.
+func TestRedissWithoutClientCertificateExits(t *testing.T) {
+	t.Parallel()
+	f := tlstest.New(t)
+	r := redistest.StartTLS(t, f, true)
+	ns := natstest.New(t)
+	cfg := testConfig(ns.URL)
+	cfg.RedisURL, cfg.RedisCA = "rediss://"+r.Addr+"/0", f.CA
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(t.Context()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, redisconn.ErrTLS) || !strings.Contains(err.Error(), "MLSCHED_REDIS_CERT") {
+			t.Fatalf("Run = %v, want the TLS refusal naming MLSCHED_REDIS_CERT", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the dispatcher did not stop")
 	}
 }

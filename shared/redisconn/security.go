@@ -19,6 +19,12 @@ import (
 // it, so a process stops with a clear message instead of running degraded.
 var ErrAuth = errors.New("authentication refused by Redis")
 
+// ErrTLS is wrapped by Ping's error when the TLS handshake fails on a
+// certificate: the server's is not trusted (MLSCHED_REDIS_CA), or the server
+// refused the client's, or its absence (MLSCHED_REDIS_CERT/_KEY). Like
+// ErrAuth, retrying will not fix it.
+var ErrTLS = errors.New("TLS certificate refused")
+
 // secure applies the password file and TLS files of cfg to o.
 func (o *Options) secure(cfg Config) error {
 	tlsURL := strings.HasPrefix(strings.TrimSpace(cfg.URL), "rediss")
@@ -107,7 +113,43 @@ func Ping(ctx context.Context, c redis.UniversalClient) error {
 	if IsAuthError(err) {
 		return fmt.Errorf("%w: %v", ErrAuth, secret.Error(err))
 	}
+	if IsTLSRefusal(err) {
+		return fmt.Errorf("%w: %v", ErrTLS, secret.Error(err))
+	}
 	return secret.Error(err)
+}
+
+// IsTLSRefusal reports whether err is a TLS handshake that failed on a
+// certificate, on either side.
+func IsTLSRefusal(err error) bool {
+	if err == nil {
+		return false
+	}
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var alert tls.AlertError
+	switch {
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid):
+		return true
+	case errors.As(err, &alert):
+		// bad_certificate, unsupported_certificate, certificate_revoked,
+		// certificate_expired, certificate_unknown, unknown_ca,
+		// access_denied, certificate_required
+		switch alert {
+		case 42, 43, 44, 45, 46, 48, 49, 116:
+			return true
+		}
+	}
+	s := err.Error() // errors that lost their type on the way
+	for _, p := range []string{"tls: failed to verify certificate", "tls: certificate required", "tls: bad certificate",
+		"tls: unknown certificate authority", "x509: "} {
+		if strings.Contains(s, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // IsAuthError reports whether err is Redis refusing authentication or an

@@ -53,7 +53,7 @@ type Dispatcher struct {
 	// The components, each with the same lifecycle (shared/lifecycle); run
 	// starts them in this order and stops them in reverse.
 	snaps   *refresher       // statistics snapshot and decision table
-	pub     *jspub.Publisher // dispatches: publish-then-ack by callback
+	pub     *jspub.Publisher // dispatches and results: publish-then-ack by callback
 	settler *settler         // publish-then-ack
 	dlq     *deadLetters
 	sweeper *sweeper  // lost attempts
@@ -343,8 +343,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"node registry", d.registryService()},
 		{"snapshot refresher", d.snaps},
 		// stopped after everything that dispatches: its Stop waits for the
-		// dispatches in flight, which settle their messages
-		{"dispatch publisher", &lifecycle.Func{OnStart: d.pub.Start, OnStop: d.pub.Stop}},
+		// dispatches and results in flight, which settle their messages
+		{"publisher", &lifecycle.Func{OnStart: d.pub.Start, OnStop: d.pub.Stop}},
 		{"settler", d.settler},
 		{"sweeper", d.sweeper},
 		{"backlog sampler", d.backlogService()},

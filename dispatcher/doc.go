@@ -13,9 +13,9 @@
 //   - the node registry (shared/registry), fed by a watch on MLSCHED_NODES;
 //   - snapshot.go: the refresher of the statistics snapshot and the decision
 //     table, which also writes breaker transitions;
-//   - the dispatch publisher (shared/jspub): dispatches are published
-//     asynchronously and each acknowledgement settles its task's message by
-//     callback, on the goroutine that read it;
+//   - the publisher (shared/jspub): dispatches and results are published
+//     asynchronously and each acknowledgement settles the message that
+//     caused it (task or outcome) by callback, on the goroutine that read it;
 //   - settler.go: publish-then-ack: a consumed message is acked once what
 //     handling it published is stored, nak'ed for redelivery otherwise;
 //   - sweeper.go: finds attempts still unanswered at their deadline in

@@ -16,25 +16,25 @@ import (
 	"github.com/mlsched/mlsched/shared/tracing"
 )
 
-// publishResult starts publishing a task's final result. JetStream refuses
-// it when the task already has one (expected last subject sequence 0),
-// which is what makes the result final: a duplicate delivery, a racing
-// replica or a late outcome cannot publish a second or changed result.
-// resultStored reads the acknowledgement. The result's headers carry the
-// task's W3C traceparent, so that whoever reads the result continues its
-// trace.
-func (d *Dispatcher) publishResult(res *protocol.Result, traceparent string) (jetstream.PubAckFuture, error) {
+// resultMsg is a task's final result message. JetStream refuses it when
+// the task already has one (expected last subject sequence 0), which is
+// what makes the result final: a duplicate delivery, a racing replica or a
+// late outcome cannot publish a second or changed result. resultStored
+// reads the acknowledgement. The result's headers carry the task's W3C
+// traceparent, so that whoever reads the result continues its trace.
+func (d *Dispatcher) resultMsg(res *protocol.Result, traceparent string) (*nats.Msg, error) {
 	res.FinishedAt = time.Now().UTC()
 	// json.Marshal's bytes, without reflection.
 	data, err := res.AppendJSON(make([]byte, 0, 320+len(res.Output)))
 	if err != nil { // cannot happen with our types; never drop the message
 		return nil, err
 	}
-	m := &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: protocol.ResultHeader(res.ID, traceparent)}
+	h := protocol.ResultHeader(res.ID, traceparent)
 	// No Nats-Msg-Id: the expected sequence alone refuses a retried publish
 	// that was in fact stored, and an id would outlive a purged result inside
 	// the duplicate window, swallowing the result of a replayed task.
-	return d.js.PublishMsgAsync(m, jetstream.WithExpectLastSequencePerSubject(0))
+	h[jetstream.ExpectedLastSubjSeqHeader] = []string{"0"}
+	return &nats.Msg{Subject: topology.ResultSubject(res.ID), Data: data, Header: h}, nil
 }
 
 // resultStored reads a result publish's acknowledgement: stored (this is
@@ -62,22 +62,26 @@ func (d *Dispatcher) resultStored(res *protocol.Result, ack *jetstream.PubAck, e
 	return true, nil
 }
 
-// finish publishes the task's final result, then settles msg. traceparent
-// is the task's trace context ("" for none); with tracing on, a result span
-// covers the publish.
+// finish publishes the task's final result, then settles msg: acked once
+// the result is stored (or refused as a second one), on the publisher's
+// reply goroutine, with no future or settling goroutine in between.
+// traceparent is the task's trace context ("" for none); with tracing on, a
+// result span covers the publish.
 func (d *Dispatcher) finish(msg jetstream.Msg, res *protocol.Result, traceparent string) {
 	span := d.resultSpan(res, traceparent)
-	fut, err := d.publishResult(res, span.Traceparent())
+	m, err := d.resultMsg(res, span.Traceparent())
+	if err == nil {
+		err = d.pub.Publish(context.Background(), m, "", func(ack *jetstream.PubAck, err error) {
+			_, err = d.resultStored(res, ack, err)
+			span.End(err)
+			d.settler.Settle(msg, err)
+		})
+	}
 	if err != nil {
+		d.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
 		span.End(err)
 		d.settler.Settle(msg, err)
-		return
 	}
-	d.settler.After(msg, fut, func(ack *jetstream.PubAck, err error) error {
-		_, err = d.resultStored(res, ack, err)
-		span.End(err)
-		return err
-	})
 }
 
 // resultSpan starts the result span of a task (a no-op with tracing off).
@@ -97,7 +101,11 @@ func (d *Dispatcher) resultSpan(res *protocol.Result, traceparent string) tracin
 // looks at what is stored, and the entry's id makes a second write harmless.
 func (d *Dispatcher) failExhausted(msg jetstream.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
 	span := d.resultSpan(res, traceparent)
-	fut, err := d.publishResult(res, span.Traceparent())
+	m, err := d.resultMsg(res, span.Traceparent())
+	var fut jetstream.PubAckFuture
+	if err == nil {
+		fut, err = d.js.PublishMsgAsync(m)
+	}
 	if err != nil {
 		span.End(err)
 		d.settler.Settle(msg, err)

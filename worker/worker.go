@@ -216,7 +216,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Outcomes in flight count as tasks until their dispatch is acked, so
 	// that a shutdown waits for them. MaxAckPending already bounds them by
 	// Concurrency; the window makes the bound explicit.
-	w.outcomes = newOutcomePublisher(js, w.cfg.Concurrency, w.tasks.Done)
+	if w.outcomes, err = newOutcomePublisher(ctx, nc, w.cfg.Concurrency, w.cfg.PublishTimeout, w.tasks.Done); err != nil {
+		return err
+	}
 	defer w.outcomes.close()
 	if err := jsretry.Do(ctx, w.log, "topology", func(ctx context.Context) error {
 		return topology.Ensure(ctx, js, w.topology())

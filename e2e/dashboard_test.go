@@ -221,18 +221,30 @@ func TestDashboardInBrowser(t *testing.T) {
 	t.Logf("dashboard screenshot: %s (%d KB)", path, len(png)/1024)
 
 	// The JSON the page reads is well-formed and merged from both replicas.
-	body, err := chromedp.Run(bctx, chromedp.Evaluate[string](`fetch("/api/view").then(r => r.text())`,
-		chromedp.EvalAwaitPromise))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var view struct {
-		View struct {
-			Replicas []struct{ Name string } `json:"replicas"`
-		} `json:"view"`
-	}
-	if err := json.Unmarshal([]byte(body), &view); err != nil || len(view.View.Replicas) != 2 {
-		t.Fatalf("/api/view: %v, %d replicas", err, len(view.View.Replicas))
+	// Each gathering waits only briefly for late replies, so under load one
+	// view may miss a replica: wait for one that has both.
+	vctx, vcancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer vcancel()
+	if err := harness.WaitFor(vctx, func() error {
+		body, err := chromedp.Run(bctx, chromedp.Evaluate[string](`fetch("/api/view").then(r => r.text())`,
+			chromedp.EvalAwaitPromise))
+		if err != nil {
+			return err
+		}
+		var view struct {
+			View struct {
+				Replicas []struct{ Name string } `json:"replicas"`
+			} `json:"view"`
+		}
+		if err := json.Unmarshal([]byte(body), &view); err != nil {
+			return fmt.Errorf("malformed: %w", err)
+		}
+		if len(view.View.Replicas) != 2 {
+			return fmt.Errorf("%d replicas", len(view.View.Replicas))
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("/api/view: %v", err)
 	}
 
 	mu.Lock()

@@ -266,8 +266,12 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	// Quiescence: nothing left in flight anywhere (the work-queue streams
 	// are empty), so any late or duplicate result would have been written.
 	dctx, dcancel := context.WithTimeout(ctx, 2*time.Minute)
-	drainErr := harness.WaitFor(dctx, func() error { return drained(ctx, js) })
+	var orphans []string
+	drainErr := harness.WaitFor(dctx, func() (err error) { orphans, err = drained(ctx, js); return err })
 	dcancel()
+	for _, o := range orphans {
+		t.Logf("chaos: nats-server left an acknowledged message behind (not in flight, never delivered again): %s", o)
+	}
 	if drainErr != nil {
 		t.Errorf("work-queue streams not drained: %v", drainErr)
 		for _, l := range inFlightReport(ctx, js) {
@@ -379,21 +383,99 @@ var workQueues = []string{topology.StreamTasks, topology.StreamDispatch, topolog
 
 // drained reports whether nothing is left in flight: the work-queue streams
 // keep a message until it is acknowledged, after its effects are stored.
-func drained(ctx context.Context, js jetstream.JetStream) error {
+//
+// A message the stream's consumer has acknowledged (at or below its ack
+// floor) is not in flight: nothing will ever deliver it again. nats-server
+// is supposed to remove it, yet one acked during a graceful restart can stay
+// behind (seen once: a task published and acked in the 50ms between SIGTERM
+// and the server's shutdown stayed in MLSCHED_TASKS below an ack floor of
+// 2000, its task long finished; the class of nats-server#5148 and #6159).
+// Such messages do not count; drained returns them in orphans, to be logged.
+func drained(ctx context.Context, js jetstream.JetStream) (orphans []string, err error) {
 	for _, name := range workQueues {
 		s, err := js.Stream(ctx, name)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		info, err := s.Info(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if info.State.Msgs != 0 {
-			return fmt.Errorf("%s holds %d messages", name, info.State.Msgs)
+		st := info.State
+		if st.Msgs == 0 {
+			continue
+		}
+		if st.Msgs > 20 { // plainly in flight: not worth looking at each
+			return nil, fmt.Errorf("%s holds %d messages", name, st.Msgs)
+		}
+		var consumers []*jetstream.ConsumerInfo
+		for cl := s.ListConsumers(ctx); ; {
+			ci, ok := <-cl.Info()
+			if !ok {
+				if err := cl.Err(); err != nil {
+					return nil, err
+				}
+				break
+			}
+			consumers = append(consumers, ci)
+		}
+		for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
+			m, err := s.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue // removed meanwhile, or a gap
+			}
+			if err != nil {
+				return nil, err
+			}
+			var by *jetstream.ConsumerInfo
+			for _, ci := range consumers {
+				if consumerFilters(ci, m.Subject) {
+					by = ci
+					break
+				}
+			}
+			if by == nil || seq > by.AckFloor.Stream {
+				return nil, fmt.Errorf("%s holds %d messages", name, st.Msgs)
+			}
+			orphans = append(orphans, fmt.Sprintf("%s seq %d on %s (consumer %s acked up to %d): %.200s",
+				name, seq, m.Subject, by.Name, by.AckFloor.Stream, m.Data))
 		}
 	}
-	return nil
+	return orphans, nil
+}
+
+// consumerFilters reports whether ci's filter subjects take subject.
+func consumerFilters(ci *jetstream.ConsumerInfo, subject string) bool {
+	filters := ci.Config.FilterSubjects
+	if ci.Config.FilterSubject != "" {
+		filters = append(filters, ci.Config.FilterSubject)
+	}
+	if len(filters) == 0 {
+		return true
+	}
+	for _, f := range filters {
+		if subjectMatches(f, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// subjectMatches reports whether the NATS subject matches filter (with the
+// * and > wildcards).
+func subjectMatches(filter, subject string) bool {
+	ft, st := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, f := range ft {
+		switch {
+		case f == ">":
+			return len(st) > i
+		case i >= len(st):
+			return false
+		case f != "*" && f != st[i]:
+			return false
+		}
+	}
+	return len(ft) == len(st)
 }
 
 // inFlightReport describes what is left in the work-queue streams and their

@@ -198,3 +198,24 @@ func TestChaosVerdict(t *testing.T) {
 		}
 	}
 }
+
+func TestSubjectMatches(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"mlsched.tasks.>", "mlsched.tasks.embed", true},
+		{"mlsched.tasks.>", "mlsched.tasks", false},
+		{"mlsched.node.*.tasks", "mlsched.node.n1.tasks", true},
+		{"mlsched.node.*.tasks", "mlsched.node.n1.tasks.x", false},
+		{"mlsched.node.n1.tasks", "mlsched.node.n2.tasks", false},
+		{"mlsched.outcomes.*", "mlsched.outcomes.n1", true},
+		{"mlsched.outcomes.*", "mlsched.outcomes", false},
+		{">", "a", true},
+	} {
+		if got := subjectMatches(c.filter, c.subject); got != c.want {
+			t.Errorf("subjectMatches(%q, %q) = %v, want %v", c.filter, c.subject, got, c.want)
+		}
+	}
+}

@@ -141,7 +141,7 @@ test: redis-server prometheus sklearn chromium ## vet and test (-race) every mod
 # see bin/mlsched-bench -h. Results go to .bench/ (git-ignored).
 BENCH_FLAGS   ?=
 # Hot-path go benchmarks run after the end-to-end one (in shared/).
-BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/... ./opshttp/
+BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/... ./opshttp/ ./jspub/
 
 .PHONY: bench
 bench: build redis-server ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), then the hot-path go benchmarks

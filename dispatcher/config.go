@@ -125,6 +125,12 @@ type Config struct {
 	MaxInFlight int `envconfig:"MAX_IN_FLIGHT" default:"1024" desc:"publishes awaiting acknowledgement; consumers pull at most this many"`
 	// AckWait of the dispatcher's consumers (default 30s).
 	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"ack wait of the dispatcher consumers"`
+	// TasksMaxBytes bounds the task stream: beyond it producers get a
+	// publish error (default 134217728, 128 MiB); TasksMaxMsgSize bounds
+	// one task message (default 4194304, 4 MiB). Applied to an existing
+	// stream at start.
+	TasksMaxBytes   int64 `envconfig:"TASKS_MAX_BYTES" default:"134217728" desc:"bytes the task stream may hold; beyond, producers get a publish error (applied to an existing stream at start)"`
+	TasksMaxMsgSize int32 `envconfig:"TASKS_MAX_MSG_SIZE" default:"4194304" desc:"largest message the task stream accepts (applied to an existing stream at start)"`
 	// ResultsMaxAge is how long results are kept (default 24h).
 	ResultsMaxAge time.Duration `envconfig:"RESULTS_MAX_AGE" default:"24h" desc:"how long results are kept"`
 	// Shared: NodeTTL, Storage and StreamReplicas, which every process must
@@ -184,6 +190,10 @@ func (c Config) Validate() error {
 		return bad("MAX_IN_FLIGHT", c.MaxInFlight, "must be at least 1")
 	case c.UnservedMax < 0:
 		return bad("UNSERVED_MAX", c.UnservedMax, "must not be negative (0 rejects such tasks without waiting)")
+	case c.TasksMaxBytes < 1:
+		return bad("TASKS_MAX_BYTES", c.TasksMaxBytes, "must be positive")
+	case c.TasksMaxMsgSize < 1:
+		return bad("TASKS_MAX_MSG_SIZE", c.TasksMaxMsgSize, "must be positive")
 	case c.MaxPayloadBytes < 1:
 		return bad("MAX_PAYLOAD_BYTES", c.MaxPayloadBytes, "must be at least 1")
 	case c.StatsBuffer < 1:
@@ -236,6 +246,7 @@ func (c *Config) Window() stats.Window {
 func (c *Config) Topology() topology.Config {
 	t := c.Shared.Config()
 	t.ResultsMaxAge = c.ResultsMaxAge
+	t.TasksMaxBytes, t.TasksMaxMsgSize = c.TasksMaxBytes, c.TasksMaxMsgSize
 	t.UpdateLimits = true // the dispatcher owns the streams
 	return t
 }

@@ -15,9 +15,10 @@ import (
 )
 
 // A task stream created by an older version, without size limits, gets
-// them when a dispatcher starts (MaxBytes, MaxMsgSize, DiscardNew; a stream
-// update that keeps its messages); other roles, which may not update
-// streams, leave it as it is.
+// the configured ones when a dispatcher starts (MaxBytes, MaxMsgSize,
+// DiscardNew; a stream update that keeps its messages); other roles, which
+// may not update streams, leave it as it is, and so does the dispatcher
+// with a limit an operator set on a stream mlsched does not bound.
 func TestExistingTaskStreamGetsLimits(t *testing.T) {
 	t.Parallel()
 	ns := natstest.New(t)
@@ -30,6 +31,16 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 	if _, err := ns.JS.CreateStream(ctx, old); err != nil {
 		t.Fatal(err)
 	}
+	// an operator's own limit on a stream mlsched does not bound stays
+	results := topology.Streams(topology.Config{})[3]
+	if results.Name != topology.StreamResults {
+		t.Fatalf("fourth stream is %s", results.Name)
+	}
+	results.MaxBytes = 32 << 20
+	if _, err := ns.JS.CreateStream(ctx, results); err != nil {
+		t.Fatal(err)
+	}
+
 	// what a worker or a producer does at start: check, not update
 	if err := topology.Ensure(ctx, ns.JS, topology.Config{}); err != nil {
 		t.Fatal(err)
@@ -52,6 +63,7 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 
 	cfg := testConfig(ns.URL)
 	cfg.NoNodeWait = time.Minute
+	cfg.TasksMaxBytes = 64 << 20 // MLSCHED_TASKS_MAX_BYTES
 	d, err := dispatcher.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +83,7 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 		}
 	})
 	deadline := time.Now().Add(20 * time.Second)
-	for c := info(); c.MaxBytes != 128<<20 || c.MaxMsgSize != 4<<20 || c.Discard != jetstream.DiscardNew; c = info() {
+	for c := info(); c.MaxBytes != 64<<20 || c.MaxMsgSize != 4<<20 || c.Discard != jetstream.DiscardNew; c = info() {
 		if time.Now().After(deadline) {
 			t.Fatalf("limits not applied: max_bytes=%d max_msg_size=%d discard=%v", c.MaxBytes, c.MaxMsgSize, c.Discard)
 		}
@@ -83,6 +95,10 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 	}
 	if si, err := s.Info(ctx); err != nil || si.State.Msgs != 1 {
 		t.Fatalf("stream state after the update: %+v, %v; want the waiting task kept", si, err)
+	}
+	rs, err := ns.JS.Stream(ctx, topology.StreamResults)
+	if err != nil || rs.CachedInfo().Config.MaxBytes != 32<<20 {
+		t.Fatalf("results stream: %v; want the operator's 32 MiB kept", err)
 	}
 	_, err = ns.JS.Publish(ctx, topology.TaskSubject("t"), bytes.Repeat([]byte("y"), 5<<20))
 	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "message size exceeds") {

@@ -185,10 +185,13 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	return s, nil
 }
 
-// updateLimits updates the stream when its size limits differ from
-// want's, keeping the rest of its configuration.
+// updateLimits updates a stream mlsched bounds when its size limits differ
+// from want's, keeping the rest of its configuration.
 func updateLimits(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, want jetstream.StreamConfig) error {
 	got := s.CachedInfo().Config
+	if want.MaxBytes <= 0 && want.MaxMsgSize <= 0 && want.Discard != jetstream.DiscardNew {
+		return nil // mlsched sets no limits here: an operator's stay
+	}
 	if unlimited(got.MaxBytes) == unlimited(want.MaxBytes) &&
 		unlimited(int64(got.MaxMsgSize)) == unlimited(int64(want.MaxMsgSize)) && got.Discard == want.Discard {
 		return nil

@@ -375,10 +375,8 @@ func (r *run) startMlsched(ctx context.Context) error {
 	}
 	prefix := len(topology.ResultSubject(""))
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		var res struct {
-			Status protocol.Status `json:"status"`
-		}
-		ok := json.Unmarshal(m.Data(), &res) == nil && res.Status == protocol.StatusSucceeded
+		res, err := protocol.DecodeResult(m.Data()) // what a producer reading results pays (shared/client)
+		ok := err == nil && res.Status == protocol.StatusSucceeded
 		if subj := m.Subject(); len(subj) > prefix {
 			r.tr.Load().complete(subj[prefix:], ok, time.Now())
 		}

@@ -355,9 +355,11 @@ func (c *Client) checkID(id string) error {
 	return nil
 }
 
+// decodeResult decodes as json.Unmarshal would, in one pass
+// (protocol.DecodeResult); r.Output shares data, the message's own bytes.
 func decodeResult(id string, data []byte) (*protocol.Result, error) {
-	var r protocol.Result
-	if err := json.Unmarshal(data, &r); err != nil {
+	r, err := protocol.DecodeResult(data)
+	if err != nil {
 		return nil, fmt.Errorf("result of %s: %w: %w", id, ErrBadResult, err)
 	}
 	return &r, nil

@@ -108,3 +108,38 @@ func BenchmarkDecodeOutcome(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeResult compares what a producer pays to read a result:
+// encoding/json into a Result (shared/client before), into a struct of the
+// status alone (the benchmark's reader before), and DecodeResult.
+func BenchmarkDecodeResult(b *testing.B) {
+	data := []byte(`{"id":"task-000123","type":"classify","status":"succeeded","model":"bert-v2","node":"node-3","attempts":1,"output":{"label":"spam","score":0.97},"latency_ms":7.5,"history":[{"attempt":1,"model":"bert-v2","node":"node-3","status":"success","latency_ms":3.217}],"finished_at":"2026-12-01T08:00:00.123456789Z"}`)
+	b.Run("json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var r protocol.Result
+			if err := json.Unmarshal(data, &r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("json-status-only", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var r struct {
+				Status protocol.Status `json:"status"`
+			}
+			if err := json.Unmarshal(data, &r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("DecodeResult", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := protocol.DecodeResult(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -673,3 +673,163 @@ func DecodeTaskHead(data []byte) (id, typ string, payload json.RawMessage, err e
 	}
 	return id, typ, payload, nil
 }
+
+// resultFields and attemptFields are Result's and Attempt's JSON member
+// names, in DecodeResult's order.
+var (
+	resultFields  = []string{"id", "type", "status", "model", "node", "attempts", "output", "error", "error_code", "latency_ms", "history", "finished_at"}
+	attemptFields = []string{"attempt", "model", "node", "status", "error", "latency_ms"}
+)
+
+// DecodeResult decodes a result message exactly as json.Unmarshal into a
+// Result would (same inputs accepted, same fields, encoding/json's quirks
+// included: a repeated "history" decodes into the entries already there),
+// in one pass and without reflection: what a producer pays per result it
+// reads. Output aliases data, which must not change afterwards. On error
+// the Result is not usable.
+func DecodeResult(data []byte) (Result, error) {
+	var res Result
+	r := jsonReader{data: data}
+	r.ws()
+	switch r.peek() {
+	case '{':
+		err := r.object(1, func(key []byte) error {
+			switch fieldIndex(key, resultFields) {
+			case 0:
+				return r.stringField("id", &res.ID)
+			case 1:
+				return r.stringField("type", &res.Type)
+			case 2:
+				return r.stringField("status", (*string)(&res.Status))
+			case 3:
+				return r.stringField("model", &res.Model)
+			case 4:
+				return r.stringField("node", &res.Node)
+			case 5:
+				return r.intField("attempts", &res.Attempts)
+			case 6:
+				return r.rawField(1, &res.Output)
+			case 7:
+				return r.stringField("error", &res.Error)
+			case 8:
+				return r.stringField("error_code", (*string)(&res.ErrorCode))
+			case 9:
+				return r.floatField("latency_ms", &res.LatencyMs)
+			case 10:
+				return r.history(&res.History)
+			case 11:
+				var raw json.RawMessage
+				if err := r.rawField(1, &raw); err != nil {
+					return err
+				}
+				if err := res.FinishedAt.UnmarshalJSON(raw); err != nil {
+					return &JSONError{Offset: r.pos, Msg: "field \"finished_at\": " + err.Error()}
+				}
+				return nil
+			}
+			return r.skip(1)
+		})
+		if err != nil {
+			return Result{}, err
+		}
+	case 'n':
+		if err := r.literal("null"); err != nil {
+			return Result{}, err
+		}
+	default:
+		if err := r.skip(0); err != nil {
+			return Result{}, err
+		}
+		if err := r.end(); err != nil {
+			return Result{}, err
+		}
+		return Result{}, &JSONError{Offset: 0, Msg: "a result must be a JSON object"}
+	}
+	if err := r.end(); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// history decodes a result's "history" as encoding/json decodes into a
+// []Attempt: null sets it to nil, an array decodes its i-th element into
+// the i-th entry already there (not zeroed) or a new one, and the slice
+// ends at the array's length (empty, not nil, for []).
+func (r *jsonReader) history(dst *[]Attempt) error {
+	switch r.peek() {
+	case 'n':
+		if err := r.literal("null"); err != nil {
+			return err
+		}
+		*dst = nil
+		return nil
+	case '[':
+	default:
+		return r.typeError("history", "an array")
+	}
+	h := *dst
+	n := 0
+	r.pos++
+	r.ws()
+	if r.peek() == ']' {
+		r.pos++
+	} else {
+		for {
+			switch { // as reflect grows it: a slot past len within cap keeps its old entry
+			case n < len(h):
+			case n < cap(h):
+				h = h[:n+1]
+			default:
+				h = append(h, Attempt{})
+			}
+			if err := r.attempt(&h[n]); err != nil {
+				return err
+			}
+			n++
+			r.ws()
+			if r.peek() == ',' {
+				r.pos++
+				r.ws()
+				continue
+			}
+			if r.peek() != ']' {
+				return r.unexpected()
+			}
+			r.pos++
+			break
+		}
+	}
+	if n == 0 {
+		h = []Attempt{}
+	}
+	*dst = h[:n]
+	return nil
+}
+
+// attempt decodes one history entry into a (null leaves it).
+func (r *jsonReader) attempt(a *Attempt) error {
+	switch r.peek() {
+	case 'n':
+		return r.literal("null")
+	case '{':
+	default:
+		return r.typeError("history", "an object")
+	}
+	return r.object(3, func(key []byte) error {
+		switch fieldIndex(key, attemptFields) {
+		case 0:
+			return r.intField("attempt", &a.Attempt)
+		case 1:
+			return r.stringField("model", &a.Model)
+		case 2:
+			return r.stringField("node", &a.Node)
+		case 3:
+			return r.stringField("status", (*string)(&a.Status))
+		case 4:
+			return r.stringField("error", &a.Error)
+		case 5:
+			return r.floatField("latency_ms", &a.LatencyMs)
+		}
+		return r.skip(3)
+	})
+}

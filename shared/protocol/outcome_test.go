@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -126,4 +128,52 @@ func FuzzDecodeTaskHead(f *testing.F) {
 			t.Fatalf("%q: got %q %q %q, want %+v", data, id, typ, payload, want)
 		}
 	})
+}
+
+var resultSeeds = []string{
+	`{"id":"t-1","type":"echo","status":"succeeded","model":"m1","node":"n1","attempts":1,"output":{"x":[1,"y"]},"latency_ms":7.5,"history":[{"attempt":1,"model":"m1","node":"n1","status":"success","latency_ms":3.2}],"finished_at":"2026-12-01T08:00:00.123456789Z"}`,
+	`{"id":"t-2","type":"echo","status":"failed","attempts":3,"error":"all failed","error_code":"attempts_exhausted","latency_ms":12,"history":[{"attempt":1,"model":"a","node":"n","status":"timeout","error":"slow","latency_ms":5},{"attempt":2},null],"finished_at":"2026-12-01T08:00:00+01:00"}`,
+	`{"history":null}`, `{"history":[]}`, `{"history":{}}`, `{"history":[1]}`, `{"history":[{"attempt":"1"}]}`, `{"history":[{"x":[{}]}]}`,
+	`{"history":[{"error":"a"},{"error":"b"}],"history":[{}],"history":[{},{}]}`, `{"history":[{"error":"a"}],"history":[]}`,
+	`{"finished_at":null}`, `{"finished_at":"x"}`, `{"finished_at":1}`, `{"finished_at":{}}`, `{"finished_at":"2026-12-01T08:00:00Z","finished_at":null}`,
+	`{"finished_at":"2026-13-01T08:00:00Z"}`, `{"finished_at":"2026-12-01T08:00:00\u005a"}`, `{"STATUS":"failed","Error_Code":"x"}`,
+	`{"attempts":1.5}`, `{"output":null}`, `null`, `[]`, `{"id":"a"} x`,
+}
+
+// FuzzDecodeResult holds DecodeResult to json.Unmarshal into a Result.
+func FuzzDecodeResult(f *testing.F) {
+	for _, s := range append(resultSeeds, outcomeSeeds...) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { checkResultDecode(t, data) })
+}
+
+func TestDecodeResultMatchesJSON(t *testing.T) {
+	for _, s := range append(resultSeeds, outcomeSeeds...) {
+		checkResultDecode(t, []byte(s))
+	}
+	deep := `{"history":[{"x":` + strings.Repeat("[", 9996) + strings.Repeat("]", 9996) + `}]}`
+	checkResultDecode(t, []byte(deep))
+	deep = `{"history":[{"x":` + strings.Repeat("[", 9997) + strings.Repeat("]", 9997) + `}]}`
+	checkResultDecode(t, []byte(deep))
+}
+
+func checkResultDecode(t *testing.T, data []byte) {
+	t.Helper()
+	var want protocol.Result
+	werr := json.Unmarshal(data, &want)
+	got, err := protocol.DecodeResult(data)
+	if (werr == nil) != (err == nil) {
+		t.Fatalf("%q: encoding/json says %v, DecodeResult says %v", data, werr, err)
+	}
+	if werr != nil {
+		return
+	}
+	if !got.FinishedAt.Equal(want.FinishedAt) || got.FinishedAt.Location().String() != want.FinishedAt.Location().String() {
+		t.Fatalf("%q: finished_at %v, want %v", data, got.FinishedAt, want.FinishedAt)
+	}
+	got.FinishedAt, want.FinishedAt = time.Time{}, time.Time{}
+	if !reflect.DeepEqual(got, want) || (got.History == nil) != (want.History == nil) {
+		t.Fatalf("%q:\n got  %#v\n want %#v", data, got, want)
+	}
 }

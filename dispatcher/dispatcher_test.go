@@ -55,28 +55,11 @@ func testConfig(url string) dispatcher.Config {
 func newEnv(t *testing.T, mutate ...func(*dispatcher.Config)) *env {
 	t.Helper()
 	ns := natstest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
 	cfg := testConfig(ns.URL)
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	d, err := dispatcher.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("dispatcher Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("dispatcher did not stop")
-		}
-	})
+	d, ctx := runDispatcher(t, cfg)
 	e := &env{t: t, ns: ns, d: d, ctx: ctx, published: map[string]int{}}
 	e.waitFor("streams", func() bool {
 		_, err := ns.JS.Stream(ctx, topology.StreamResults)
@@ -98,6 +81,31 @@ func newEnv(t *testing.T, mutate ...func(*dispatcher.Config)) *env {
 	}
 	t.Cleanup(cc.Stop)
 	return e
+}
+
+// runDispatcher runs a dispatcher until the test ends, and checks that it
+// stops cleanly; ctx ends when it is told to stop.
+func runDispatcher(t *testing.T, cfg dispatcher.Config) (*dispatcher.Dispatcher, context.Context) {
+	t.Helper()
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("dispatcher Run: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("dispatcher did not stop")
+		}
+	})
+	return d, ctx
 }
 
 func (e *env) waitFor(what string, cond func() bool) {

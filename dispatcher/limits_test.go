@@ -2,14 +2,12 @@ package dispatcher_test
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -64,24 +62,7 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 	cfg := testConfig(ns.URL)
 	cfg.NoNodeWait = time.Minute
 	cfg.TasksMaxBytes = 64 << 20 // MLSCHED_TASKS_MAX_BYTES
-	d, err := dispatcher.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("dispatcher Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("dispatcher did not stop")
-		}
-	})
+	runDispatcher(t, cfg)
 	deadline := time.Now().Add(20 * time.Second)
 	for c := info(); c.MaxBytes != 64<<20 || c.MaxMsgSize != 4<<20 || c.Discard != jetstream.DiscardNew; c = info() {
 		if time.Now().After(deadline) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -136,13 +137,16 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 			attribute.String("mlsched.model", dec.Model), attribute.String("mlsched.node", dec.Node))
 	}
 	d.seal(&pd, a.data)
-	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: pd.Header()}
+	hb := headerBufs.Get().(*protocol.HeaderBuf)
+	defer headerBufs.Put(hb) // once Publish has returned: nats.go has encoded the headers
+	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: pd.HeaderInto(hb)}
+	hb.Put(protocol.HdrMsgID, pd.MsgID("d"))
 	id, attempt := t.ID, a.attempt
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
 	table.Dispatched(dec.Model, dec.Node)
 	// Publish-then-ack: msg is settled on the publisher's reply goroutine
 	// once JetStream has stored the dispatch (or refused it).
-	err = d.pub.Publish(context.Background(), out, pd.MsgID("d"), func(ack *jetstream.PubAck, err error) {
+	err = d.pub.Publish(context.Background(), out, "", func(ack *jetstream.PubAck, err error) {
 		span.End(err)
 		if err != nil {
 			d.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
@@ -167,6 +171,10 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 		_ = msg.NakWithDelay(time.Second)
 	}
 }
+
+// headerBufs holds the header storage of dispatches being published
+// (the map and values of ~14 headers: most of a dispatch's allocations).
+var headerBufs = sync.Pool{New: func() any { return new(protocol.HeaderBuf) }}
 
 // request is what the policy engine needs to decide an attempt: the task's
 // constraints and history, and the attempt's timeout and deadline for the

@@ -55,6 +55,16 @@ func BenchmarkDispatchHeader(b *testing.B) {
 				}
 			}
 		})
+		// HeaderInto with a reused buffer, as the dispatcher does.
+		b.Run(name+"/reused", func(b *testing.B) {
+			b.ReportAllocs()
+			var buf protocol.HeaderBuf
+			for b.Loop() {
+				if h := d.HeaderInto(&buf); len(h) < 7 {
+					b.Fatal(h)
+				}
+			}
+		})
 	}
 }
 

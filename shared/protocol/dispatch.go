@@ -78,17 +78,44 @@ const (
 // Header encodes the dispatch as message headers (without Nats-Msg-Id: pass
 // MsgID("d") to the publish). Optional fields are left out when zero.
 func (d *Dispatch) Header() nats.Header {
+	return d.HeaderInto(&HeaderBuf{})
+}
+
+// HeaderBuf is reusable storage for HeaderInto: the map and the value
+// slices of one dispatch's headers. The hot path keeps them in a sync.Pool
+// and reuses them once the publish has returned (nats.go encodes headers
+// into its buffer before PublishMsg returns and keeps no reference).
+type HeaderBuf struct {
+	h    nats.Header
+	vals [dispatchHeaders]string
+	n    int // vals used
+}
+
+// Put sets header k (a canonical name) to v in the map HeaderInto
+// returned, e.g. the Nats-Msg-Id, sharing the buffer's storage.
+func (b *HeaderBuf) Put(k, v string) {
+	if b.n >= len(b.vals) {
+		b.h[k] = []string{v}
+		return
+	}
+	b.vals[b.n] = v
+	b.h[k] = b.vals[b.n : b.n+1 : b.n+1]
+	b.n++
+}
+
+// HeaderInto is Header writing into b (cleared first): the returned map is
+// b's and is valid until b is reused.
+func (d *Dispatch) HeaderInto(b *HeaderBuf) nats.Header {
 	// The hot path of every dispatch: one map sized for every header and one
 	// array backing every value (the names are canonical already, so no
 	// Header.Set is needed).
-	var vals [dispatchHeaders]string
-	h := make(nats.Header, dispatchHeaders)
-	n := 0
-	put := func(k, v string) {
-		vals[n] = v
-		h[k] = vals[n : n+1 : n+1]
-		n++
+	if b.h == nil {
+		b.h = make(nats.Header, dispatchHeaders)
+	} else {
+		clear(b.h)
 	}
+	b.vals, b.n = [dispatchHeaders]string{}, 0
+	put := b.Put
 	put(HdrTaskID, d.TaskID)
 	put(HdrType, d.Type)
 	put(HdrModel, d.Model)
@@ -118,7 +145,7 @@ func (d *Dispatch) Header() nats.Header {
 	if d.Seal != "" {
 		put(HdrSeal, d.Seal)
 	}
-	return h
+	return b.h
 }
 
 // dispatchHeaders is how many headers Header writes at most, plus one for

@@ -200,3 +200,26 @@ func TestDispatchTraceparent(t *testing.T) {
 		t.Errorf("result header without a trace: %v", rh)
 	}
 }
+
+// HeaderInto on a reused buffer must write exactly what Header writes: no
+// header of the previous dispatch may survive, and Put adds one more.
+func TestHeaderIntoReused(t *testing.T) {
+	full := fullDispatch()
+	minimal := protocol.Dispatch{TaskID: "t", Type: "x", Model: "m", Node: "n", Attempt: 1, MaxAttempts: 1,
+		Deadline: time.UnixMilli(1)}
+	var b protocol.HeaderBuf
+	for i, d := range []protocol.Dispatch{full, minimal, full, minimal} {
+		h := d.HeaderInto(&b)
+		if want := d.Header(); !reflect.DeepEqual(h, want) {
+			t.Fatalf("use %d: HeaderInto wrote\n %v\nHeader writes\n %v", i, h, want)
+		}
+		got, err := protocol.ParseDispatch(h)
+		if err != nil || !reflect.DeepEqual(got, d) {
+			t.Fatalf("use %d: round trip %+v, %v", i, got, err)
+		}
+		b.Put(protocol.HdrMsgID, d.MsgID("d"))
+		if v := h.Get(protocol.HdrMsgID); v != d.MsgID("d") || len(h) != len(d.Header())+1 {
+			t.Fatalf("use %d: after Put, %s = %q and %d headers", i, protocol.HdrMsgID, v, len(h))
+		}
+	}
+}

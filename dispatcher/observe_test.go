@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -96,6 +97,10 @@ func TestMetricsAndReadiness(t *testing.T) {
 	rs := redistest.Start(t)
 	e := newEnv(t, func(c *dispatcher.Config) { c.RedisURL = "redis://" + rs.Addr + "/0" })
 	e.startNode("n1", []string{"echo"}, map[string]behavior{"m1": succeed})
+	// One decision per task only if the node is in the routing table when
+	// the tasks come: otherwise each waits for it and is decided again
+	// (make test once counted 10 decisions for 5 tasks).
+	e.waitTableKnows("n1")
 	base := baseURL(t, e.d)
 	const n = 5
 	for i := range n {
@@ -210,4 +215,28 @@ func TestBadHTTPAddr(t *testing.T) {
 			t.Errorf("HTTPAddr %q: %v, want an error naming MLSCHED_HTTP_ADDR", addr, err)
 		}
 	}
+}
+
+// waitTableKnows waits until the routing table the dispatcher decides on
+// lists node: the registry has it, and a snapshot refresh begun after that
+// has completed (the table is stored after its snapshot, so the refresh
+// after it must have begun too).
+func (e *env) waitTableKnows(node string) {
+	e.t.Helper()
+	var seen time.Time
+	e.waitFor("the registry to know "+node, func() bool {
+		for _, hb := range e.d.Report().Nodes {
+			if hb.Node == node {
+				seen = time.Now()
+				return true
+			}
+		}
+		return false
+	})
+	var next time.Time
+	e.waitFor("a snapshot refresh after the node was known", func() bool {
+		next = e.d.Report().SnapshotAt
+		return next.After(seen)
+	})
+	e.waitFor("the refresh after it", func() bool { return e.d.Report().SnapshotAt.After(next) })
 }

@@ -140,14 +140,17 @@ test: redis-server prometheus sklearn chromium ## vet and test (-race) every mod
 # `make bench` flags, e.g. BENCH_FLAGS='-tasks 100000 -profile -nats-sync 2m';
 # see bin/mlsched-bench -h. Results go to .bench/ (git-ignored).
 BENCH_FLAGS   ?=
+# -auth runs relay and mlsched again with authorization (every process on its
+# role's nkey from `mlsched auth init`) and reports the cost; BENCH_AUTH= skips it.
+BENCH_AUTH    ?= -auth
 # Hot-path go benchmarks run after the end-to-end one (in shared/).
 BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/... ./opshttp/ ./jspub/
 
 .PHONY: bench
-bench: build redis-server ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), then the hot-path go benchmarks
+bench: build redis-server ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), open and with authorization, then the hot-path go benchmarks
 	@mkdir -p .bench
 	$(GO) build -o $(BIN)/mlsched-bench ./e2e/cmd/mlsched-bench
-	$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json $(BENCH_FLAGS) | tee .bench/bench-table.txt
+	$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json $(BENCH_AUTH) $(BENCH_FLAGS) | tee .bench/bench-table.txt
 	cd shared && $(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee ../.bench/go-bench.txt
 
 # The full chaos run (e2e/chaos_test.go): 20000 tasks while worker and

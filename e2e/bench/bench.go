@@ -71,7 +71,8 @@ type Options struct {
 	// ScrapeInterval is each observer scraper's period (default 1s: a
 	// Prometheus scrapes every 15s or so).
 	ScrapeInterval time.Duration `json:"scrape_interval_ns,omitempty"`
-	// Scenarios to run, in order (default relay then mlsched).
+	// Scenarios to run, in order (default relay then mlsched; relay-auth
+	// and mlsched-auth run them with authorization, see ScenarioMlschedAuth).
 	Scenarios []string `json:"scenarios"`
 	// ProfilePath, when set, receives a CPU profile of the dispatcher over
 	// the mlsched scenario's measured phases: back-to-back windows of
@@ -154,9 +155,12 @@ type Report struct {
 	// ObservedThroughputRatio is the throughput of mlsched-observed over
 	// mlsched's, and ObservedP99Ratio the same for the latency phase's p99:
 	// what dashboards and scrapers cost.
-	ObservedThroughputRatio float64  `json:"observed_throughput_ratio,omitempty"`
-	ObservedP99Ratio        float64  `json:"observed_p99_ratio,omitempty"`
-	Profile                 *Profile `json:"profile,omitempty"`
+	ObservedThroughputRatio float64 `json:"observed_throughput_ratio,omitempty"`
+	ObservedP99Ratio        float64 `json:"observed_p99_ratio,omitempty"`
+	// AuthCost compares relay-auth and mlsched-auth with relay and mlsched
+	// (when both of a pair ran): what authorization costs.
+	AuthCost []AuthCost `json:"auth_cost,omitempty"`
+	Profile  *Profile   `json:"profile,omitempty"`
 	// WorkerProfile is the first worker's CPU profile over the same phases.
 	WorkerProfile *Profile `json:"worker_profile,omitempty"`
 }
@@ -237,10 +241,11 @@ type Profile struct {
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o = o.withDefaults()
 	for _, s := range o.Scenarios {
-		if s != ScenarioRelay && s != ScenarioMlsched && s != ScenarioObserved {
-			return nil, fmt.Errorf("%w %q (want %s, %s or %s)", ErrUnknownScenario, s, ScenarioRelay, ScenarioMlsched, ScenarioObserved)
+		if !slices.Contains([]string{ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth}, s) {
+			return nil, fmt.Errorf("%w %q (want %s, %s, %s, %s or %s)", ErrUnknownScenario, s,
+				ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth)
 		}
-		if s == ScenarioRelay && len(o.RelayCommand) == 0 {
+		if base, _ := authScenario(s); base == ScenarioRelay && len(o.RelayCommand) == 0 {
 			return nil, errors.New("bench: the relay scenario needs Options.RelayCommand")
 		}
 	}
@@ -284,6 +289,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			}
 		}
 	}
+	rep.AuthCost = rep.authCosts()
 	relay, mls := rep.Scenario(ScenarioRelay), rep.Scenario(ScenarioMlsched)
 	if relay != nil && mls != nil {
 		if relay.Throughput.Throughput > 0 {

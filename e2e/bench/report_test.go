@@ -81,3 +81,44 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		t.Error("relay scenario without a relay command accepted")
 	}
 }
+
+// TestAuthCostTable: the authorization scenarios are compared with their
+// open counterparts of the same report, as ratios auth over open.
+func TestAuthCostTable(t *testing.T) {
+	t.Parallel()
+	r := sampleReport()
+	auth := r.Scenarios[1]
+	auth.Name = ScenarioMlschedAuth
+	auth.Throughput.Throughput = 360
+	auth.Throughput.CPU = map[string]float64{"nats-server": 1.2, "dispatcher": 0.2, "workers (4)": 0.35}
+	auth.Latency.Latency.P99 = 7.5
+	r.Scenarios = append(r.Scenarios, auth)
+	r.AuthCost = r.authCosts()
+	if len(r.AuthCost) != 1 {
+		t.Fatalf("auth costs %+v, want mlsched only (relay-auth did not run)", r.AuthCost)
+	}
+	c := r.AuthCost[0]
+	near := func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+	if c.System != ScenarioMlsched || !near(c.ThroughputRatio, 0.9) || !near(c.P99Ratio, 1.25) ||
+		!near(c.OpenCPU, 5000) || !near(c.AuthCPU, 5500) || !near(c.NATSCPURatio, 1.2) {
+		t.Errorf("auth cost %+v", c)
+	}
+	var b bytes.Buffer
+	s := &Suite{Reports: []*Report{r}}
+	if err := s.WriteSummary(&b); err != nil {
+		t.Fatal(err)
+	}
+	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	for _, want := range []string{"authorization cost", "mlsched 400 360 0.90x", "5000 / 5500 1.10x", "10000 / 12000 1.20x"} {
+		if !strings.Contains(norm(b.String()), want) {
+			t.Errorf("summary lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	if err := (&Suite{Reports: []*Report{sampleReport()}}).WriteSummary(&b); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "authorization cost") {
+		t.Errorf("summary without auth scenarios prints an auth cost table:\n%s", b.String())
+	}
+}

@@ -19,6 +19,8 @@ import (
 
 	"github.com/mlsched/mlsched/e2e/bench/relay"
 	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/authconf"
+	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -31,13 +33,25 @@ const dispatcherName = "bench-dispatcher"
 type run struct {
 	o    Options
 	name string
+	// base is the scenario without authorization: relay for relay-auth.
+	base string
 	g    *harness.Group
+	// auth is the authorization of the -auth scenarios (nil: open server).
+	auth *harness.Auth
 	// natsURL is the server's URL, or the cluster's comma-separated list.
 	natsURL string
 	pubNC   *nats.Conn // the producer's connection
 	rcvNC   *nats.Conn // sinks or the results reader
 	pubJS   jetstream.JetStream
 	rcvJS   jetstream.JetStream
+	// ctlNC creates the streams and checks the relay's consumer: with
+	// authorization, on the dispatcher's key (the producer's and the
+	// admin's may not); else rcvNC.
+	ctlNC *nats.Conn
+	ctlJS jetstream.JetStream
+	// sinkNCs are the relay sinks' connections with authorization, one per
+	// node on the node's key (open, the sinks share rcvNC).
+	sinkNCs []*nats.Conn
 
 	cpu []procGroup // CPU time is reported per group
 	mem []procGroup // memory is reported per group (first pid)
@@ -64,12 +78,18 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 		return Scenario{}, nil, err
 	}
 	defer g.Stop()
-	r := &run{o: o, name: name, g: g}
+	base, auth := authScenario(name)
+	r := &run{o: o, name: name, base: base, g: g}
 	defer r.close()
+	if auth {
+		if r.auth, err = harness.NewAuth(filepath.Join(g.Dir, "auth"), r.nodes()); err != nil {
+			return Scenario{}, nil, fmt.Errorf("mlsched auth init: %w", err)
+		}
+	}
 	natsCPU := procGroup{Name: "nats-server"}
 	if o.ClusterNodes > 0 {
 		cl, err := g.StartNATSCluster(harness.NATSClusterOptions{Nodes: o.ClusterNodes, SyncInterval: o.SyncInterval,
-			Name: "bench", Direct: true})
+			Name: "bench", Direct: true, Auth: r.auth})
 		if err != nil {
 			return Scenario{}, nil, err
 		}
@@ -80,7 +100,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 			natsCPU.Pids = append(natsCPU.Pids, n.Pid())
 		}
 	} else {
-		n, err := g.StartNATS("nats", o.SyncInterval)
+		n, err := g.StartNATSAuth("nats", o.SyncInterval, r.auth)
 		if err != nil {
 			return Scenario{}, nil, err
 		}
@@ -93,7 +113,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 		return Scenario{}, nil, err
 	}
 	res := Scenario{Name: name}
-	switch name {
+	switch base {
 	case ScenarioRelay:
 		res.PublishesPerTask = 2
 		err = r.startRelay(ctx)
@@ -149,7 +169,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 		m.ReadyMiB = ready[k]
 		res.Memory[k] = m
 	}
-	if name != ScenarioRelay {
+	if base != ScenarioRelay {
 		if rep, err := r.adminStats(); err == nil {
 			res.Dispatched = map[string]int64{}
 			for _, m := range rep.Models {
@@ -179,13 +199,27 @@ func workerProfilePath(dispatcherPath string) string {
 	return strings.TrimSuffix(dispatcherPath, ext) + ".worker" + ext
 }
 
+// dial connects the bench's own clients: open, or on the key and reply
+// prefix of role (node nodeID for authconf.Node) with authorization.
+func (r *run) dial(name, role, nodeID string) (*nats.Conn, error) {
+	if r.auth == nil {
+		return nats.Connect(r.natsURL, nats.MaxReconnects(-1), nats.Name(name))
+	}
+	inbox := map[string]string{authconf.Dispatcher: natsconn.InboxDispatcher, authconf.Producer: natsconn.InboxProducer,
+		authconf.Admin: natsconn.InboxAdmin, authconf.Node: natsconn.InboxNode(nodeID)}[role]
+	return natsconn.Connect(natsconn.Config{URL: r.natsURL, Nkey: r.auth.Seed(role, nodeID)},
+		natsconn.Conn{Name: name, Inbox: inbox}, nats.MaxReconnects(-1))
+}
+
+// connect opens the producer's connection and the receiver's (the results
+// reader and admin requests: with authorization, the admin's key), and
+// creates the streams.
 func (r *run) connect(ctx context.Context) error {
 	var err error
-	opts := []nats.Option{nats.MaxReconnects(-1)}
-	if r.pubNC, err = nats.Connect(r.natsURL, append(opts, nats.Name("bench-producer"))...); err != nil {
+	if r.pubNC, err = r.dial("bench-producer", authconf.Producer, ""); err != nil {
 		return err
 	}
-	if r.rcvNC, err = nats.Connect(r.natsURL, append(opts, nats.Name("bench-receiver"))...); err != nil {
+	if r.rcvNC, err = r.dial("bench-receiver", authconf.Admin, ""); err != nil {
 		return err
 	}
 	if r.pubJS, err = jetstream.New(r.pubNC, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
@@ -194,9 +228,18 @@ func (r *run) connect(ctx context.Context) error {
 	if r.rcvJS, err = jetstream.New(r.rcvNC); err != nil {
 		return err
 	}
+	r.ctlNC, r.ctlJS = r.rcvNC, r.rcvJS
+	if r.auth != nil {
+		if r.ctlNC, err = r.dial("bench-control", authconf.Dispatcher, ""); err != nil {
+			return err
+		}
+		if r.ctlJS, err = jetstream.New(r.ctlNC); err != nil {
+			return err
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return topology.Ensure(cctx, r.pubJS, topology.Config{Replicas: r.o.replicas()})
+	return topology.Ensure(cctx, r.ctlJS, topology.Config{Replicas: r.o.replicas()})
 }
 
 func (r *run) close() {
@@ -212,6 +255,12 @@ func (r *run) close() {
 	if r.traceNC != nil {
 		r.traceNC.Close()
 	}
+	if r.ctlNC != nil && r.ctlNC != r.rcvNC {
+		r.ctlNC.Close()
+	}
+	for _, nc := range r.sinkNCs {
+		nc.Close()
+	}
 }
 
 func (r *run) nodes() []string {
@@ -226,12 +275,15 @@ func (r *run) nodes() []string {
 // process; a task completes when a sink receives it.
 func (r *run) startRelay(ctx context.Context) error {
 	args := append(append([]string(nil), r.o.RelayCommand[1:]...), "-nats", r.natsURL, "-nodes", strings.Join(r.nodes(), ","))
+	if r.auth != nil { // the dispatcher's grants: consume tasks, publish dispatches
+		args = append(args, "-nkey", r.auth.Seed(authconf.Dispatcher, ""))
+	}
 	p, err := r.g.Process("relay", r.o.RelayCommand[0], args, nil)
 	if err != nil {
 		return err
 	}
 	err = p.StartReady(func(ctx context.Context) error {
-		s, err := r.rcvJS.Stream(ctx, topology.StreamTasks)
+		s, err := r.ctlJS.Stream(ctx, topology.StreamTasks)
 		if err != nil {
 			return err
 		}
@@ -244,7 +296,18 @@ func (r *run) startRelay(ctx context.Context) error {
 	r.cpu = append(r.cpu, procGroup{"relay", []int{p.Pid()}})
 	r.mem = append(r.mem, procGroup{"relay", []int{p.Pid()}})
 	for _, node := range r.nodes() {
-		s, err := relay.NewSink(r.rcvJS, relay.SinkConfig{Node: node, MaxAckPending: r.o.Concurrency,
+		js := r.rcvJS
+		if r.auth != nil { // each sink is a node: its own connection on its key
+			nc, err := r.dial("bench-sink-"+node, authconf.Node, node)
+			if err != nil {
+				return err
+			}
+			r.sinkNCs = append(r.sinkNCs, nc)
+			if js, err = jetstream.New(nc); err != nil {
+				return err
+			}
+		}
+		s, err := relay.NewSink(js, relay.SinkConfig{Node: node, MaxAckPending: r.o.Concurrency,
 			OnMsg: func(m jetstream.Msg) {
 				id := strings.TrimPrefix(m.Headers().Get(protocol.HdrMsgID), "r:")
 				r.tr.Load().complete(id, true, time.Now())
@@ -301,6 +364,7 @@ func (r *run) startMlsched(ctx context.Context) error {
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pport)
 	d, err := r.g.Process("dispatcher", dbin, nil, withEnv(map[string]string{
 		"MLSCHED_NATS_URL":        r.natsURL,
+		"MLSCHED_NATS_NKEY":       r.seed(authconf.Dispatcher, ""),
 		"MLSCHED_REDIS_URL":       redis.URL,
 		"MLSCHED_POLICY":          r.o.Policy,
 		"MLSCHED_DISPATCHER_NAME": dispatcherName,
@@ -326,6 +390,7 @@ func (r *run) startMlsched(ctx context.Context) error {
 	for i, node := range r.nodes() {
 		env := map[string]string{
 			"MLSCHED_NATS_URL":        r.natsURL,
+			"MLSCHED_NATS_NKEY":       r.seed(authconf.Node, node),
 			"MLSCHED_NODE_ID":         node,
 			"MLSCHED_MODELS_FILE":     models,
 			"MLSCHED_CONCURRENCY":     strconv.Itoa(r.o.Concurrency),
@@ -387,6 +452,15 @@ func (r *run) startMlsched(ctx context.Context) error {
 	r.stopRcv = append(r.stopRcv, cc.Stop)
 	r.log("nats-server, redis-server, dispatcher and %d workers ready", r.o.Nodes)
 	return nil
+}
+
+// seed is the seed file of a role with authorization, else "" (an empty
+// variable is not set).
+func (r *run) seed(role, nodeID string) string {
+	if r.auth == nil {
+		return ""
+	}
+	return r.auth.Seed(role, nodeID)
 }
 
 // withEnv returns base with extra's entries added or overriding.
@@ -456,7 +530,11 @@ func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n
 // it to the stream, so a point marks the arrival of a publish, before it is
 // stored.
 func (r *run) trace() error {
-	nc, err := nats.Connect(r.natsURL, nats.Name("bench-trace"))
+	opts := []nats.Option{nats.Name("bench-trace")}
+	if r.auth != nil { // no role may watch every subject: the harness user
+		opts = append(opts, r.auth.HarnessUser())
+	}
+	nc, err := nats.Connect(r.natsURL, opts...)
 	if err != nil {
 		return err
 	}
@@ -467,7 +545,7 @@ func (r *run) trace() error {
 		id      func(m *nats.Msg) string
 	}
 	var pts []point
-	switch r.name {
+	switch r.base {
 	case ScenarioRelay:
 		pts = []point{{topology.SubjectDispatchAll, func(m *nats.Msg) string {
 			return strings.TrimPrefix(m.Header.Get(protocol.HdrMsgID), "r:")

@@ -149,18 +149,7 @@ func (s *Suite) Summary() []SummaryRow {
 			}
 			return a / b
 		}
-		perTask := func(sc *Scenario, match func(string) bool) float64 {
-			if sc == nil || sc.Throughput.Tasks == 0 {
-				return 0
-			}
-			sum := 0.0
-			for k, v := range sc.Throughput.CPU {
-				if match(k) {
-					sum += v
-				}
-			}
-			return sum * 1e6 / float64(sc.Throughput.Tasks)
-		}
+		perTask := perTaskCPU
 		isNATS := func(k string) bool { return strings.HasPrefix(k, "nats-server") }
 		if relay != nil {
 			row.RelayTput, row.RelayP50, row.RelayP99 = relay.Throughput.Throughput, relay.Latency.Latency.P50, relay.Latency.Latency.P99
@@ -241,5 +230,5 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(w, "targets apply to one server (issue 13); the R3 rows report the cost of replication. Never asserted: the machine may be shared.")
-	return nil
+	return s.writeAuthCosts(w)
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/mlsched/mlsched/shared/natsconn"
 )
 
-// Auth is the NATS authorization of a cluster started after EnableAuth:
-// the auth.conf and seeds of `mlsched auth init`, plus a harness user with
-// every permission for the test's own checks (never given to a process).
+// Auth is the NATS authorization of servers started with it: the auth.conf
+// and seeds of `mlsched auth init`, plus a harness user with every
+// permission for the test's own checks (never given to a process).
 type Auth struct {
 	// Dir holds auth.conf and the seed files.
 	Dir string
@@ -25,18 +25,28 @@ type Auth struct {
 	user, password string
 }
 
+// NewAuth writes in dir what `mlsched auth init -dir dir -nodes ...` writes
+// (auth.conf and one seed per role and node) and makes up the harness user.
+// Servers started with it include the auth.conf (see StartNATSAuth,
+// NATSClusterOptions.Auth).
+func NewAuth(dir string, nodes []string) (*Auth, error) {
+	if _, err := authconf.Init(dir, nodes, nil); err != nil {
+		return nil, err
+	}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return &Auth{Dir: dir, Nodes: nodes, user: "e2e-harness", password: hex.EncodeToString(b)}, nil
+}
+
 // EnableAuth makes StartNATS include the auth.conf `mlsched auth init`
 // writes for nodes, and every process connect with its role's key
 // (MLSCHED_NATS_NKEY). Call it before StartNATS.
 func (c *Cluster) EnableAuth(nodes ...string) *Auth {
 	c.t.Helper()
-	dir := filepath.Join(c.Dir, "auth")
-	if _, err := authconf.Init(dir, nodes, nil); err != nil {
+	a, err := NewAuth(filepath.Join(c.Dir, "auth"), nodes)
+	if err != nil {
 		c.t.Fatal(err)
 	}
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	a := &Auth{Dir: dir, Nodes: nodes, user: "e2e-harness", password: hex.EncodeToString(b)}
 	c.mu.Lock()
 	c.auth = a
 	c.mu.Unlock()
@@ -46,8 +56,13 @@ func (c *Cluster) EnableAuth(nodes ...string) *Auth {
 // Role returns the connection configuration of a role (authconf.Dispatcher,
 // Producer, Admin) or of node id, for the cluster's NATS server.
 func (a *Auth) Role(c *Cluster, role, nodeID string) natsconn.Config {
-	id := authconf.Identity{Role: role, NodeID: nodeID}
-	return natsconn.Config{URL: c.NATSURL(), Nkey: id.SeedFile(a.Dir)}
+	return natsconn.Config{URL: c.NATSURL(), Nkey: a.Seed(role, nodeID)}
+}
+
+// Seed is the seed file of a role (authconf.Dispatcher, Producer, Admin),
+// or of node nodeID when role is authconf.Node.
+func (a *Auth) Seed(role, nodeID string) string {
+	return authconf.Identity{Role: role, NodeID: nodeID}.SeedFile(a.Dir)
 }
 
 // conf is auth.conf with the harness user added.
@@ -62,7 +77,25 @@ func (a *Auth) conf() ([]byte, error) {
 	return []byte(s[:i] + harness + s[i:]), nil
 }
 
-func (a *Auth) natsOption() nats.Option { return nats.UserInfo(a.user, a.password) }
+// include writes the authorization (with the harness user) into dir, next
+// to a server's nats.conf, and returns the line that includes it.
+func (a *Auth) include(dir string) (string, error) {
+	ac, err := a.conf()
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, authconf.ConfFile), ac, 0o600); err != nil {
+		return "", err
+	}
+	return "include " + authconf.ConfFile + "\n", nil
+}
+
+// HarnessUser is the connection option of the harness user, which may do
+// anything: for a test's or a benchmark's own checks and observers, never
+// for a process under test.
+func (a *Auth) HarnessUser() nats.Option { return nats.UserInfo(a.user, a.password) }
+
+func (a *Auth) natsOption() nats.Option { return a.HarnessUser() }
 
 // env adds the seed of an identity to a process environment.
 func (a *Auth) env(env map[string]string, id authconf.Identity) {

@@ -209,14 +209,11 @@ func (c *Cluster) StartNATS() *NATS {
 			StoreDir:   filepath.Join(p.Dir, "jetstream"), ConfigPath: filepath.Join(p.Dir, "nats.conf")}
 		conf := NATSConfig(port, mport, n.StoreDir)
 		if c.auth != nil {
-			ac, err := c.auth.conf()
+			inc, err := c.auth.include(p.Dir)
 			if err != nil {
 				c.t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(p.Dir, authconf.ConfFile), ac, 0o600); err != nil {
-				c.t.Fatal(err)
-			}
-			conf += "include " + authconf.ConfFile + "\n"
+			conf += inc
 		}
 		if err := os.WriteFile(n.ConfigPath, []byte(conf), 0o644); err != nil {
 			c.t.Fatal(err)
@@ -608,6 +605,10 @@ type WorkerOptions struct {
 	SimSeed int64
 	// Env adds or overrides MLSCHED_* variables; an empty value removes one.
 	Env map[string]string
+	// NoWait returns once the process started, without waiting for its
+	// heartbeat (default: wait), for a worker that has to wait for
+	// something first.
+	NoWait bool
 }
 
 // Worker is a worker process serving one node id.
@@ -657,7 +658,11 @@ func (c *Cluster) StartWorker(o WorkerOptions) *Worker {
 	c.mu.Lock()
 	c.Workers = append(c.Workers, w)
 	c.mu.Unlock()
-	if err := w.Start(); err != nil {
+	start := w.Start
+	if o.NoWait {
+		start = w.Process.Start
+	}
+	if err := start(); err != nil {
 		c.t.Fatal(err)
 	}
 	return w

@@ -78,6 +78,12 @@ func (g *Group) Process(name, path string, args []string, env map[string]string)
 // A non-empty syncInterval replaces "always" (e.g. "2m", the server's
 // default), for measuring what the fsync per write costs.
 func (g *Group) StartNATS(name, syncInterval string) (*NATS, error) {
+	return g.StartNATSAuth(name, syncInterval, nil)
+}
+
+// StartNATSAuth is StartNATS with the server's configuration including the
+// authorization of a (nil: none, anyone may connect).
+func (g *Group) StartNATSAuth(name, syncInterval string, a *Auth) (*NATS, error) {
 	bin, err := BinaryPath("nats-server")
 	if err != nil {
 		return nil, err
@@ -100,6 +106,13 @@ func (g *Group) StartNATS(name, syncInterval string) (*NATS, error) {
 		conf := NATSConfig(port, mport, n.StoreDir)
 		if syncInterval != "" {
 			conf = strings.Replace(conf, "sync_interval: always", "sync_interval: "+syncInterval, 1)
+		}
+		if a != nil {
+			inc, err := a.include(p.Dir)
+			if err != nil {
+				return nil, err
+			}
+			conf += inc
 		}
 		if err := os.WriteFile(n.ConfigPath, []byte(conf), 0o644); err != nil {
 			return nil, err

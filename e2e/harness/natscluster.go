@@ -27,6 +27,9 @@ type NATSClusterOptions struct {
 	// Direct connects servers and clients without the proxies (default
 	// off), for benchmarks: no extra hop, but no Partition either.
 	Direct bool
+	// Auth, when set, is included in every server's configuration: clients
+	// must present a key of its auth.conf (routes stay open, on loopback).
+	Auth *Auth
 }
 
 // NATSCluster is a cluster of nats-server processes whose every link goes
@@ -219,6 +222,13 @@ func tryNATSCluster(o NATSClusterOptions, bin string, try int, newProc func(stri
 		conf := renderNATSNodeConfig(natsNodeConfig{ServerName: name(i), Port: p.client, MonitorPort: p.monitor,
 			StoreDir: n.StoreDir, SyncInterval: o.SyncInterval, ClusterName: o.Name, ClusterPort: p.cluster,
 			ClientAdvertise: clientAdv, RouteAdvertise: routeAdv, Routes: routes})
+		if o.Auth != nil {
+			inc, err := o.Auth.include(proc.Dir)
+			if err != nil {
+				return nil, err
+			}
+			conf += inc
+		}
 		if err := os.WriteFile(n.ConfigPath, []byte(conf), 0o644); err != nil {
 			return nil, err
 		}

@@ -133,6 +133,9 @@ func dispatcherPerms() Permissions {
 		topology.SubjectResultsAll, topology.SubjectDLQAll,
 		"$KV."+topology.BucketSuperseded+".>",
 		"$KV."+topology.BucketDispatcher+".>", // the seal key, created once
+		// The dashboard gathers every replica's report (clusterview); it
+		// may not cancel tasks, which is the admin's.
+		protocol.SubjectAdminStats,
 	)
 	p.Subscribe = []string{natsconn.InboxDispatcher + ".>", subjectAdminAll} // stats, cancel
 	return p

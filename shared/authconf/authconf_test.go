@@ -352,6 +352,31 @@ func TestProducerCannotForge(t *testing.T) {
 	}
 }
 
+// TestDispatcherGathersReplicaReports: the dashboard of one dispatcher
+// asks every replica for its report (clusterview) on its own key; it may
+// not cancel tasks.
+func TestDispatcherGathersReplicaReports(t *testing.T) {
+	d := startServer(t, nil, "")
+	id := authconf.Identity{Role: authconf.Dispatcher}
+	replica, dashboard := d.connect(id, natsconn.Config{}), d.connect(id, natsconn.Config{})
+	sub, err := replica.nc.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) { _ = m.Respond([]byte(`{"dispatcher":"r1"}`)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := replica.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := dashboard.nc.Request(protocol.SubjectAdminStats, nil, 10*time.Second)
+	if err != nil || !strings.Contains(string(m.Data), "r1") {
+		t.Fatalf("dispatcher asks replicas for their reports: %v, %v", m, err)
+	}
+	if err := dashboard.nc.Publish(protocol.SubjectAdminCancel, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	dashboard.refused("cancel", "Publish", protocol.SubjectAdminCancel)
+}
+
 func TestAnonymousRefused(t *testing.T) {
 	d := startServer(t, nil, "")
 	_, err := natsconn.Connect(natsconn.Config{URL: d.url}, natsconn.Conn{})

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/mlsched/mlsched/e2e/bench"
 	"github.com/mlsched/mlsched/e2e/bench/relay"
 	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/natsconn"
 )
 
 func main() {
@@ -51,7 +53,8 @@ func benchMain(args []string) int {
 	fs.BoolVar(&o.Trace, "trace", false, "time every hop with core-NATS observers of the dispatch, outcome and result subjects (adds server load)")
 	dispEnv := fs.String("dispatcher-env", "", "extra dispatcher variables, KEY=VALUE,... (e.g. MLSCHED_MAX_IN_FLIGHT=4096)")
 	workerEnv := fs.String("worker-env", "", "extra worker variables, KEY=VALUE,... (e.g. MLSCHED_LOG_LEVEL=warn)")
-	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order: relay, mlsched, mlsched-observed (mlsched while dashboards and scrapers watch)")
+	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order: relay, mlsched, mlsched-observed (mlsched while dashboards and scrapers watch), relay-auth, mlsched-auth (with authorization)")
+	auth := fs.Bool("auth", false, "also run relay and mlsched with authorization (nats-server including the auth.conf of `mlsched auth init`, every process on its role's nkey), each right after its open run, and report the cost as ratios")
 	fs.IntVar(&o.Observers, "observers", 8, "mlsched-observed: dashboard event streams held open (half never read) and /metrics scrapers")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", time.Second, "mlsched-observed: each scraper's period")
 	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
@@ -67,6 +70,9 @@ func benchMain(args []string) int {
 		o.ProfilePath = ""
 	}
 	o.Scenarios = strings.Split(*scenarios, ",")
+	if *auth {
+		o.Scenarios = withAuth(o.Scenarios)
+	}
 	var err error
 	if o.DispatcherEnv, err = parseEnv(*dispEnv); err != nil {
 		fmt.Fprintln(os.Stderr, "mlsched-bench: -dispatcher-env:", err)
@@ -154,6 +160,7 @@ func relayMain(args []string) int {
 	fs := flag.NewFlagSet("mlsched-bench relay", flag.ContinueOnError)
 	url := fs.String("nats", "", "NATS server URL (required)")
 	nodes := fs.String("nodes", "", "comma-separated node ids (required)")
+	nkey := fs.String("nkey", "", "nkey seed file to connect with (the benchmark gives the dispatcher's: the same grants)")
 	maxInFlight := fs.Int("max-in-flight", 1024, "republished tasks awaiting their JetStream ack (the dispatcher's default)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -162,7 +169,17 @@ func relayMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "relay: -nats and -nodes are required")
 		return 2
 	}
-	nc, err := nats.Connect(*url, nats.Name("mlsched-bench-relay"), nats.MaxReconnects(-1))
+	var opts []nats.Option
+	if *nkey != "" {
+		o, err := nats.NkeyOptionFromSeed(*nkey)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "relay:", err)
+			return 2
+		}
+		// The dispatcher's reply prefix: its key may receive nothing else.
+		opts = append(opts, o, nats.CustomInboxPrefix(natsconn.InboxDispatcher))
+	}
+	nc, err := nats.Connect(*url, append(opts, nats.Name("mlsched-bench-relay"), nats.MaxReconnects(-1))...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay:", err)
 		return 1
@@ -193,6 +210,26 @@ func relayMain(args []string) int {
 	r.Stop()
 	fmt.Fprintf(os.Stderr, "relay: stopped after %d tasks (%d failed republishes)\n", r.Relayed(), r.Failed())
 	return 0
+}
+
+// withAuth adds, right after relay and mlsched, their authorization
+// counterparts (unless listed already), so each pair runs back to back.
+func withAuth(scenarios []string) []string {
+	var out []string
+	for _, s := range scenarios {
+		out = append(out, s)
+		var a string
+		switch s {
+		case bench.ScenarioRelay:
+			a = bench.ScenarioRelayAuth
+		case bench.ScenarioMlsched:
+			a = bench.ScenarioMlschedAuth
+		}
+		if a != "" && !slices.Contains(scenarios, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // parseEnv parses KEY=VALUE,KEY=VALUE.

@@ -220,17 +220,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	defer w.outcomes.close()
-	if err := jsretry.Do(ctx, w.log, "topology", func(ctx context.Context) error {
-		return topology.Ensure(ctx, js, w.topology())
-	}); err != nil {
+	kv, err := w.awaitTopology(ctx, js)
+	if err != nil {
 		return startErr(ctx, fmt.Errorf("topology: %w", err))
-	}
-	var kv jetstream.KeyValue
-	if err := jsretry.Do(ctx, w.log, "nodes bucket", func(ctx context.Context) (err error) {
-		kv, err = topology.EnsureNodesBucket(ctx, js, w.topology())
-		return err
-	}); err != nil {
-		return startErr(ctx, err)
 	}
 	if err := jsretry.Do(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
 		_, err := js.Stream(ctx, topology.StreamDispatch)

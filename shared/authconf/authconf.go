@@ -17,6 +17,9 @@
 package authconf
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -234,16 +237,62 @@ func list(subjects []string) string {
 // Result says what Init did.
 type Result struct {
 	Conf             string   // the auth.conf path
-	Created, Rotated []string // seed files written
-	Kept             []string // seed files that existed and were kept
+	Created, Rotated []string // secret files written
+	Kept             []string // secret files that existed and were kept
 	Users            []User
+	// RedisACL is the redis-users.acl path (with Options.Redis).
+	RedisACL string
 }
+
+// Options say what Write writes besides auth.conf and the seeds.
+type Options struct {
+	// Nodes are the worker node ids, one key each.
+	Nodes []string
+	// Rotate names the identities to give new secrets: roles, node-<id>,
+	// or "redis" (a new Redis password).
+	Rotate []string
+	// SecretMode is the mode of the seed and password files (default
+	// 0600). docker compose mounts a secret file as it is on the host into
+	// containers that run as non-root users of their own, so a compose
+	// deployment needs 0644; the directory stays 0700, so on the host only
+	// its owner reaches them, and each container is given only its own.
+	SecretMode os.FileMode
+	// Redis also writes RedisPasswordFile (a random password, kept when
+	// present) and RedisACLFile, a redis-server ACL file (--aclfile) in which
+	// the user RedisUser, with that password's SHA-256, may use the
+	// statistics keys only, and the default user may only PING (health
+	// checks).
+	Redis bool
+}
+
+// Files Write writes with Options.Redis, and the dispatcher's Redis user.
+const (
+	RedisPasswordFile = "redis.password"
+	RedisACLFile      = "redis-users.acl"
+	RedisUser         = "mlsched"
+	// redisKeys are the keys the dispatcher's statistics use
+	// (redisstats.DefaultPrefix).
+	redisKeys = "mlsched:*"
+	// rotateRedis names the Redis password in Options.Rotate.
+	rotateRedis = "redis"
+)
 
 // Init writes dir/auth.conf and one seed file per identity (dir/<role>.nk,
 // dir/node-<id>.nk). Existing seeds are kept, so re-running it with more
 // nodes adds them; the names in rotate (roles, or node-<id>) get new keys.
 // Seed files are written with mode 0600.
 func Init(dir string, nodes []string, rotate []string) (Result, error) {
+	return Write(dir, Options{Nodes: nodes, Rotate: rotate})
+}
+
+// Write is Init with Options: it also chmods kept secret files to
+// SecretMode, and with Redis writes the Redis password and ACL files.
+func Write(dir string, o Options) (Result, error) {
+	nodes, rotate := o.Nodes, o.Rotate
+	mode := o.SecretMode
+	if mode == 0 {
+		mode = 0o600
+	}
 	res := Result{Conf: filepath.Join(dir, ConfFile)}
 	seen := map[string]bool{}
 	for _, n := range nodes {
@@ -261,7 +310,7 @@ func Init(dir string, nodes []string, rotate []string) (Result, error) {
 		known[id.Name()] = true
 	}
 	for _, r := range rotate {
-		if !known[r] {
+		if !known[r] && (r != rotateRedis || !o.Redis) {
 			return res, fmt.Errorf("cannot rotate %q: not one of %v", r, names(ids))
 		}
 	}
@@ -273,10 +322,13 @@ func Init(dir string, nodes []string, rotate []string) (Result, error) {
 		kp, err := readSeed(path)
 		switch {
 		case err == nil && !slices.Contains(rotate, id.Name()):
+			if err := os.Chmod(path, mode); err != nil {
+				return res, err
+			}
 			res.Kept = append(res.Kept, path)
 		case err == nil || errors.Is(err, fs.ErrNotExist):
 			existed := err == nil
-			if kp, err = writeSeed(path); err != nil {
+			if kp, err = writeSeed(path, mode); err != nil {
 				return res, err
 			}
 			if existed {
@@ -300,7 +352,48 @@ func Init(dir string, nodes []string, rotate []string) (Result, error) {
 	if err := writeAtomic(res.Conf, conf, 0o644); err != nil {
 		return res, err
 	}
+	if o.Redis {
+		if err := writeRedis(dir, mode, slices.Contains(rotate, rotateRedis), &res); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// writeRedis writes the Redis password (kept unless rotate) and the ACL
+// file that holds its SHA-256 only.
+func writeRedis(dir string, mode os.FileMode, rotate bool, res *Result) error {
+	path := filepath.Join(dir, RedisPasswordFile)
+	b, err := os.ReadFile(path)
+	pw := strings.TrimSpace(string(b))
+	switch {
+	case err == nil && pw != "" && !rotate:
+		if err := os.Chmod(path, mode); err != nil {
+			return err
+		}
+		res.Kept = append(res.Kept, path)
+	case err == nil || errors.Is(err, fs.ErrNotExist):
+		r := make([]byte, 24)
+		if _, err := rand.Read(r); err != nil {
+			return err
+		}
+		pw = hex.EncodeToString(r)
+		if err := writeAtomic(path, []byte(pw+"\n"), mode); err != nil {
+			return err
+		}
+		if err == nil && b != nil {
+			res.Rotated = append(res.Rotated, path)
+		} else {
+			res.Created = append(res.Created, path)
+		}
+	default:
+		return err
+	}
+	sum := sha256.Sum256([]byte(pw))
+	acl := fmt.Sprintf("user default on nopass -@all +ping\nuser %s on #%s ~%s +@all -@dangerous +info\n",
+		RedisUser, hex.EncodeToString(sum[:]), redisKeys)
+	res.RedisACL = filepath.Join(dir, RedisACLFile)
+	return writeAtomic(res.RedisACL, []byte(acl), 0o644)
 }
 
 func names(ids []Identity) []string {
@@ -323,7 +416,7 @@ func readSeed(path string) (nkeys.KeyPair, error) {
 	return kp, nil
 }
 
-func writeSeed(path string) (nkeys.KeyPair, error) {
+func writeSeed(path string, mode os.FileMode) (nkeys.KeyPair, error) {
 	kp, err := nkeys.CreateUser()
 	if err != nil {
 		return nil, err
@@ -332,7 +425,7 @@ func writeSeed(path string) (nkeys.KeyPair, error) {
 	if err != nil {
 		return nil, err
 	}
-	return kp, writeAtomic(path, append(seed, '\n'), 0o600)
+	return kp, writeAtomic(path, append(seed, '\n'), mode)
 }
 
 func writeAtomic(path string, data []byte, mode os.FileMode) error {

@@ -2,6 +2,7 @@ package authconf_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,11 +14,13 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/redistest"
 	"github.com/mlsched/mlsched/shared/tlstest"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -447,5 +450,86 @@ func TestInitKeepsRotatesAndValidates(t *testing.T) {
 	}
 	if _, err := authconf.Init(t.TempDir(), []string{"n1"}, []string{"node-n9"}); err == nil {
 		t.Error("rotating an unknown identity accepted")
+	}
+}
+
+// TestRedisSecrets: with Options.Redis, Write makes a password file and an
+// ACL file that a real redis-server loads: the default user may only PING
+// (the compose health check), the mlsched user with the password may use
+// the statistics keys and INFO, nothing dangerous and no other key. The
+// password is kept on the next run and renewed by -rotate redis; compose's
+// mode makes the secret files readable, the directory staying private.
+func TestRedisSecrets(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "secrets")
+	res, err := authconf.Write(dir, authconf.Options{Nodes: []string{"n1"}, Redis: true, SecretMode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]os.FileMode{dir: 0o700, filepath.Join(dir, "node-n1.nk"): 0o644,
+		filepath.Join(dir, authconf.RedisPasswordFile): 0o644, res.RedisACL: 0o644} {
+		if st, err := os.Stat(path); err != nil || st.Mode().Perm() != want {
+			t.Errorf("%s: %v, %v; want mode %o", path, st, err, want)
+		}
+	}
+	pw := func() string {
+		b, err := os.ReadFile(filepath.Join(dir, authconf.RedisPasswordFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	first := pw()
+	acl, _ := os.ReadFile(res.RedisACL)
+	if len(first) < 32 || strings.Contains(string(acl), first) {
+		t.Fatalf("password %d chars; in the ACL file: %v", len(first), strings.Contains(string(acl), first))
+	}
+
+	p, err := redistest.StartProcessArgs(t.TempDir(), 0, "--aclfile", res.RedisACL)
+	if errors.Is(err, redistest.ErrNoBinary) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	ctx := long(t)
+	anon := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	defer anon.Close()
+	if err := anon.Ping(ctx).Err(); err != nil {
+		t.Errorf("default user PING: %v", err)
+	}
+	if err := anon.Get(ctx, "mlsched:x").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("default user GET: %v, want NOPERM", err)
+	}
+	user := redis.NewClient(&redis.Options{Addr: p.Addr, Username: authconf.RedisUser, Password: first, MaxRetries: -1})
+	defer user.Close()
+	if err := user.Set(ctx, "mlsched:x", "1", 0).Err(); err != nil {
+		t.Errorf("mlsched SET on a statistics key: %v", err)
+	}
+	if err := user.Info(ctx, "server").Err(); err != nil {
+		t.Errorf("mlsched INFO: %v", err)
+	}
+	for name, cmd := range map[string]*redis.StatusCmd{"SET other:x": user.Set(ctx, "other:x", "1", 0), "FLUSHALL": user.FlushAll(ctx)} {
+		if err := cmd.Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("mlsched %s: %v, want NOPERM", name, err)
+		}
+	}
+	wrong := redis.NewClient(&redis.Options{Addr: p.Addr, Username: authconf.RedisUser, Password: "wrong", MaxRetries: -1})
+	defer wrong.Close()
+	if err := wrong.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Errorf("wrong password: %v, want WRONGPASS", err)
+	}
+
+	if _, err := authconf.Write(dir, authconf.Options{Nodes: []string{"n1"}, Redis: true}); err != nil || pw() != first {
+		t.Fatalf("second run changed the password (%v)", err)
+	}
+	if st, _ := os.Stat(filepath.Join(dir, "node-n1.nk")); st.Mode().Perm() != 0o600 {
+		t.Errorf("a run without compose's mode left the kept seed %o", st.Mode().Perm())
+	}
+	if _, err := authconf.Write(dir, authconf.Options{Nodes: []string{"n1"}, Redis: true, Rotate: []string{"redis"}}); err != nil || pw() == first {
+		t.Fatalf("rotate redis kept the password (%v)", err)
+	}
+	if _, err := authconf.Write(dir, authconf.Options{Nodes: []string{"n1"}, Rotate: []string{"redis"}}); err == nil {
+		t.Error("rotate redis without Redis accepted")
 	}
 }

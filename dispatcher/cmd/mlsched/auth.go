@@ -10,7 +10,7 @@ import (
 
 // runAuth writes the NATS authorization of a deployment (docs/security.md).
 func runAuth(_ context.Context, a *app, args []string) error {
-	const synopsis = "auth init -dir DIR -nodes n1,n2,... [-rotate producer,node-n1,...]"
+	const synopsis = "auth init -dir DIR -nodes n1,n2,... [-redis] [-compose] [-rotate producer,node-n1,redis,...]"
 	if len(args) == 0 || args[0] != "init" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 			fmt.Fprintf(a.stderr, "usage: mlsched %s\n", synopsis)
@@ -22,7 +22,9 @@ func runAuth(_ context.Context, a *app, args []string) error {
 	fs := a.newFlags("auth init", synopsis)
 	dir := fs.String("dir", "", "directory for auth.conf and the seed files (created, mode 0700)")
 	nodes := fs.String("nodes", "", "comma-separated worker node ids, one key each")
-	rotate := fs.String("rotate", "", "comma-separated identities to give new keys: dispatcher, producer, admin, node-<id>")
+	rotate := fs.String("rotate", "", "comma-separated identities to give new keys: dispatcher, producer, admin, node-<id>, redis (with -redis)")
+	redis := fs.Bool("redis", false, "also write "+authconf.RedisPasswordFile+" (the dispatcher's Redis password, user "+authconf.RedisUser+") and "+authconf.RedisACLFile+" (for redis-server --aclfile)")
+	compose := fs.Bool("compose", false, "for docker-compose.yml: -redis, and secret files readable by the containers' non-root users (0644, in the 0700 directory; compose mounts each service only its own)")
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
@@ -30,7 +32,11 @@ func runAuth(_ context.Context, a *app, args []string) error {
 		fmt.Fprintln(a.stderr, "mlsched auth init: -dir is required and there are no arguments")
 		return errUsage
 	}
-	res, err := authconf.Init(*dir, splitList(*nodes), splitList(*rotate))
+	o := authconf.Options{Nodes: splitList(*nodes), Rotate: splitList(*rotate), Redis: *redis || *compose}
+	if *compose {
+		o.SecretMode = 0o644
+	}
+	res, err := authconf.Write(*dir, o)
 	if err != nil {
 		return fmt.Errorf("auth init: %w", err)
 	}
@@ -44,6 +50,9 @@ func runAuth(_ context.Context, a *app, args []string) error {
 		fmt.Fprintln(a.stdout, "kept   ", p)
 	}
 	fmt.Fprintln(a.stdout, "wrote  ", res.Conf, "(include it from nats.conf, then reload nats-server)")
+	if res.RedisACL != "" {
+		fmt.Fprintln(a.stdout, "wrote  ", res.RedisACL, "(redis-server --aclfile; ACL LOAD or restart Redis after a rotation)")
+	}
 	return nil
 }
 

@@ -182,6 +182,15 @@ redis-restart: build redis-server ## issue 14's Redis restart sequence at full s
 		MLSCHED_RESTART_RESEED=$(RESTART_RESEED) $(GO) test -race=false -count=1 -run '^TestRedisRestartKeepsLearning$$' -v -timeout 60m ./ \
 		| grep -v '^redis: '
 
+# The compose deployment's secrets (docs/security.md): an nkey per role and per
+# node of docker-compose.yml, auth.conf for nats-server, the dispatcher's Redis
+# password and the Redis ACL file, in ./secrets. Existing secrets are kept, so
+# re-running it with more nodes adds them.
+COMPOSE_NODES ?= worker-1,worker-2,worker-3,digits-1,digits-2
+.PHONY: secrets
+secrets: ## create ./secrets for docker compose (nkeys per role and node, auth.conf, Redis password and ACL); keeps existing ones
+	$(GO) run ./dispatcher/cmd/mlsched auth init -compose -dir secrets -nodes $(COMPOSE_NODES)
+
 .PHONY: docker-build
 docker-build: ## build the dispatcher, worker and mlsched images (needs a Docker daemon)
 	for t in dispatcher worker mlsched; do \

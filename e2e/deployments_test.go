@@ -34,7 +34,7 @@ func TestNATSConfigDurable(t *testing.T) {
 	if err := os.WriteFile(harnessConf, []byte(harness.NATSConfig(14222, 18222, dir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{repoPath(t, "deployments/nats/nats.conf"), harnessConf} {
+	for _, path := range []string{composeNATSConf(t, "deployments/nats/nats.conf"), harnessConf} {
 		opts, err := server.ProcessConfigFile(path)
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
@@ -110,8 +110,8 @@ func TestPipelineModelsConsistent(t *testing.T) {
 	}
 }
 
-// docker-compose.yml: workers scale into distinct nodes, and every service
-// points at the right servers.
+// docker-compose.yml: every worker is its own node, and every service points
+// at the right servers.
 func TestComposeFile(t *testing.T) {
 	t.Parallel()
 	data, err := os.ReadFile(repoPath(t, "docker-compose.yml"))
@@ -131,31 +131,37 @@ func TestComposeFile(t *testing.T) {
 	if err := yaml.Unmarshal(data, &f); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"nats", "redis", "dispatcher", "worker"} {
+	for _, s := range []string{"nats", "redis", "dispatcher", "worker-1", "worker-2", "worker-3"} {
 		if _, ok := f.Services[s]; !ok {
 			t.Fatalf("no %s service", s)
 		}
 	}
-	w := f.Services["worker"]
-	if w.ContainerName != "" {
-		t.Errorf("worker has container_name %q: it could not be scaled", w.ContainerName)
-	}
-	if _, ok := w.Environment["MLSCHED_NODE_ID"]; ok {
-		t.Error("worker sets MLSCHED_NODE_ID: scaled replicas would share a node id")
-	}
-	if mf := w.Environment["MLSCHED_MODELS_FILE"]; !strings.HasPrefix(mf, "/models/") {
-		t.Errorf("worker models file %q is not in the mounted /models", mf)
-	} else if _, err := os.Stat(repoPath(t, "deployments/models/"+strings.TrimPrefix(mf, "/models/"))); err != nil {
-		t.Errorf("worker models file: %v", err)
+	ids := map[string]string{}
+	for _, name := range []string{"worker-1", "worker-2", "worker-3"} {
+		w := f.Services[name]
+		if w.ContainerName != "" {
+			t.Errorf("%s has container_name %q", name, w.ContainerName)
+		}
+		// Each node's key is made for its id in advance (make secrets).
+		id := w.Environment["MLSCHED_NODE_ID"]
+		if id == "" || ids[id] != "" {
+			t.Errorf("%s: MLSCHED_NODE_ID %q empty or also %s's", name, id, ids[id])
+		}
+		ids[id] = name
+		if mf := w.Environment["MLSCHED_MODELS_FILE"]; !strings.HasPrefix(mf, "/models/") {
+			t.Errorf("%s models file %q is not in the mounted /models", name, mf)
+		} else if _, err := os.Stat(repoPath(t, "deployments/models/"+strings.TrimPrefix(mf, "/models/"))); err != nil {
+			t.Errorf("%s models file: %v", name, err)
+		}
+		if w.Environment["MLSCHED_NATS_URL"] != "nats://nats:4222" {
+			t.Errorf("%s MLSCHED_NATS_URL = %q", name, w.Environment["MLSCHED_NATS_URL"])
+		}
 	}
 	d := f.Services["dispatcher"]
-	for k, v := range map[string]string{"MLSCHED_NATS_URL": "nats://nats:4222", "MLSCHED_REDIS_URL": "redis://redis:6379/0"} {
+	for k, v := range map[string]string{"MLSCHED_NATS_URL": "nats://nats:4222", "MLSCHED_REDIS_URL": "redis://mlsched@redis:6379/0"} {
 		if d.Environment[k] != v {
 			t.Errorf("dispatcher %s = %q, want %q", k, d.Environment[k], v)
 		}
-	}
-	if w.Environment["MLSCHED_NATS_URL"] != "nats://nats:4222" {
-		t.Errorf("worker MLSCHED_NATS_URL = %q", w.Environment["MLSCHED_NATS_URL"])
 	}
 	n := f.Services["nats"]
 	if !slices.Equal(n.Command, []string{"-c", "/etc/nats/nats.conf"}) ||
@@ -224,7 +230,7 @@ func TestNATSClusterConfig(t *testing.T) {
 
 		t.Setenv("NATS_SERVER_NAME", name)
 		t.Setenv("NATS_ZONE", s.Environment["NATS_ZONE"])
-		opts, err := server.ProcessConfigFile(repoPath(t, "deployments/nats/cluster.conf"))
+		opts, err := server.ProcessConfigFile(composeNATSConf(t, "deployments/nats/cluster.conf"))
 		if err != nil {
 			t.Fatalf("cluster.conf as %s: %v", name, err)
 		}
@@ -251,7 +257,7 @@ func TestNATSClusterConfig(t *testing.T) {
 	if len(stores) != 3 {
 		t.Errorf("the three servers must have their own store volume: %v", stores)
 	}
-	for _, name := range []string{"dispatcher-r3", "worker-r3"} {
+	for _, name := range []string{"dispatcher-r3", "worker-r3-1", "worker-r3-2", "worker-r3-3"} {
 		s, ok := f.Services[name]
 		if !ok {
 			t.Fatalf("no %s service", name)
@@ -289,8 +295,8 @@ func TestHealthChecksUseReadyz(t *testing.T) {
 	if err := yaml.Unmarshal(data, &f); err != nil {
 		t.Fatal(err)
 	}
-	for svc, bin := range map[string]string{"dispatcher": "dispatcher", "worker": "worker",
-		"dispatcher-r3": "dispatcher", "worker-r3": "worker"} {
+	for svc, bin := range map[string]string{"dispatcher": "dispatcher", "worker-1": "worker", "worker-2": "worker", "worker-3": "worker",
+		"dispatcher-r3": "dispatcher", "worker-r3-1": "worker", "worker-digits-1": "worker"} {
 		want := []string{"CMD", "/usr/local/bin/" + bin, "healthcheck"}
 		if got := f.Services[svc].Healthcheck.Test; !slices.Equal(got, want) {
 			t.Errorf("%s healthcheck = %v, want %v", svc, got, want)
@@ -376,13 +382,13 @@ func TestComposeModelsProfile(t *testing.T) {
 	if err := yaml.Unmarshal(data, &f); err != nil {
 		t.Fatal(err)
 	}
-	for svc, target := range map[string]string{"digits": "digits", "digits-flaky": "digits", "worker-digits": "sklearn-worker"} {
+	for svc, target := range map[string]string{"digits": "digits", "digits-flaky": "digits", "worker-digits-1": "sklearn-worker", "worker-digits-2": "sklearn-worker"} {
 		s, ok := f.Services[svc]
 		if !ok || s.Build.Target != target || !slices.Contains(s.Profiles, "models") {
 			t.Errorf("service %s: %+v, want target %s in profile models", svc, s, target)
 		}
 	}
-	mf := f.Services["worker-digits"].Environment["MLSCHED_MODELS_FILE"]
+	mf := f.Services["worker-digits-1"].Environment["MLSCHED_MODELS_FILE"]
 	specs, err := model.LoadFile(repoPath(t, "deployments/models/"+strings.TrimPrefix(mf, "/models/")))
 	if err != nil {
 		t.Fatal(err)

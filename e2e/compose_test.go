@@ -27,7 +27,8 @@ import (
 // composeService is what the tests read of a docker-compose.yml service
 // (YAML anchors and merge keys resolved, as compose does).
 type composeService struct {
-	Build struct {
+	Hostname string `yaml:"hostname"`
+	Build    struct {
 		Target string `yaml:"target"`
 	} `yaml:"build"`
 	Command     []string          `yaml:"command"`

@@ -23,15 +23,6 @@ import (
 	"github.com/mlsched/mlsched/shared/redistest"
 )
 
-// composeService is what the profile tests read of a compose service.
-type composeService struct {
-	Hostname    string            `yaml:"hostname"`
-	Command     []string          `yaml:"command"`
-	Environment map[string]string `yaml:"environment"`
-	Volumes     []string          `yaml:"volumes"`
-	Profiles    []string          `yaml:"profiles"`
-}
-
 // The compose profile "sentinel" (redis-1, redis-2, sentinel-1..3,
 // dispatcher-sentinel) as written, then run for real: the configuration
 // files of deployments/redis, with host names and ports rewritten to free

@@ -52,9 +52,13 @@ type Dispatcher struct {
 
 	// The components, each with the same lifecycle (shared/lifecycle); run
 	// starts them in this order and stops them in reverse.
-	snaps   *refresher       // statistics snapshot and decision table
-	pub     *jspub.Publisher // dispatches and results: publish-then-ack by callback
-	settler *settler         // publish-then-ack
+	snaps *refresher       // statistics snapshot and decision table
+	pub   *jspub.Publisher // dispatches: publish-then-ack by callback
+	// resPub publishes results, with room of its own: a backlog of
+	// dispatches awaiting their acknowledgements must not hold back the
+	// results that finish tasks.
+	resPub  *jspub.Publisher
+	settler *settler // publish-then-ack
 	dlq     *deadLetters
 	sweeper *sweeper  // lost attempts
 	held    *holdRoom // tasks held back for want of capacity (hold.go)
@@ -185,6 +189,7 @@ func (d *Dispatcher) connect(ctx context.Context) error {
 	}
 	d.js = js
 	d.pub = jspub.New(d.nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
+	d.resPub = jspub.New(d.nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
 	// Retried while JetStream is unavailable (a cluster election): a
 	// dispatcher restarted then waits instead of exiting.
 	if err := jsretry.Do(ctx, d.log, "topology", func(ctx context.Context) error {
@@ -342,9 +347,11 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"superseded set", d.superseded},
 		{"node registry", d.registryService()},
 		{"snapshot refresher", d.snaps},
-		// stopped after everything that dispatches: its Stop waits for the
-		// dispatches and results in flight, which settle their messages
-		{"publisher", &lifecycle.Func{OnStart: d.pub.Start, OnStop: d.pub.Stop}},
+		// stopped after everything that dispatches or settles outcomes: their
+		// Stop waits for the dispatches and results in flight, which settle
+		// their messages
+		{"dispatch publisher", &lifecycle.Func{OnStart: d.pub.Start, OnStop: d.pub.Stop}},
+		{"result publisher", &lifecycle.Func{OnStart: d.resPub.Start, OnStop: d.resPub.Stop}},
 		{"settler", d.settler},
 		{"sweeper", d.sweeper},
 		{"backlog sampler", d.backlogService()},

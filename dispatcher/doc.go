@@ -13,8 +13,9 @@
 //   - the node registry (shared/registry), fed by a watch on MLSCHED_NODES;
 //   - snapshot.go: the refresher of the statistics snapshot and the decision
 //     table, which also writes breaker transitions;
-//   - the publisher (shared/jspub): dispatches and results are published
-//     asynchronously and each acknowledgement settles the message that
+//   - the dispatch and result publishers (shared/jspub, each with its own
+//     room, so that a dispatch backlog does not hold back results): publishes
+//     are asynchronous and each acknowledgement settles the message that
 //     caused it (task or outcome) by callback, on the goroutine that read it;
 //   - settler.go: publish-then-ack: a consumed message is acked once what
 //     handling it published is stored, nak'ed for redelivery otherwise;

@@ -71,7 +71,7 @@ func (d *Dispatcher) finish(msg jetstream.Msg, res *protocol.Result, traceparent
 	span := d.resultSpan(res, traceparent)
 	m, err := d.resultMsg(res, span.Traceparent())
 	if err == nil {
-		err = d.pub.Publish(context.Background(), m, "", func(ack *jetstream.PubAck, err error) {
+		err = d.resPub.Publish(context.Background(), m, "", func(ack *jetstream.PubAck, err error) {
 			_, err = d.resultStored(res, ack, err)
 			span.End(err)
 			d.settler.Settle(msg, err)

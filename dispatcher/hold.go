@@ -144,7 +144,8 @@ func (d *Dispatcher) holdLoop(ctx context.Context) {
 
 // retryHeld takes the held tasks, oldest first, and dispatches those whose
 // type is no longer saturated; a type found saturated is not decided again
-// in this pass. Tasks past their deadline fail.
+// in this pass. Tasks past their deadline fail; tasks cancelled meanwhile
+// are dropped (their result is stored), never dispatched.
 func (d *Dispatcher) retryHeld() {
 	h := d.held
 	h.mu.Lock()
@@ -161,6 +162,10 @@ func (d *Dispatcher) retryHeld() {
 	var keep []*heldTask
 	for i, ht := range q {
 		t := &ht.a.task
+		if d.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
+			_ = ht.msg.Ack()
+			continue
+		}
 		if now.After(ht.until) {
 			d.failSaturated(ht)
 			continue

@@ -48,3 +48,33 @@ func TestSaturatedTaskIsHeldThenFails(t *testing.T) {
 		t.Fatalf("result = %+v, want success at the first attempt", res)
 	}
 }
+
+// A task cancelled while it is held is dropped from the hold room: once the
+// node has room again it runs only what was not cancelled.
+func TestCancelHeldTask(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000 // on 8 slots: hours of work, from the node's first heartbeat
+	busy := e.startNode("busy", []string{"s"}, map[string]behavior{"m": succeed})
+	e.submit(protocol.Task{ID: "held1", Type: "s", TimeoutMs: 60_000})
+	e.waitFor("held1 held", func() bool { return e.d.Report().Held == 1 })
+	if r := e.cancel("held1"); r.Outcome != protocol.CancelDone {
+		t.Fatalf("cancel reply = %+v", r)
+	}
+	if res := e.result("held1"); res.Status != protocol.StatusCancelled {
+		t.Fatalf("result = %+v, want cancelled", res)
+	}
+	e.waitFor("the hold room empty", func() bool { return e.d.Report().Held == 0 })
+	busy.queued.Store(0)
+	busy.beat()
+	e.submit(protocol.Task{ID: "held2", Type: "s", TimeoutMs: 10_000})
+	if res := e.result("held2"); res.Status != protocol.StatusSucceeded {
+		t.Fatalf("held2 result = %+v", res)
+	}
+	if got := busy.attempts(); len(got) != 1 || got[0][:6] != "held2/" {
+		t.Fatalf("node saw %v, want only held2", got)
+	}
+	if c := e.resultCount("held1"); c != 1 {
+		t.Fatalf("held1 has %d results", c)
+	}
+}

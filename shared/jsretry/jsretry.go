@@ -26,7 +26,21 @@ const (
 	// server that stopped answering is retried (elsewhere) instead of
 	// hanging until ctx ends.
 	attemptTimeout = 10 * time.Second
+	// placementGrace is how long "no suitable peers for placement" is
+	// waited out: a cluster that is forming, or has a server restarting,
+	// has too few peers for a moment; one that never has enough (R3 asked
+	// of a single server) is a configuration error, returned after this.
+	placementGrace = time.Minute
 )
+
+// errCodeNoPeers is JetStream's "no suitable peers for placement".
+const errCodeNoPeers = 10005
+
+// noPeers reports whether err is "no suitable peers for placement".
+func noPeers(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoPeers
+}
 
 // Transient reports whether err may go away by itself: JetStream
 // unavailable (HTTP-like 5xx from the API), no responders, a timeout.
@@ -45,11 +59,15 @@ func Transient(err error) bool {
 // deadline; every retry is logged as a warning naming what.
 func Do(ctx context.Context, log zerolog.Logger, what string, step func(ctx context.Context) error) error {
 	wait := retryMin
+	start := time.Now()
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		err := step(actx)
 		cancel()
-		if err == nil || !Transient(err) || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if !Transient(err) && !(noPeers(err) && time.Since(start) < placementGrace) {
 			return err
 		}
 		log.Warn().Err(err).Dur("retry_in", wait).Msgf("%s: JetStream unavailable, retrying", what)

@@ -30,6 +30,7 @@ func TestDo(t *testing.T) {
 		{"no responders then ok", []error{nats.ErrNoResponders}, 2, nil},
 		{"timeout then ok", []error{context.DeadlineExceeded}, 2, nil},
 		{"incompatible stops", []error{topology.ErrIncompatible}, 1, topology.ErrIncompatible},
+		{"no peers for placement then ok", []error{&jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement"}}, 2, nil},
 		{"not found stops", []error{&jetstream.APIError{Code: 404, ErrorCode: 10059}}, 1, jetstream.ErrStreamNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -63,6 +63,9 @@ func runDispatcher(t *testing.T, cfg dispatcher.Config) (*dispatcher.Dispatcher,
 			t.Errorf("dispatcher: %v", err)
 		}
 	})
+	// Its streams exist once it is ready: a task published before that
+	// finds no stream ("no response from stream").
+	eventually(t, "the dispatcher ready", func() bool { return d.Ready(ctx).Ready() })
 	return d, ctx
 }
 

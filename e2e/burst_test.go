@@ -101,6 +101,13 @@ func TestBurstCapacity(t *testing.T) {
 			return nil
 		})
 	}
+	// The registry knowing the nodes is not enough: a replica decides on
+	// the table its next snapshot refresh builds. A burst sent before that
+	// found no node, filled the room for tasks waiting for one
+	// (MLSCHED_UNSERVED_MAX) and had the rest rejected (no_model).
+	for _, d := range ds {
+		waitTableRefreshed(ctx, t, d)
+	}
 
 	_, js := c.Connect(nats.Name("e2e-burst"))
 	cl := client.New(js)
@@ -238,4 +245,25 @@ func envInt(t *testing.T, name string, def int) int {
 		t.Fatalf("%s=%q: want a positive integer", name, v)
 	}
 	return n
+}
+
+// waitTableRefreshed waits until d's routing table was rebuilt after now:
+// a snapshot taken after now, then the next one (the table is stored after
+// its snapshot).
+func waitTableRefreshed(ctx context.Context, t *testing.T, d *harness.Dispatcher) {
+	t.Helper()
+	after := time.Now()
+	for range 2 {
+		harness.Eventually(t, harness.ReadyTimeout, d.Name+" refreshes its routing table", func() error {
+			r, err := d.Stats(ctx)
+			if err != nil {
+				return err
+			}
+			if !r.SnapshotAt.After(after) {
+				return fmt.Errorf("%s: last snapshot at %v", d.Name, r.SnapshotAt)
+			}
+			after = r.SnapshotAt
+			return nil
+		})
+	}
 }

@@ -1,8 +1,11 @@
 package dispatcher_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -76,5 +79,26 @@ func TestCancelHeldTask(t *testing.T) {
 	}
 	if c := e.resultCount("held1"); c != 1 {
 		t.Fatalf("held1 has %d results", c)
+	}
+}
+
+// The decision table follows a node joining at once, not at the next
+// statistics refresh: a burst of tasks right after the node joined (a
+// producer that waited for it, a bench) is dispatched, not parked or turned
+// away as "no node serves this type". The refresh interval here is an
+// hour, so only the membership signal can bring the node in.
+func TestTableFollowsJoiningNodeAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *dispatcher.Config) { c.SnapshotInterval = time.Hour })
+	e.waitFor("the dispatcher started, its first table built", func() bool { return e.d.Ready(e.ctx).Ready() })
+	e.startNode("n1", []string{"burst"}, map[string]behavior{"m": succeed})
+	const n = 20
+	for i := range n {
+		e.submit(protocol.Task{ID: fmt.Sprintf("burst%d", i), Type: "burst"})
+	}
+	for i := range n {
+		if res := e.result(fmt.Sprintf("burst%d", i)); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("burst%d: %+v", i, res)
+		}
 	}
 }

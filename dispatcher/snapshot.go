@@ -33,13 +33,26 @@ type refresher struct {
 }
 
 // Start builds the first table, so that the first decisions have one, then
-// refreshes every interval until Stop.
+// refreshes every interval, and rebuilds the table as soon as the nodes'
+// membership changes, until Stop.
 func (r *refresher) Start(ctx context.Context) error {
 	return r.Go(ctx, func(rctx context.Context, ready func()) error {
 		r.refresh(ctx)
 		ready()
-		every(rctx, r.interval, r.refresh)
-		return nil
+		t := time.NewTicker(r.interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return nil
+			case <-t.C:
+				r.refresh(rctx)
+			case <-r.reg.Changed():
+				// a node joined, left or changed what it hosts: the
+				// table follows now, on the last snapshot
+				r.rebuild(time.Now(), r.snap.Load())
+			}
+		}
 	})
 }
 
@@ -85,6 +98,11 @@ func (r *refresher) refresh(ctx context.Context) {
 			}
 		}
 	}
+	r.rebuild(now, snap)
+}
+
+// rebuild builds the decision table from snap and the live nodes.
+func (r *refresher) rebuild(now time.Time, snap *stats.Snapshot) {
 	nodes := r.reg.Live()
 	timeouts := map[string]int64{}
 	for _, n := range nodes {

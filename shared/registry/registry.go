@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,10 @@ type Registry struct {
 	clamped map[string]time.Time
 	live    atomic.Pointer[[]protocol.Heartbeat]
 	ready   chan struct{}
+	// members is the last published membership (ids, models and types);
+	// joined gets a signal when it changes (under mu).
+	members string
+	joined  chan struct{}
 	once    sync.Once
 
 	refused    atomic.Int64 // heartbeats that failed validation
@@ -54,7 +59,7 @@ func New(kv jetstream.KeyValue, ttl time.Duration, log zerolog.Logger) *Registry
 	if ttl <= 0 {
 		ttl = 10 * time.Second
 	}
-	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, clamped: map[string]time.Time{}, ready: make(chan struct{})}
+	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, clamped: map[string]time.Time{}, ready: make(chan struct{}), joined: make(chan struct{}, 1)}
 	r.live.Store(&[]protocol.Heartbeat{})
 	return r
 }
@@ -63,6 +68,13 @@ func New(kv jetstream.KeyValue, ttl time.Duration, log zerolog.Logger) *Registry
 func (r *Registry) Live() []protocol.Heartbeat { return *r.live.Load() }
 
 // Refused counts the heartbeats ignored as invalid (protocol.Heartbeat.Validate).
+// Changed gets a signal (coalesced) whenever the membership changes: a node
+// joins or leaves, or changes what it hosts. Load figures do not count. A
+// decision table built from Live can be rebuilt at once instead of at its
+// next refresh, so that a burst of tasks arriving just after a node joined
+// is not turned away as "no node serves this type".
+func (r *Registry) Changed() <-chan struct{} { return r.joined }
+
 func (r *Registry) Refused() int64 { return r.refused.Load() }
 
 // Ready is closed once the bucket's initial contents are loaded.
@@ -158,6 +170,31 @@ func (r *Registry) publishLocked() {
 	}
 	sort.Slice(live, func(i, j int) bool { return live[i].Node < live[j].Node })
 	r.live.Store(&live)
+	if m := membership(live); m != r.members {
+		r.members = m
+		select {
+		case r.joined <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// membership describes which node hosts which models for which types.
+func membership(live []protocol.Heartbeat) string {
+	var b strings.Builder
+	for _, hb := range live {
+		b.WriteString(hb.Node)
+		for _, m := range hb.Models {
+			b.WriteByte(' ')
+			b.WriteString(m.Name)
+			for _, t := range m.Types {
+				b.WriteByte(',')
+				b.WriteString(t)
+			}
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 // clampLogEvery bounds the rate of the log line about a node's absurd

@@ -184,7 +184,8 @@ redis-restart: build redis-server ## issue 14's Redis restart sequence at full s
 
 # The compose deployment's secrets (docs/security.md): an nkey per role and per
 # node of docker-compose.yml, auth.conf for nats-server, the dispatcher's Redis
-# password and the Redis ACL file, in ./secrets. Existing secrets are kept, so
+# password and the Redis ACL files (redis, and the sentinel profile's data nodes
+# and sentinels), in ./secrets. Existing secrets are kept, so
 # re-running it with more nodes adds them.
 COMPOSE_NODES ?= worker-1,worker-2,worker-3,digits-1,digits-2
 .PHONY: secrets

@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/redistest"
 )
@@ -91,6 +92,28 @@ func TestRedisSentinelProfile(t *testing.T) {
 		sentinelHosts = append(sentinelHosts, name+":26379")
 	}
 
+	// Authentication: every instance is given the files `make secrets`
+	// writes, and adds its password lines from the mounted file.
+	for name, want := range map[string][]string{
+		"redis-1": {authconf.RedisACLFile, authconf.RedisPasswordFile}, "redis-2": {authconf.RedisACLFile, authconf.RedisPasswordFile},
+		"sentinel-1": {authconf.SentinelACLFile, authconf.RedisPasswordFile}, "sentinel-2": {authconf.SentinelACLFile, authconf.RedisPasswordFile},
+		"sentinel-3": {authconf.SentinelACLFile, authconf.RedisPasswordFile}, "dispatcher-sentinel": {"dispatcher.nk", authconf.RedisPasswordFile},
+	} {
+		s := service(name)
+		got := slices.Sorted(slices.Values(s.Secrets))
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s has secrets %v, want %v", name, got, want)
+		}
+		cmd := strings.Join(s.Command, " ")
+		acl := authconf.RedisACLFile
+		if strings.HasPrefix(name, "sentinel-") {
+			acl = authconf.SentinelACLFile
+		}
+		if name != "dispatcher-sentinel" && (!strings.Contains(cmd, "--aclfile /run/secrets/"+acl) || !strings.Contains(cmd, "/run/secrets/"+authconf.RedisPasswordFile)) {
+			t.Errorf("%s command %q: want --aclfile /run/secrets/%s and its password lines from /run/secrets/%s", name, cmd, acl, authconf.RedisPasswordFile)
+		}
+	}
 	sentinelConf := readRepoFile(t, "deployments/redis/sentinel.conf")
 	monitor := regexp.MustCompile(`(?m)^sentinel monitor (\S+) (\S+) (\d+) (\d+)$`).FindStringSubmatch(sentinelConf)
 	if monitor == nil {
@@ -106,9 +129,11 @@ func TestRedisSentinelProfile(t *testing.T) {
 		t.Fatalf("dispatcher-sentinel MLSCHED_REDIS_URL: %v", err)
 	}
 	if o.Kind != redisconn.Sentinel || o.Failover.MasterName != monitor[1] || o.Failover.DB != 0 ||
-		!slices.Equal(o.Failover.SentinelAddrs, sentinelHosts) {
-		t.Errorf("dispatcher-sentinel MLSCHED_REDIS_URL %q: kind %s, master %q, db %d, sentinels %v; want sentinel, %q, 0, %v",
-			rawURL, o.Kind, o.Failover.MasterName, o.Failover.DB, o.Failover.SentinelAddrs, monitor[1], sentinelHosts)
+		!slices.Equal(o.Failover.SentinelAddrs, sentinelHosts) || o.Failover.Username != authconf.RedisUser ||
+		d.Environment["MLSCHED_REDIS_PASSWORD_FILE"] != "/run/secrets/"+authconf.RedisPasswordFile {
+		t.Errorf("dispatcher-sentinel MLSCHED_REDIS_URL %q (password file %q): kind %s, master %q, db %d, sentinels %v, user %q; want sentinel, %q, 0, %v, %q with /run/secrets/%s",
+			rawURL, d.Environment["MLSCHED_REDIS_PASSWORD_FILE"], o.Kind, o.Failover.MasterName, o.Failover.DB, o.Failover.SentinelAddrs, o.Failover.Username,
+			monitor[1], sentinelHosts, authconf.RedisUser, authconf.RedisPasswordFile)
 	}
 	if t.Failed() {
 		return
@@ -119,8 +144,15 @@ func TestRedisSentinelProfile(t *testing.T) {
 	}
 	// Loopback stands in for the compose network: every host name becomes
 	// localhost (so the sentinels really resolve names) and every port a
-	// free one.
+	// free one. Secrets as `make secrets` writes them.
 	dir := t.TempDir()
+	secrets := filepath.Join(dir, "secrets")
+	makeSecrets(t, secrets)
+	pwb, err := os.ReadFile(filepath.Join(secrets, authconf.RedisPasswordFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw := strings.TrimSpace(string(pwb))
 	var procs []*redistest.Process
 	t.Cleanup(func() {
 		for _, p := range procs {
@@ -128,44 +160,67 @@ func TestRedisSentinelProfile(t *testing.T) {
 		}
 	})
 	var redis1Port int
-	start := func(name, template string, args []string, rewrite func(conf string, port int) string) (*redistest.Process, string) {
+	// start runs the service's compose command: its shell part (copy the
+	// template, add the password lines) with sh, /data, /etc/redis and
+	// /run/secrets pointing at local directories, then redis-server with
+	// the command's arguments.
+	start := func(name, template string) *redistest.Process {
 		t.Helper()
-		text := readRepoFile(t, filepath.Join("deployments/redis", template))
-		idir := filepath.Join(dir, name)
-		if err := os.MkdirAll(idir, 0o755); err != nil {
-			t.Fatal(err)
+		script := strings.ReplaceAll(service(name).Command[2], "$$", "$") // compose's escape
+		script = strings.ReplaceAll(script, "$(hostname)", "localhost")
+		shell, run, ok := strings.Cut(script, "exec docker-entrypoint.sh redis-server ")
+		if !ok {
+			t.Fatalf("%s: no `exec docker-entrypoint.sh redis-server` in %q", name, script)
 		}
-		conf := filepath.Join(idir, template)
+		text := readRepoFile(t, filepath.Join("deployments/redis", template))
+		etc, data := filepath.Join(dir, name, "etc"), filepath.Join(dir, name, "data")
+		for _, d := range []string{etc, data} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		paths := strings.NewReplacer("/data/", data+"/", "/etc/redis/", etc+"/", "/run/secrets/", secrets+"/")
+		shell = paths.Replace(shell)
+		args := strings.Fields(paths.Replace(run))
 		var lastErr error
 		for try := 0; try < 5; try++ { // a free port may be taken before it is bound
 			port, err := redistest.FreePort()
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := rewrite(localConf(text, idir, port, redis1Port), port)
-			if err := os.WriteFile(conf, []byte(out), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(etc, template), []byte(localConf(text, data, port, redis1Port)), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			p, err := redistest.StartConfig(redistest.Binary, conf, idir, port, args...)
+			_ = os.Remove(args[0]) // a first start: the command copies the template
+			if out, err := exec.Command("sh", "-c", shell).CombinedOutput(); err != nil {
+				t.Fatalf("%s: the shell part of its compose command: %v: %s", name, err, out)
+			}
+			conf, err := os.ReadFile(args[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(conf), pw) {
+				t.Fatalf("%s: its compose command did not add the password lines to %s", name, args[0])
+			}
+			p, err := redistest.StartConfig(redistest.Binary, args[0], data, port, args[1:]...)
 			if err == nil {
 				procs = append(procs, p)
-				return p, conf
+				return p
 			}
 			lastErr = err
 		}
 		t.Fatalf("%s: %v", name, lastErr)
-		return nil, ""
+		return nil
 	}
-	same := func(conf string, _ int) string { return conf }
-	r1, r1conf := start("redis-1", "redis-1.conf", nil, same)
+	r1 := start("redis-1", "redis-1.conf")
 	redis1Port = r1.Port
-	r2, r2conf := start("redis-2", "redis-2.conf", nil, same)
+	r1conf := filepath.Join(dir, "redis-1", "data", "redis.conf")
+	r2 := start("redis-2", "redis-2.conf")
+	r2conf := filepath.Join(dir, "redis-2", "data", "redis.conf")
 	var sentinels []string
 	replace := []string{}
 	for i := 1; i <= 3; i++ {
-		s, _ := start(fmt.Sprintf("sentinel-%d", i), "sentinel.conf", []string{"--sentinel"}, func(conf string, _ int) string {
-			return conf + "sentinel announce-ip localhost\n" // what compose appends, with the host name
-		})
+		s := start(fmt.Sprintf("sentinel-%d", i), "sentinel.conf")
 		sentinels = append(sentinels, s.Addr)
 		replace = append(replace, fmt.Sprintf("sentinel-%d:26379", i), net.JoinHostPort("localhost", strconv.Itoa(s.Port)))
 	}
@@ -177,7 +232,8 @@ func TestRedisSentinelProfile(t *testing.T) {
 		t.Helper()
 		err := harness.WaitFor(ctx, func() error {
 			for _, a := range sentinels {
-				sc := redis.NewSentinelClient(&redis.Options{Addr: a, MaxRetries: -1})
+				// as the dispatcher's user: what go-redis's failover client asks
+				sc := redis.NewSentinelClient(&redis.Options{Addr: a, MaxRetries: -1, Username: authconf.RedisUser, Password: pw})
 				addr, err1 := sc.GetMasterAddrByName(ctx, master).Result()
 				reps, err2 := sc.Replicas(ctx, master).Result()
 				sens, err3 := sc.Sentinels(ctx, master).Result()
@@ -202,7 +258,8 @@ func TestRedisSentinelProfile(t *testing.T) {
 
 	// The compose URL, its hosts rewritten: reaches the master, redis-1.
 	localURL := strings.NewReplacer(replace...).Replace(rawURL)
-	client, err := redisconn.Open(redisconn.Config{URL: localURL, ClientName: "profile-test"})
+	client, err := redisconn.Open(redisconn.Config{URL: localURL, ClientName: "profile-test",
+		PasswordFile: filepath.Join(secrets, authconf.RedisPasswordFile)})
 	if err != nil {
 		t.Fatalf("open %s: %v", localURL, err)
 	}
@@ -223,21 +280,61 @@ func TestRedisSentinelProfile(t *testing.T) {
 	if err := harness.WaitFor(ctx, func() error { return writesTo(r1.Port, "before") }); err != nil {
 		t.Fatalf("through %s: %v", localURL, err)
 	}
-	replica := redis.NewClient(&redis.Options{Addr: r2.Addr})
-	defer replica.Close()
-	if err := harness.WaitFor(ctx, func() error {
-		v, err := replica.Get(ctx, "mlsched:profile-test").Result()
-		if err != nil || v != "before" {
-			return fmt.Errorf("redis-2 has %q, %v", v, err)
-		}
-		return nil
-	}); err != nil {
+	// redis-2 replicates (logged in as mlsched-replica: anonymous
+	// clients may not PSYNC).
+	replicates := func(p *redistest.Process, want string) error {
+		c := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, Username: authconf.RedisUser, Password: pw})
+		defer c.Close()
+		return harness.WaitFor(ctx, func() error {
+			v, err := c.Get(ctx, "mlsched:profile-test").Result()
+			if err != nil || v != want {
+				return fmt.Errorf("port %d has %q, %v", p.Port, v, err)
+			}
+			return nil
+		})
+	}
+	if err := replicates(r2, "before"); err != nil {
 		t.Fatalf("redis-2 does not replicate redis-1: %v", err)
 	}
 
+	// Anonymous clients may PING (health checks) and nothing else: on the
+	// data nodes, and on the sentinels; the dispatcher's user may not
+	// reconfigure the sentinels.
+	refused := func(err error, what string) {
+		t.Helper()
+		if err == nil || !(strings.Contains(err.Error(), "NOPERM") || strings.Contains(err.Error(), "NOAUTH")) {
+			t.Errorf("%s: %v, want NOPERM or NOAUTH", what, err)
+		}
+	}
+	for _, p := range []*redistest.Process{r1, r2} {
+		anon := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+		if err := anon.Ping(ctx).Err(); err != nil {
+			t.Errorf("anonymous PING on port %d (the health check): %v", p.Port, err)
+		}
+		refused(anon.Get(ctx, "mlsched:profile-test").Err(), fmt.Sprintf("anonymous GET on port %d", p.Port))
+		refused(anon.Set(ctx, "mlsched:profile-test", "anon", 0).Err(), fmt.Sprintf("anonymous SET on port %d", p.Port))
+		anon.Close()
+		wrong := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, Username: authconf.RedisUser, Password: "wrong"})
+		if err := wrong.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+			t.Errorf("wrong password on port %d: %v, want WRONGPASS", p.Port, err)
+		}
+		wrong.Close()
+	}
+	anonSentinel := redis.NewSentinelClient(&redis.Options{Addr: sentinels[1], MaxRetries: -1})
+	if err := anonSentinel.Ping(ctx).Err(); err != nil {
+		t.Errorf("anonymous PING on a sentinel (the health check): %v", err)
+	}
+	refused(anonSentinel.GetMasterAddrByName(ctx, master).Err(), "anonymous SENTINEL GET-MASTER-ADDR-BY-NAME")
+	anonSentinel.Close()
+	userSentinel := redis.NewSentinelClient(&redis.Options{Addr: sentinels[1], MaxRetries: -1, Username: authconf.RedisUser, Password: pw})
+	refused(userSentinel.Failover(ctx, master).Err(), authconf.RedisUser+" SENTINEL FAILOVER")
+	refused(userSentinel.Set(ctx, master, "down-after-milliseconds", "1").Err(), authconf.RedisUser+" SENTINEL SET")
+	userSentinel.Close()
+
 	// A failover: the client follows, the value survives, and the roles
 	// are written to the nodes' configuration files.
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0]})
+	// (an operator's command, as the sentinels' own user)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0], Username: authconf.RedisSentinelUser, Password: pw})
 	defer sc.Close()
 	if err := sc.Failover(ctx, master).Err(); err != nil {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
@@ -245,6 +342,9 @@ func TestRedisSentinelProfile(t *testing.T) {
 	waitSentinels(r2.Port)
 	if err := harness.WaitFor(ctx, func() error { return writesTo(r2.Port, "after") }); err != nil {
 		t.Fatalf("after the failover: %v", err)
+	}
+	if err := replicates(r1, "after"); err != nil { // redis-1 logs in to its new master
+		t.Fatalf("redis-1 does not replicate redis-2 after the failover: %v", err)
 	}
 	if err := harness.WaitFor(ctx, func() error {
 		c1, err1 := os.ReadFile(r1conf)

@@ -242,6 +242,8 @@ type Result struct {
 	Users            []User
 	// RedisACL is the redis-users.acl path (with Options.Redis).
 	RedisACL string
+	// SentinelACL is the sentinel-users.acl path (with Options.Redis).
+	SentinelACL string
 }
 
 // Options say what Write writes besides auth.conf and the seeds.
@@ -261,7 +263,8 @@ type Options struct {
 	// present) and RedisACLFile, a redis-server ACL file (--aclfile) in which
 	// the user RedisUser, with that password's SHA-256, may use the
 	// statistics keys only, and the default user may only PING (health
-	// checks).
+	// checks); the file also has the Sentinel deployment's users, and
+	// SentinelACLFile is the sentinels' (see RedisSentinelUser).
 	Redis bool
 }
 
@@ -270,6 +273,18 @@ const (
 	RedisPasswordFile = "redis.password"
 	RedisACLFile      = "redis-users.acl"
 	RedisUser         = "mlsched"
+	// The Sentinel deployment's users, in the same ACL file, with the same
+	// password (one secret to mount and rotate; each user is limited to
+	// what its component does, which keeps a mistake from doing more, not
+	// a holder of the password): the replica authenticates to its master
+	// as RedisReplicaUser (masteruser), sentinels to the data nodes and to
+	// each other as RedisSentinelUser (sentinel auth-user, sentinel-user).
+	RedisReplicaUser  = "mlsched-replica"
+	RedisSentinelUser = "mlsched-sentinel"
+	// SentinelACLFile is the sentinels' ACL file (redis-server --sentinel
+	// --aclfile): RedisSentinelUser for peer sentinels, RedisUser may only
+	// look the master up and follow failovers, the default user PING.
+	SentinelACLFile = "sentinel-users.acl"
 	// redisKeys are the keys the dispatcher's statistics use
 	// (redisstats.DefaultPrefix).
 	redisKeys = "mlsched:*"
@@ -390,10 +405,30 @@ func writeRedis(dir string, mode os.FileMode, rotate bool, res *Result) error {
 		return err
 	}
 	sum := sha256.Sum256([]byte(pw))
-	acl := fmt.Sprintf("user default on nopass -@all +ping\nuser %s on #%s ~%s +@all -@dangerous +info\n",
-		RedisUser, hex.EncodeToString(sum[:]), redisKeys)
+	h := hex.EncodeToString(sum[:])
+	// Every command named exists from Redis 7.0 on: an unknown one stops
+	// redis-server at start. The sentinel's are those Redis documents for
+	// a Sentinel ACL user (docs: "Redis Sentinel", access control), its
+	// channel the hello channel only.
+	acl := fmt.Sprintf("user default on nopass -@all +ping\n"+
+		"user %s on #%s ~%s +@all -@dangerous +info\n"+
+		"user %s on #%s resetchannels -@all +psync +replconf +ping\n"+
+		"user %s on #%s resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role +subscribe +publish +config|rewrite +client|setname +client|kill +script|kill\n",
+		RedisUser, h, redisKeys, RedisReplicaUser, h, RedisSentinelUser, h)
 	res.RedisACL = filepath.Join(dir, RedisACLFile)
-	return writeAtomic(res.RedisACL, []byte(acl), 0o644)
+	if err := writeAtomic(res.RedisACL, []byte(acl), 0o644); err != nil {
+		return err
+	}
+	// The sentinels: peers use every sentinel command; the dispatcher finds
+	// the master and the other sentinels and listens for +switch-master
+	// (go-redis's failover client), nothing else (no SENTINEL SET, FAILOVER,
+	// REMOVE, MONITOR); anonymous clients only PING (health checks).
+	sacl := fmt.Sprintf("user default on nopass -@all +ping\n"+
+		"user %s on #%s allchannels +@all\n"+
+		"user %s on #%s resetchannels &+switch-master -@all +ping +subscribe +sentinel|get-master-addr-by-name +sentinel|sentinels +sentinel|replicas +sentinel|slaves +client|setname\n",
+		RedisSentinelUser, h, RedisUser, h)
+	res.SentinelACL = filepath.Join(dir, SentinelACLFile)
+	return writeAtomic(res.SentinelACL, []byte(sacl), 0o644)
 }
 
 func names(ids []Identity) []string {

@@ -466,7 +466,7 @@ func TestRedisSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	for path, want := range map[string]os.FileMode{dir: 0o700, filepath.Join(dir, "node-n1.nk"): 0o644,
-		filepath.Join(dir, authconf.RedisPasswordFile): 0o644, res.RedisACL: 0o644} {
+		filepath.Join(dir, authconf.RedisPasswordFile): 0o644, res.RedisACL: 0o644, res.SentinelACL: 0o644} {
 		if st, err := os.Stat(path); err != nil || st.Mode().Perm() != want {
 			t.Errorf("%s: %v, %v; want mode %o", path, st, err, want)
 		}

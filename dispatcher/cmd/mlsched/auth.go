@@ -23,7 +23,7 @@ func runAuth(_ context.Context, a *app, args []string) error {
 	dir := fs.String("dir", "", "directory for auth.conf and the seed files (created, mode 0700)")
 	nodes := fs.String("nodes", "", "comma-separated worker node ids, one key each")
 	rotate := fs.String("rotate", "", "comma-separated identities to give new keys: dispatcher, producer, admin, node-<id>, redis (with -redis)")
-	redis := fs.Bool("redis", false, "also write "+authconf.RedisPasswordFile+" (the dispatcher's Redis password, user "+authconf.RedisUser+") and "+authconf.RedisACLFile+" (for redis-server --aclfile)")
+	redis := fs.Bool("redis", false, "also write "+authconf.RedisPasswordFile+" (the dispatcher's Redis password, user "+authconf.RedisUser+") and "+authconf.RedisACLFile+" (for redis-server --aclfile; also the Sentinel users "+authconf.RedisReplicaUser+", "+authconf.RedisSentinelUser+") and "+authconf.SentinelACLFile+" (the sentinels')")
 	compose := fs.Bool("compose", false, "for docker-compose.yml: -redis, and secret files readable by the containers' non-root users (0644, in the 0700 directory; compose mounts each service only its own)")
 	if err := parse(fs, args[1:]); err != nil {
 		return err

@@ -122,6 +122,30 @@ func (r *jsonReader) object(depth int, member func(key []byte) error) error {
 	}
 }
 
+// document reads data as one JSON value that must be an object, each
+// member through member, or null (nothing set), as json.Unmarshal into a
+// struct does; any other value is an error naming what ("an outcome").
+func (r *jsonReader) document(what string, member func(key []byte) error) error {
+	r.ws()
+	var err error
+	switch r.peek() {
+	case '{':
+		err = r.object(1, member)
+	case 'n': // json.Unmarshal leaves the value as it was
+		err = r.literal("null")
+	default:
+		if err = r.skip(0); err == nil {
+			if err = r.end(); err == nil {
+				err = &JSONError{Offset: 0, Msg: what + " must be a JSON object"}
+			}
+		}
+	}
+	if err == nil {
+		err = r.end()
+	}
+	return err
+}
+
 // skip reads and validates any value at pos (depth the nesting level of
 // the enclosing object or array).
 func (r *jsonReader) skip(depth int) error {
@@ -552,51 +576,32 @@ var outcomeFields = []string{"task_id", "type", "attempt", "model", "node", "sta
 func DecodeOutcome(data []byte) (Outcome, error) {
 	var o Outcome
 	r := jsonReader{data: data}
-	r.ws()
-	switch r.peek() {
-	case '{':
-		err := r.object(1, func(key []byte) error {
-			switch fieldIndex(key, outcomeFields) {
-			case 0:
-				return r.stringField("task_id", &o.TaskID)
-			case 1:
-				return r.stringField("type", &o.Type)
-			case 2:
-				return r.intField("attempt", &o.Attempt)
-			case 3:
-				return r.stringField("model", &o.Model)
-			case 4:
-				return r.stringField("node", &o.Node)
-			case 5:
-				return r.statusField(&o.Status)
-			case 6:
-				return r.rawField(1, &o.Output)
-			case 7:
-				return r.stringField("error", &o.Error)
-			case 8:
-				return r.floatField("latency_ms", &o.LatencyMs)
-			case 9:
-				return r.rawField(1, &o.Task)
-			}
-			return r.skip(1)
-		})
-		if err != nil {
-			return Outcome{}, err
+	err := r.document("an outcome", func(key []byte) error {
+		switch fieldIndex(key, outcomeFields) {
+		case 0:
+			return r.stringField("task_id", &o.TaskID)
+		case 1:
+			return r.stringField("type", &o.Type)
+		case 2:
+			return r.intField("attempt", &o.Attempt)
+		case 3:
+			return r.stringField("model", &o.Model)
+		case 4:
+			return r.stringField("node", &o.Node)
+		case 5:
+			return r.statusField(&o.Status)
+		case 6:
+			return r.rawField(1, &o.Output)
+		case 7:
+			return r.stringField("error", &o.Error)
+		case 8:
+			return r.floatField("latency_ms", &o.LatencyMs)
+		case 9:
+			return r.rawField(1, &o.Task)
 		}
-	case 'n': // json.Unmarshal leaves the Outcome as it was
-		if err := r.literal("null"); err != nil {
-			return Outcome{}, err
-		}
-	default:
-		if err := r.skip(0); err != nil {
-			return Outcome{}, err
-		}
-		if err := r.end(); err != nil {
-			return Outcome{}, err
-		}
-		return Outcome{}, &JSONError{Offset: 0, Msg: "an outcome must be a JSON object"}
-	}
-	if err := r.end(); err != nil {
+		return r.skip(1)
+	})
+	if err != nil {
 		return Outcome{}, err
 	}
 	return o, nil
@@ -642,32 +647,17 @@ var taskHeadFields = []string{"id", "type", "payload"}
 // dispatch the dispatcher validated. The payload aliases data.
 func DecodeTaskHead(data []byte) (id, typ string, payload json.RawMessage, err error) {
 	r := jsonReader{data: data}
-	r.ws()
-	switch r.peek() {
-	case '{':
-		err = r.object(1, func(key []byte) error {
-			switch fieldIndex(key, taskHeadFields) {
-			case 0:
-				return r.stringField("id", &id)
-			case 1:
-				return r.stringField("type", &typ)
-			case 2:
-				return r.rawField(1, &payload)
-			}
-			return r.skip(1)
-		})
-	case 'n':
-		err = r.literal("null")
-	default:
-		if err = r.skip(0); err == nil {
-			if err = r.end(); err == nil {
-				err = &JSONError{Offset: 0, Msg: "a task must be a JSON object"}
-			}
+	err = r.document("a task", func(key []byte) error {
+		switch fieldIndex(key, taskHeadFields) {
+		case 0:
+			return r.stringField("id", &id)
+		case 1:
+			return r.stringField("type", &typ)
+		case 2:
+			return r.rawField(1, &payload)
 		}
-	}
-	if err == nil {
-		err = r.end()
-	}
+		return r.skip(1)
+	})
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -690,62 +680,43 @@ var (
 func DecodeResult(data []byte) (Result, error) {
 	var res Result
 	r := jsonReader{data: data}
-	r.ws()
-	switch r.peek() {
-	case '{':
-		err := r.object(1, func(key []byte) error {
-			switch fieldIndex(key, resultFields) {
-			case 0:
-				return r.stringField("id", &res.ID)
-			case 1:
-				return r.stringField("type", &res.Type)
-			case 2:
-				return r.stringField("status", (*string)(&res.Status))
-			case 3:
-				return r.stringField("model", &res.Model)
-			case 4:
-				return r.stringField("node", &res.Node)
-			case 5:
-				return r.intField("attempts", &res.Attempts)
-			case 6:
-				return r.rawField(1, &res.Output)
-			case 7:
-				return r.stringField("error", &res.Error)
-			case 8:
-				return r.stringField("error_code", (*string)(&res.ErrorCode))
-			case 9:
-				return r.floatField("latency_ms", &res.LatencyMs)
-			case 10:
-				return r.history(&res.History)
-			case 11:
-				var raw json.RawMessage
-				if err := r.rawField(1, &raw); err != nil {
-					return err
-				}
-				if err := res.FinishedAt.UnmarshalJSON(raw); err != nil {
-					return &JSONError{Offset: r.pos, Msg: "field \"finished_at\": " + err.Error()}
-				}
-				return nil
+	err := r.document("a result", func(key []byte) error {
+		switch fieldIndex(key, resultFields) {
+		case 0:
+			return r.stringField("id", &res.ID)
+		case 1:
+			return r.stringField("type", &res.Type)
+		case 2:
+			return r.stringField("status", (*string)(&res.Status))
+		case 3:
+			return r.stringField("model", &res.Model)
+		case 4:
+			return r.stringField("node", &res.Node)
+		case 5:
+			return r.intField("attempts", &res.Attempts)
+		case 6:
+			return r.rawField(1, &res.Output)
+		case 7:
+			return r.stringField("error", &res.Error)
+		case 8:
+			return r.stringField("error_code", (*string)(&res.ErrorCode))
+		case 9:
+			return r.floatField("latency_ms", &res.LatencyMs)
+		case 10:
+			return r.history(&res.History)
+		case 11:
+			var raw json.RawMessage
+			if err := r.rawField(1, &raw); err != nil {
+				return err
 			}
-			return r.skip(1)
-		})
-		if err != nil {
-			return Result{}, err
+			if err := res.FinishedAt.UnmarshalJSON(raw); err != nil {
+				return &JSONError{Offset: r.pos, Msg: "field \"finished_at\": " + err.Error()}
+			}
+			return nil
 		}
-	case 'n':
-		if err := r.literal("null"); err != nil {
-			return Result{}, err
-		}
-	default:
-		if err := r.skip(0); err != nil {
-			return Result{}, err
-		}
-		if err := r.end(); err != nil {
-			return Result{}, err
-		}
-		return Result{}, &JSONError{Offset: 0, Msg: "a result must be a JSON object"}
-	}
-	if err := r.end(); err != nil {
+		return r.skip(1)
+	})
+	if err != nil {
 		return Result{}, err
 	}
 	return res, nil

@@ -47,6 +47,7 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		"late": c.Late.Load(), "lost": c.Lost.Load(), "panic": c.Panic.Load(), "cancelled": c.Cancelled.Load(),
 		"saturated": c.Saturated.Load(),
 		"forged":    c.Forged.Load(), "unserved_refused": c.UnservedRefused.Load(),
+		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
 	}
 	if reason := d.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason

@@ -108,6 +108,9 @@ type Counters struct {
 	// Forged counts outcomes refused because they answer no dispatch a
 	// dispatcher made, or disagree with it (trust.go).
 	Forged atomic.Int64
+	// Reports counts the direct reports this replica settled (reports.go);
+	// ReportsDeferred those it sent back to be stored as outcomes.
+	Reports, ReportsDeferred atomic.Int64
 }
 
 // Option configures a Dispatcher.
@@ -362,6 +365,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// before the consumers (which hold tasks): stopping, it naks them
 		{"hold room", d.holdService()},
 		{"unserved room", d.unservedService()},
+		// before the task consumer: a dispatch's report finds a replica
+		{"direct reports", d.reportsService()},
 		{"task consumer", tasks},
 		{"outcome consumer", outcomes},
 	}

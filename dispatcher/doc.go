@@ -28,6 +28,10 @@
 //   - intake.go: validate a task (reject or dead-letter bad input), decide
 //     model and node with the policy engine, and republish the task bytes
 //     unchanged to mlsched.node.<node>.tasks;
+//   - reports.go: a worker's direct report of a success, a core-NATS
+//     request on mlsched.report.<node>, settled like a stored outcome and
+//     answered once the result is stored (what it cannot settle at once it
+//     sends back, and the worker stores it in MLSCHED_OUTCOMES);
 //   - outcomes.go: settle an outcome by the rule of shared/settle: the final
 //     result, a retry on another model after a backoff, or a failure that is
 //     also dead-lettered;

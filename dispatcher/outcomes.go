@@ -39,6 +39,17 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data})
 		return
 	}
+	first := true
+	if meta, err := msg.Metadata(); err == nil {
+		first = meta.NumDelivered == 1
+	}
+	d.settleOutcome(msg, o, pd, first)
+}
+
+// settleOutcome acts on a decoded outcome whose dispatch headers parse,
+// whether it came from MLSCHED_OUTCOMES or as a direct report (first: this
+// is its first delivery).
+func (d *Dispatcher) settleOutcome(msg jetstream.Msg, o protocol.Outcome, pd protocol.Dispatch, first bool) {
 	if err := d.checkOutcome(msg.Subject(), &o, &pd); err != nil {
 		// Counted and ignored: a forged outcome must not touch the task,
 		// the statistics or the logs' volume.
@@ -53,10 +64,6 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
 		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
 
-	first := true
-	if meta, err := msg.Metadata(); err == nil {
-		first = meta.NumDelivered == 1
-	}
 	// Built only for a line that is logged: successes are the bulk, and
 	// logged at debug level.
 	log := func(e *zerolog.Event) *zerolog.Event {

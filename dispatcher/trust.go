@@ -60,6 +60,9 @@ var errForged = errors.New("forged outcome")
 // dispatched ones.
 func (d *Dispatcher) checkOutcome(subject string, o *protocol.Outcome, pd *protocol.Dispatch) error {
 	node, ok := strings.CutPrefix(subject, topology.OutcomeSubject(""))
+	if !ok {
+		node, ok = strings.CutPrefix(subject, topology.ReportSubject(""))
+	}
 	switch {
 	case !ok || node == "" || strings.Contains(node, "."):
 		return fmt.Errorf("%w: subject %q names no node", errForged, subject)

@@ -34,6 +34,13 @@ const (
 	SubjectOutcomesAll = "mlsched.outcomes.>"
 	SubjectResultsAll  = "mlsched.results.>"
 	SubjectDLQAll      = "mlsched.dlq.>"
+	// SubjectReportsAll is every node's direct reports: core NATS, no
+	// stream captures it (see ReportSubject).
+	SubjectReportsAll = "mlsched.report.*"
+
+	// QueueDispatchers is the queue group in which dispatcher replicas
+	// share the direct reports: each report goes to one replica.
+	QueueDispatchers = "mlsched-dispatchers"
 
 	// ConsumerDispatcher is the durable name the dispatcher replicas share,
 	// on both the task and the outcome stream.
@@ -48,6 +55,14 @@ func DispatchSubject(node string) string { return "mlsched.node." + node + ".tas
 
 // OutcomeSubject is where a node reports outcomes.
 func OutcomeSubject(node string) string { return "mlsched.outcomes." + node }
+
+// ReportSubject is where a node sends a successful outcome straight to a
+// dispatcher, as a core-NATS request: the dispatcher settles it as it would
+// the stored outcome and answers once the task's result is stored, and the
+// node acks its dispatch only then. Without an answer the node stores the
+// outcome in MLSCHED_OUTCOMES instead (docs/protocol.md, "Direct reports").
+// This saves one stored message, its delivery and its removal per task.
+func ReportSubject(node string) string { return "mlsched.report." + node }
 
 // ResultSubject is where a task's final result is kept.
 func ResultSubject(id string) string { return "mlsched.results." + id }

@@ -288,6 +288,17 @@ func runPipeline(t *testing.T, policy string, cluster, auth bool) {
 	} else if r.Store != "redis" || r.Degraded || r.Dropped != 0 {
 		t.Errorf("dispatcher store %q degraded=%v (%s) dropped=%d: want redis, healthy, nothing dropped",
 			r.Store, r.Degraded, r.DegradedReason, r.Dropped)
+	} else {
+		var successes int64
+		for _, m := range want {
+			successes += m.Successes
+		}
+		// Successes went straight to the dispatcher (docs/protocol.md,
+		// "Direct reports"); only a report unanswered in time would be
+		// stored instead, and none was sent back.
+		if r.Counters["reports"] == 0 || r.Counters["reports"] > successes || r.Counters["reports_deferred"] != 0 {
+			t.Errorf("direct reports %d, sent back %d, for %d successes", r.Counters["reports"], r.Counters["reports_deferred"], successes)
+		}
 	}
 	// Nothing was malformed: the dead letters are exactly the failed tasks.
 	checkDeadLetters(ctx, t, js, failedIDs)

@@ -46,6 +46,12 @@ type Config struct {
 	DefaultTimeout time.Duration `envconfig:"DEFAULT_TIMEOUT" default:"30s" desc:"run timeout of a dispatch that carries none, for a model without its own"`
 	// PublishTimeout bounds one outcome publish (default 5s).
 	PublishTimeout time.Duration `envconfig:"PUBLISH_TIMEOUT" default:"5s" desc:"outcome publish timeout"`
+	// StoredOutcomesOnly stores every outcome in MLSCHED_OUTCOMES (default
+	// false: a successful outcome is first reported straight to a
+	// dispatcher, which saves a stored message per task; see
+	// docs/protocol.md, "Direct reports"). For a NATS account whose
+	// permissions predate direct reports.
+	StoredOutcomesOnly bool `envconfig:"STORED_OUTCOMES_ONLY" default:"false" desc:"store every outcome in MLSCHED_OUTCOMES instead of reporting successes straight to a dispatcher"`
 	// SimSeed seeds sim models (default 0: random).
 	SimSeed int64 `envconfig:"SIM_SEED" desc:"seed of sim models (0: random)"`
 	// Shared: NodeTTL (the node bucket's entry TTL), Storage and

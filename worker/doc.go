@@ -13,9 +13,12 @@
 //			Executor: "go", Go: &model.GoSpec{Handler: "upper"}}}))
 //	err = w.Run(ctx) // until ctx ends, then drains
 //
-// Delivery contract: an outcome is always published (JetStream-acked) before
-// the dispatch is acked, so a crash between the two re-runs the attempt but
-// never loses it. Outcomes are published asynchronously, at most
+// Delivery contract: an outcome is always settled before the dispatch is
+// acked, so a crash between the two re-runs the attempt but never loses it.
+// A success is first reported straight to a dispatcher (a core-NATS request
+// on mlsched.report.<node>, outcomes.go), which answers once the task's
+// result is stored; without that answer, and for every other outcome, the
+// outcome is stored in MLSCHED_OUTCOMES (JetStream-acked) first. Outcomes are published asynchronously, at most
 // MLSCHED_CONCURRENCY unconfirmed, and one goroutine acks each dispatch when
 // its outcome's publish is confirmed (or naks it when the publish fails); the outcome's Nats-Msg-Id ("o:<task>:<attempt>") lets
 // JetStream drop the duplicate. A dispatch past its deadline is reported

@@ -2,7 +2,9 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,55 +15,123 @@ import (
 )
 
 // outcomePublisher publishes outcomes asynchronously and acks each dispatch
-// only once its outcome is stored: a task's slot is free as soon as its
+// only once its outcome is settled: a task's slot is free as soon as its
 // outcome is handed to the connection, instead of waiting a round trip (and
-// the server's fsync) for the publish ack. At most window outcomes are
-// unconfirmed at once. It is shared/jspub's publisher: each
-// acknowledgement, read by hand on one reply subscription, acks its
-// dispatch by callback (no future, channel or confirming goroutine per
-// outcome).
+// the server's fsync) for the answer. At most window outcomes are
+// unconfirmed at once on each path. It is shared/jspub's publisher: each
+// answer, read by hand on one reply subscription, acks its dispatch by
+// callback (no future, channel or confirming goroutine per outcome).
+//
+// A successful outcome goes first to a dispatcher as a direct report
+// (topology.ReportSubject), which answers once the task's result is stored;
+// without a positive answer (none running, a refusal, a timeout) it is
+// stored in MLSCHED_OUTCOMES like every other outcome. Either way the
+// dispatch is acked only after its outcome is settled or stored.
 type outcomePublisher struct {
 	pub *jspub.Publisher
+	// direct sends direct reports (nil: every outcome is stored).
+	direct *jspub.Publisher
 	// finished runs once per outcome, after its dispatch was acked or
 	// nak'ed (the worker's task accounting).
 	finished func()
+	// fallbacks are stored publishes started after a direct report failed.
+	fallbacks sync.WaitGroup
+	// reported, deferred count direct reports settled by a dispatcher and
+	// those stored instead.
+	reported, deferred atomic.Int64
 }
 
-func newOutcomePublisher(ctx context.Context, nc *nats.Conn, window int, timeout time.Duration, finished func()) (*outcomePublisher, error) {
+func newOutcomePublisher(ctx context.Context, nc *nats.Conn, window int, timeout time.Duration, direct bool, finished func()) (*outcomePublisher, error) {
 	pub := jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
 	if err := pub.Start(ctx); err != nil {
 		return nil, err
 	}
-	return &outcomePublisher{pub: pub, finished: finished}, nil
+	p := &outcomePublisher{pub: pub, finished: finished}
+	if direct {
+		p.direct = jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
+		if err := p.direct.Start(ctx); err != nil {
+			_ = pub.Stop()
+			return nil, err
+		}
+	}
+	return p, nil
 }
 
 // publish hands the outcome to the connection and returns; the dispatch
-// msg is acked once the outcome is stored, or nak'ed for redelivery when it
-// cannot be (stop runs first in both cases). It blocks while window outcomes
-// are unconfirmed. An error means the publish could not even start; the
-// caller still owns msg.
-func (p *outcomePublisher) publish(om *nats.Msg, msgID string, msg jetstream.Msg, log zerolog.Logger, stop func()) error {
-	return p.pub.Publish(context.Background(), om, msgID, func(_ *jetstream.PubAck, err error) {
-		stop()
-		if err != nil {
-			log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
-			if err := msg.NakWithDelay(nakDelay); err != nil {
-				log.Warn().Err(err).Msg("nak failed")
-			}
-		} else if err := msg.Ack(); err != nil {
-			// A plain ack, not a double ack: the outcome is stored, so a
-			// lost ack costs only a redelivery, whose re-run outcome
-			// JetStream drops as a duplicate (same Nats-Msg-Id) and which
-			// the dispatcher would refuse as a second result anyway.
-			log.Warn().Err(err).Msg("ack of the dispatch failed")
+// msg is acked once the outcome is settled (direct) or stored, or nak'ed
+// for redelivery when it cannot be (stop runs first in both cases). It
+// blocks while window outcomes are unconfirmed. An error means the publish
+// could not even start; the caller still owns msg. directSubject, when not
+// empty, sends the outcome there first.
+func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, msg jetstream.Msg, log zerolog.Logger, stop func()) error {
+	if p.direct == nil || directSubject == "" {
+		return p.store(context.Background(), om, msgID, msg, log, stop)
+	}
+	stored := om.Subject
+	om.Subject = directSubject
+	return p.direct.Publish(context.Background(), om, msgID, func(_ *jetstream.PubAck, err error) {
+		if err == nil {
+			p.reported.Add(1)
+			p.settled(msg, log, stop)
+			return
 		}
-		p.finished()
+		p.deferred.Add(1)
+		if !errors.Is(err, jspub.ErrNoResponders) {
+			log.Debug().Err(err).Msg("direct report not settled: storing the outcome")
+		}
+		// Off the reply goroutine: the stored publish may wait for room.
+		om.Subject, om.Reply = stored, ""
+		p.fallbacks.Add(1)
+		go func() {
+			defer p.fallbacks.Done()
+			if err := p.store(context.Background(), om, msgID, msg, log, stop); err != nil {
+				p.failed(msg, log, stop, err)
+			}
+		}()
 	})
 }
 
-// close waits for every pending outcome (at most the publish timeout);
-// publish must not be called after.
-func (p *outcomePublisher) close() { _ = p.pub.Stop() }
+// store publishes the outcome to MLSCHED_OUTCOMES and acks msg once stored.
+func (p *outcomePublisher) store(ctx context.Context, om *nats.Msg, msgID string, msg jetstream.Msg, log zerolog.Logger, stop func()) error {
+	return p.pub.Publish(ctx, om, msgID, func(_ *jetstream.PubAck, err error) {
+		if err != nil {
+			p.failed(msg, log, stop, err)
+			return
+		}
+		p.settled(msg, log, stop)
+	})
+}
+
+func (p *outcomePublisher) settled(msg jetstream.Msg, log zerolog.Logger, stop func()) {
+	stop()
+	if err := msg.Ack(); err != nil {
+		// A plain ack, not a double ack: the outcome is stored or settled,
+		// so a lost ack costs only a redelivery, whose re-run outcome
+		// JetStream drops as a duplicate (same Nats-Msg-Id) and which the
+		// dispatcher would refuse as a second result anyway.
+		log.Warn().Err(err).Msg("ack of the dispatch failed")
+	}
+	p.finished()
+}
+
+func (p *outcomePublisher) failed(msg jetstream.Msg, log zerolog.Logger, stop func(), err error) {
+	stop()
+	log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
+	if err := msg.NakWithDelay(nakDelay); err != nil {
+		log.Warn().Err(err).Msg("nak failed")
+	}
+	p.finished()
+}
+
+// close waits for every pending outcome (at most the publish timeout per
+// path); publish must not be called after.
+func (p *outcomePublisher) close() {
+	if p.direct != nil {
+		_ = p.direct.Stop()
+	}
+	p.fallbacks.Wait()
+	_ = p.pub.Stop()
+}
 
 // progressTimer signals InProgress every interval until stop: a timer, not
 // a goroutine per task.

@@ -252,7 +252,11 @@ func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome, log
 	}
 	msgID := protocol.MsgID("o", id, d.Submission, d.Attempt)
 	w.tasks.Add(1) // until the dispatch is acked (the publisher calls Done)
-	if err := w.outcomes.publish(om, msgID, msg, log, stop); err != nil {
+	direct := ""
+	if out.Status == protocol.OutcomeSuccess { // the bulk; anything else may need the stream's redelivery
+		direct = topology.ReportSubject(w.node)
+	}
+	if err := w.outcomes.publish(om, msgID, direct, msg, log, stop); err != nil {
 		w.tasks.Done()
 		return fmt.Errorf("publish outcome: %w", err)
 	}

@@ -216,7 +216,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Outcomes in flight count as tasks until their dispatch is acked, so
 	// that a shutdown waits for them. MaxAckPending already bounds them by
 	// Concurrency; the window makes the bound explicit.
-	if w.outcomes, err = newOutcomePublisher(ctx, nc, w.cfg.Concurrency, w.cfg.PublishTimeout, w.tasks.Done); err != nil {
+	if w.outcomes, err = newOutcomePublisher(ctx, nc, w.cfg.Concurrency, w.cfg.PublishTimeout, !w.cfg.StoredOutcomesOnly, w.tasks.Done); err != nil {
 		return err
 	}
 	defer w.outcomes.close()

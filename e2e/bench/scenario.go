@@ -118,7 +118,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 		res.PublishesPerTask = 2
 		err = r.startRelay(ctx)
 	case ScenarioMlsched, ScenarioObserved:
-		res.PublishesPerTask = 4
+		res.PublishesPerTask = 3 // task, dispatch, result: a success is reported to a dispatcher, not stored
 		err = r.startMlsched(ctx)
 	}
 	if err != nil {
@@ -543,37 +543,44 @@ func (r *run) trace() error {
 	type point struct {
 		subject string
 		id      func(m *nats.Msg) string
+		also    string // a second subject of the same point
 	}
 	var pts []point
 	switch r.base {
 	case ScenarioRelay:
-		pts = []point{{topology.SubjectDispatchAll, func(m *nats.Msg) string {
+		pts = []point{{subject: topology.SubjectDispatchAll, id: func(m *nats.Msg) string {
 			return strings.TrimPrefix(m.Header.Get(protocol.HdrMsgID), "r:")
 		}}}
 		r.hops = []string{"submit -> relayed (task stored, relay)", "relayed -> sink (dispatch stored, delivered)"}
 	case ScenarioMlsched:
 		prefix := len(topology.ResultSubject(""))
-		pts = []point{{topology.SubjectDispatchAll, byHeader}, {topology.SubjectOutcomesAll, byHeader},
-			{topology.SubjectResultsAll, func(m *nats.Msg) string {
+		pts = []point{{subject: topology.SubjectDispatchAll, id: byHeader},
+			{subject: topology.SubjectOutcomesAll, id: byHeader, also: topology.SubjectReportsAll}, // stored, or reported to a dispatcher
+			{subject: topology.SubjectResultsAll, id: func(m *nats.Msg) string {
 				if len(m.Subject) > prefix {
 					return m.Subject[prefix:]
 				}
 				return ""
 			}}}
 		r.hops = []string{"submit -> dispatched (task stored, dispatcher)", "dispatched -> outcome (dispatch stored, worker)",
-			"outcome -> result (outcome stored, dispatcher)", "result -> readable (result stored, read)"}
+			"outcome -> result (outcome reported or stored, dispatcher)", "result -> readable (result stored, read)"}
 	}
 	for k, p := range pts {
-		sub, err := nc.Subscribe(p.subject, func(m *nats.Msg) {
-			if id := p.id(m); id != "" {
-				r.tr.Load().observe(k, id, time.Now())
+		for _, subj := range []string{p.subject, p.also} {
+			if subj == "" {
+				continue
 			}
-		})
-		if err != nil {
-			return err
-		}
-		if err := sub.SetPendingLimits(-1, -1); err != nil { // a dropped copy would only lose a sample, but keep them all
-			return err
+			sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
+				if id := p.id(m); id != "" {
+					r.tr.Load().observe(k, id, time.Now())
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if err := sub.SetPendingLimits(-1, -1); err != nil { // a dropped copy would only lose a sample, but keep them all
+				return err
+			}
 		}
 		r.points = append(r.points, p.subject)
 	}

@@ -140,7 +140,8 @@ func dispatcherPerms() Permissions {
 		// may not cancel tasks, which is the admin's.
 		protocol.SubjectAdminStats,
 	)
-	p.Subscribe = []string{natsconn.InboxDispatcher + ".>", subjectAdminAll} // stats, cancel
+	p.Subscribe = []string{natsconn.InboxDispatcher + ".>", subjectAdminAll, // stats, cancel
+		topology.SubjectReportsAll} // direct reports, answered through allow_responses
 	return p
 }
 
@@ -182,6 +183,7 @@ func nodePerms(id string) Permissions {
 		"$JS.API.CONSUMER.MSG.NEXT."+d+"."+cons,
 		"$JS.ACK."+d+"."+cons+".>",
 		topology.OutcomeSubject(id),
+		topology.ReportSubject(id), // its own direct reports
 		"$KV."+topology.BucketNodes+"."+id,
 	)
 	p.Subscribe = []string{natsconn.InboxNode(id) + ".>"}

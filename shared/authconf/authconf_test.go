@@ -265,6 +265,25 @@ func TestNodeCannotReachAnotherNode(t *testing.T) {
 		t.Error("n1 published on n2's outcome subject")
 	}
 	n1.refused("publish n2's outcome", "Publish", topology.OutcomeSubject("n2"))
+	// Direct reports: its own subject, answered by a dispatcher; not n2's.
+	// disp is the dispatcher role (setup above)
+	rsub, err := disp.nc.QueueSubscribe(topology.SubjectReportsAll, topology.QueueDispatchers, func(m *nats.Msg) {
+		_ = m.Respond([]byte("settled " + m.Subject))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := disp.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := n1.nc.Request(topology.ReportSubject("n1"), []byte(`{}`), 5*time.Second); err != nil || string(m.Data) != "settled "+topology.ReportSubject("n1") {
+		t.Fatalf("n1's direct report answered by the dispatcher: %v", err)
+	}
+	if err := n1.nc.Publish(topology.ReportSubject("n2"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	n1.refused("report as n2", "Publish", topology.ReportSubject("n2"))
+	_ = rsub.Unsubscribe()
 	if _, err := n1.js.Publish(short(t), topology.ResultSubject("t1"), []byte(`{}`)); err == nil {
 		t.Error("n1 published a result")
 	}

@@ -77,7 +77,9 @@ type Options struct {
 	// ProfilePath, when set, receives a CPU profile of the dispatcher over
 	// the mlsched scenario's measured phases: back-to-back windows of
 	// ProfileSeconds, merged (default: none). The first worker's goes next
-	// to it, with ".worker" before the extension.
+	// to it, with ".worker" before the extension; each scenario's bench
+	// driver and (on one server) nats-server, with ".<scenario>.driver" and
+	// ".<scenario>.nats".
 	ProfilePath string `json:"profile_path,omitempty"`
 	// ProfileSeconds is the length of one profile window (default 20).
 	ProfileSeconds int `json:"profile_seconds,omitempty"`
@@ -163,6 +165,10 @@ type Report struct {
 	Profile  *Profile   `json:"profile,omitempty"`
 	// WorkerProfile is the first worker's CPU profile over the same phases.
 	WorkerProfile *Profile `json:"worker_profile,omitempty"`
+	// OtherProfiles are each scenario's nats-server (one server only) and
+	// bench driver profiles over the same phases, for comparing where the
+	// relay's and mlsched's CPU goes.
+	OtherProfiles []*Profile `json:"other_profiles,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -228,8 +234,11 @@ type Memory struct {
 	EndMiB   float64 `json:"end_mib"`
 }
 
-// Profile is the dispatcher's CPU profile.
+// Profile is one process's CPU profile.
 type Profile struct {
+	// Who names the process: "dispatcher", "worker (node-1)", or a
+	// scenario's "nats-server" and "bench driver".
+	Who  string `json:"who,omitempty"`
 	Path string `json:"path"`
 	// Seconds covered: the windows' total, which can exceed the phases.
 	Seconds int `json:"seconds"`
@@ -277,8 +286,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return rep, fmt.Errorf("scenario %s: %w", name, err)
 		}
 		rep.Scenarios = append(rep.Scenarios, s)
-		if len(profs) == 2 {
-			rep.Profile, rep.WorkerProfile = profs[0], profs[1]
+		for _, p := range profs {
+			switch p.Who {
+			case "dispatcher":
+				rep.Profile = p
+			case "worker (node-1)":
+				rep.WorkerProfile = p
+			default:
+				rep.OtherProfiles = append(rep.OtherProfiles, p)
+			}
 		}
 	}
 	if obs := rep.Scenario(ScenarioObserved); obs != nil {

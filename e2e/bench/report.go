@@ -200,16 +200,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintln(w)
 	}
-	for _, p := range []struct {
-		who string
-		p   *Profile
-	}{{"dispatcher", r.Profile}, {"worker (node-1)", r.WorkerProfile}} {
-		if p.p == nil {
+	for _, p := range append([]*Profile{r.Profile, r.WorkerProfile}, r.OtherProfiles...) {
+		if p == nil {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s CPU profile (%ds covering the mlsched measured phases): %s\n", p.who, p.p.Seconds, p.p.Path)
-		if p.p.Top != "" {
-			fmt.Fprint(w, p.p.Top)
+		fmt.Fprintf(w, "\n%s CPU profile (%ds covering the measured phases): %s\n", p.Who, p.Seconds, p.Path)
+		if p.Top != "" {
+			fmt.Fprint(w, p.Top)
 		}
 	}
 	return nil

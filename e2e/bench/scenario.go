@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,6 +66,7 @@ type run struct {
 	stopRcv         []func()
 	pprofAddr       string
 	workerPprofAddr string // node-1's, profiled with the dispatcher
+	natsPprofAddr   string // one server's, profiled with -profile
 	httpURL         string // the dispatcher's listener (dashboard, /metrics)
 }
 
@@ -100,6 +102,14 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 			natsCPU.Pids = append(natsCPU.Pids, n.Pid())
 		}
 	} else {
+		if o.ProfilePath != "" { // nats-server's own net/http/pprof
+			port, err := harness.FreePort()
+			if err != nil {
+				return Scenario{}, nil, err
+			}
+			g.NATSConfig = fmt.Sprintf("prof_port: %d\n", port)
+			r.natsPprofAddr = fmt.Sprintf("127.0.0.1:%d", port)
+		}
 		n, err := g.StartNATSAuth("nats", o.SyncInterval, r.auth)
 		if err != nil {
 			return Scenario{}, nil, err
@@ -151,18 +161,48 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 	}
 	mem := newMemSampler(r.mem)
 	mem.start()
-	var prof, wprof chan profResult
+	var profs []chan profResult
 	stopProf := make(chan struct{})
+	startProf := func(who, addr, out string) {
+		c := make(chan profResult, 1)
+		profs = append(profs, c)
+		go func() { c <- r.profile(ctx, stopProf, who, addr, out) }()
+	}
 	if name == ScenarioMlsched && o.ProfilePath != "" {
-		prof, wprof = make(chan profResult, 1), make(chan profResult, 1)
-		go func() { prof <- r.profile(ctx, stopProf, r.pprofAddr, o.ProfilePath) }()
-		go func() { wprof <- r.profile(ctx, stopProf, r.workerPprofAddr, workerProfilePath(o.ProfilePath)) }()
+		startProf("dispatcher", r.pprofAddr, o.ProfilePath)
+		startProf("worker (node-1)", r.workerPprofAddr, profilePath(o.ProfilePath, "worker"))
+	}
+	var driverProf *os.File
+	driverStart := time.Now()
+	if o.ProfilePath != "" {
+		if r.natsPprofAddr != "" {
+			startProf(name+": nats-server", r.natsPprofAddr, profilePath(o.ProfilePath, name+".nats"))
+		}
+		// The bench driver (producer, sinks or results reader) in process.
+		if f, err := os.Create(profilePath(o.ProfilePath, name+".driver")); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				driverProf = f
+			} else {
+				f.Close()
+			}
+		}
 	}
 	if res.Throughput, err = r.phase(ctx, pub, "throughput", "t-", o.Tasks, 0); err != nil {
 		return res, nil, err
 	}
 	if res.Latency, err = r.phase(ctx, pub, fmt.Sprintf("latency at %d/s", o.Rate), "l-", o.LatencyTasks, o.Rate); err != nil {
 		return res, nil, err
+	}
+	var driver *Profile
+	if driverProf != nil {
+		pprof.StopCPUProfile()
+		driverProf.Close()
+		driver = &Profile{Who: name + ": bench driver", Path: driverProf.Name(), Seconds: int(time.Since(driverStart).Round(time.Second) / time.Second)}
+		if exe, err := os.Executable(); err == nil {
+			if out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=15", exe, driver.Path).Output(); err == nil {
+				driver.Top = string(out)
+			}
+		}
 	}
 	res.Memory = mem.stop()
 	for k, m := range res.Memory {
@@ -179,9 +219,9 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 	}
 	var ps []*Profile
 	close(stopProf)
-	if prof != nil {
+	if len(profs) > 0 {
 		r.log("waiting for the last %ds CPU profile window", o.ProfileSeconds)
-		for _, c := range []chan profResult{prof, wprof} {
+		for _, c := range profs {
 			pr := <-c
 			if pr.err != nil {
 				return res, nil, pr.err
@@ -189,14 +229,17 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 			ps = append(ps, pr.p)
 		}
 	}
+	if driver != nil {
+		ps = append(ps, driver)
+	}
 	return res, ps, nil
 }
 
-// workerProfilePath is where the worker's profile goes: the dispatcher's
-// path with ".worker" before the extension.
-func workerProfilePath(dispatcherPath string) string {
+// profilePath is where another process's profile goes: the dispatcher's
+// path with "."+who before the extension.
+func profilePath(dispatcherPath, who string) string {
 	ext := filepath.Ext(dispatcherPath)
-	return strings.TrimSuffix(dispatcherPath, ext) + ".worker" + ext
+	return strings.TrimSuffix(dispatcherPath, ext) + "." + who + ext
 }
 
 // dial connects the bench's own clients: open, or on the key and reply
@@ -596,7 +639,7 @@ type profResult struct {
 // dispatcher's net/http/pprof until stop is closed, so the measured phases
 // are covered whatever their length, merges them into ProfilePath and
 // renders the top entries with go tool pprof.
-func (r *run) profile(ctx context.Context, stop <-chan struct{}, addr, out string) profResult {
+func (r *run) profile(ctx context.Context, stop <-chan struct{}, who, addr, out string) profResult {
 	var windows []string
 	for i := 0; ; i++ {
 		path := fmt.Sprintf("%s.%d", out, i)
@@ -611,7 +654,7 @@ func (r *run) profile(ctx context.Context, stop <-chan struct{}, addr, out strin
 		}
 		break
 	}
-	p := &Profile{Path: out, Seconds: r.o.ProfileSeconds * len(windows)}
+	p := &Profile{Who: who, Path: out, Seconds: r.o.ProfileSeconds * len(windows)}
 	merged, err := exec.CommandContext(ctx, "go", append([]string{"tool", "pprof", "-proto"}, windows...)...).Output()
 	if err != nil {
 		// Without the go tool the windows stay, unmerged.

@@ -38,6 +38,10 @@ type Group struct {
 	// Dir holds a directory and a log file per process.
 	Dir string
 
+	// NATSConfig is appended to the configuration of every single server
+	// StartNATS starts (e.g. "prof_port: 8222" for a CPU profile).
+	NATSConfig string
+
 	ownDir bool
 	mu     sync.Mutex
 	procs  []*Process
@@ -107,6 +111,7 @@ func (g *Group) StartNATSAuth(name, syncInterval string, a *Auth) (*NATS, error)
 		if syncInterval != "" {
 			conf = strings.Replace(conf, "sync_interval: always", "sync_interval: "+syncInterval, 1)
 		}
+		conf += g.NATSConfig
 		if a != nil {
 			inc, err := a.include(p.Dir)
 			if err != nil {

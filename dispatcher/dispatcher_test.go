@@ -31,6 +31,8 @@ type env struct {
 	// queued is the queue the next started node announces from its first
 	// heartbeat on.
 	queued int64
+	// compactNodes: the nodes started next read compact dispatches.
+	compactNodes bool
 
 	mu        sync.Mutex
 	published map[string]int // result messages seen per task id
@@ -217,7 +219,7 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	hb := protocol.Heartbeat{Node: id, Capacity: 8, StartedAt: time.Now()}
+	hb := protocol.Heartbeat{Node: id, Capacity: 8, StartedAt: time.Now(), CompactDispatch: e.compactNodes}
 	for name := range models {
 		hb.Models = append(hb.Models, protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000})
 	}

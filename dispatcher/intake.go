@@ -139,7 +139,13 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	d.seal(&pd, a.data)
 	hb := headerBufs.Get().(*protocol.HeaderBuf)
 	defer headerBufs.Put(hb) // once Publish has returned: nats.go has encoded the headers
-	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: pd.HeaderInto(hb)}
+	var h nats.Header
+	if d.reg.CompactDispatch(dec.Node) { // one header instead of fourteen (protocol/compact.go)
+		h = pd.CompactHeaderInto(hb)
+	} else {
+		h = pd.HeaderInto(hb)
+	}
+	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: h}
 	hb.Put(protocol.HdrMsgID, pd.MsgID("d"))
 	id, attempt := t.ID, a.attempt
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1

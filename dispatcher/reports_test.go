@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +124,47 @@ func TestDirectReports(t *testing.T) {
 	rep := e.stats()
 	if rep.Counters["reports"] != 5 || rep.Counters["reports_deferred"] != 2 {
 		t.Fatalf("stats counters: reports %d, deferred %d", rep.Counters["reports"], rep.Counters["reports_deferred"])
+	}
+}
+
+// A node that announces the compact encoding gets one Mlsched-Dispatch
+// header; a node that does not gets the v1 headers. Both settle.
+func TestCompactDispatchOnlyToNodesThatReadIt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	v1 := e.startNode("v1", []string{"t"}, map[string]behavior{"m1": succeed})
+	e.compactNodes = true
+	compact := e.startNode("compact", []string{"t"}, map[string]behavior{"m2": succeed})
+	e.waitFor("both nodes known", func() bool { return len(e.stats().Nodes) == 2 })
+	for i := 0; ; i++ {
+		id := "c-" + strconv.Itoa(i)
+		e.submit(protocol.Task{ID: id, Type: "t", Models: []string{[]string{"m1", "m2"}[i%2]}})
+		if r := e.result(id); r.Status != protocol.StatusSucceeded {
+			t.Fatalf("%s: %+v", id, r)
+		}
+		if i >= 3 {
+			break
+		}
+	}
+	for _, c := range []struct {
+		n       *node
+		compact bool
+	}{{v1, false}, {compact, true}} {
+		c.n.mu.Lock()
+		hs := append([]nats.Header(nil), c.n.headers...)
+		c.n.mu.Unlock()
+		if len(hs) == 0 {
+			t.Fatalf("node %s got no dispatch", c.n.id)
+		}
+		for _, h := range hs {
+			_, hasCompact := h[protocol.HdrDispatch]
+			_, hasV1 := h[protocol.HdrTaskID]
+			if hasCompact != c.compact || hasV1 == c.compact {
+				t.Errorf("node %s (compact %v) got headers %v", c.n.id, c.compact, h)
+			}
+			if _, err := protocol.ParseDispatch(h); err != nil {
+				t.Errorf("node %s: %v", c.n.id, err)
+			}
+		}
 	}
 }

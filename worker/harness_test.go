@@ -112,6 +112,7 @@ type dispatchOpts struct {
 	timeout  time.Duration
 	payload  string
 	headers  map[string]string // overrides
+	compact  bool              // the compact encoding (protocol.HdrDispatch)
 }
 
 // body is the task JSON of a dispatch.
@@ -137,6 +138,9 @@ func (h *harness) dispatch(id, modelName string, o dispatchOpts) *nats.Msg {
 		Deadline: o.deadline, Timeout: o.timeout, Submitted: time.Now(),
 		History: []protocol.Attempt{{Attempt: 0, Model: "x", Node: "n0", Status: protocol.OutcomeTimeout, LatencyMs: 1}}}
 	m.Header = pd.Header()
+	if o.compact {
+		m.Header = pd.CompactHeader()
+	}
 	m.Header.Set(protocol.HdrMsgID, pd.MsgID("d"))
 	for k, v := range o.headers {
 		if v == "" {

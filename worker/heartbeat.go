@@ -75,6 +75,7 @@ func (h *heartbeat) Beat(ctx context.Context) error {
 	hb := protocol.Heartbeat{
 		Node: h.node, Models: h.models(), Capacity: h.capacity, InFlight: h.inFlight(),
 		Draining: h.draining.Load(), StartedAt: h.started, SentAt: time.Now().UTC(),
+		CompactDispatch: true, // protocol.ParseDispatch reads both encodings
 	}
 	if h.unready != nil {
 		hb.Unready = h.unready()

@@ -30,10 +30,11 @@ type reportResponder struct {
 	mu     sync.Mutex
 	answer reportAnswer
 	got    map[string]protocol.Outcome
+	hdr    map[string]nats.Header
 }
 
 func (h *harness) respondReports(t *testing.T) *reportResponder {
-	r := &reportResponder{got: map[string]protocol.Outcome{}}
+	r := &reportResponder{got: map[string]protocol.Outcome{}, hdr: map[string]nats.Header{}}
 	sub, err := h.srv.NC.QueueSubscribe(topology.ReportSubject(h.node), topology.QueueDispatchers, func(m *nats.Msg) {
 		o, err := protocol.DecodeOutcome(m.Data)
 		if err != nil {
@@ -45,6 +46,7 @@ func (h *harness) respondReports(t *testing.T) *reportResponder {
 		}
 		r.mu.Lock()
 		r.got[o.TaskID] = o
+		r.hdr[o.TaskID] = m.Header
 		a := r.answer
 		r.mu.Unlock()
 		switch a {
@@ -107,6 +109,18 @@ func TestDirectReports(t *testing.T) {
 	})
 	if n := h.pendingOutcomes(); n != 0 {
 		t.Fatalf("%d outcomes stored for a settled report", n)
+	}
+
+	// A compact dispatch is echoed compact.
+	h.dispatch("compact", "m-ok", dispatchOpts{compact: true})
+	waitFor(t, 10*time.Second, "the compact dispatch's report and ack", func() bool {
+		return r.saw("compact") && h.dispatchesLeft(t) == 0
+	})
+	r.mu.Lock()
+	ch := r.hdr["compact"]
+	r.mu.Unlock()
+	if pd, err := protocol.ParseDispatch(ch); err != nil || ch.Get(protocol.HdrDispatch) == "" || ch.Get(protocol.HdrTaskID) != "" || pd.TaskID != "compact" || pd.Node != "n1" {
+		t.Fatalf("echo of a compact dispatch: %v (%v)", ch, err)
 	}
 
 	// Sent back by the dispatcher, or no answer at all: stored, then acked.

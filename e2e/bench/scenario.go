@@ -582,7 +582,13 @@ func (r *run) trace() error {
 		return err
 	}
 	r.traceNC = nc
-	byHeader := func(m *nats.Msg) string { return m.Header.Get(protocol.HdrTaskID) }
+	byHeader := func(m *nats.Msg) string { // either dispatch encoding
+		if id := m.Header.Get(protocol.HdrTaskID); id != "" {
+			return id
+		}
+		pd, _ := protocol.ParseDispatch(m.Header)
+		return pd.TaskID
+	}
 	type point struct {
 		subject string
 		id      func(m *nats.Msg) string

@@ -203,6 +203,14 @@ func ParseDispatch(h nats.Header) (Dispatch, error) {
 		}
 		return v
 	}
+	if v := get(HdrDispatch); v != "" { // the compact encoding (compact.go)
+		parseCompact(v, &d, bad)
+		parseOptional(h, &d, bad)
+		if first != nil {
+			return d, first
+		}
+		return d, nil
+	}
 	d.TaskID = token(HdrTaskID, DefaultLimits.MaxIDLen)
 	d.Type = token(HdrType, 64)
 	d.Model = token(HdrModel, 128)
@@ -240,18 +248,24 @@ func ParseDispatch(h nats.Header) (Dispatch, error) {
 	}
 	d.Submission = get(HdrTaskSeq)
 	d.TaskSum, d.Seal = get(HdrTaskSum), get(HdrSeal)
-	if v := get(HdrHistory); v != "" {
-		var hist []Attempt // a local: taking d's address would move d to the heap
-		if err := json.Unmarshal([]byte(v), &hist); err != nil {
+	parseOptional(h, &d, bad)
+	if first != nil {
+		return d, first
+	}
+	return d, nil
+}
+
+// parseOptional reads the headers both encodings share: the history and
+// the trace context.
+func parseOptional(h nats.Header, d *Dispatch, bad func(name, format string, args ...any)) {
+	if v := h[HdrHistory]; len(v) > 0 && v[0] != "" {
+		var hist []Attempt
+		if err := json.Unmarshal([]byte(v[0]), &hist); err != nil {
 			bad(HdrHistory, "not a JSON array of attempts: %v", err)
 		}
 		d.History = hist
 	}
 	d.Traceparent = TraceparentOf(h)
-	if first != nil {
-		return d, first
-	}
-	return d, nil
 }
 
 // OutcomeHeader is the header of an attempt's outcome: the dispatch's
@@ -269,7 +283,11 @@ func OutcomeHeader(dispatch nats.Header, node string) nats.Header {
 		}
 		h[k] = vs
 	}
-	h[HdrNode] = []string{node}
+	if _, compact := dispatch[HdrDispatch]; !compact {
+		// v1: the reporting node replaces the chosen one (a compact
+		// dispatch keeps the chosen node, checked against the subject's).
+		h[HdrNode] = []string{node}
+	}
 	return h
 }
 

@@ -145,9 +145,12 @@ type Heartbeat struct {
 	// slot. The dispatcher's load model adds it to InFlight.
 	Queued int `json:"queued,omitempty"`
 	// Draining is set while the node shuts down: route nothing new to it.
-	Draining  bool      `json:"draining,omitempty"`
-	StartedAt time.Time `json:"started_at"`
-	SentAt    time.Time `json:"sent_at"`
+	Draining bool `json:"draining,omitempty"`
+	// CompactDispatch says the node reads the compact dispatch encoding
+	// (HdrDispatch); dispatchers send the v1 headers to a node without it.
+	CompactDispatch bool      `json:"compact_dispatch,omitempty"`
+	StartedAt       time.Time `json:"started_at"`
+	SentAt          time.Time `json:"sent_at"`
 }
 
 // DeadLetter is kept in MLSCHED_DLQ: an invalid message or a task that

@@ -36,6 +36,8 @@ type Registry struct {
 	// clamped is when each node's absurd figures were last logged.
 	clamped map[string]time.Time
 	live    atomic.Pointer[[]protocol.Heartbeat]
+	// compact holds the live nodes that read compact dispatches.
+	compact atomic.Pointer[map[string]bool]
 	ready   chan struct{}
 	// members is the last published membership (ids, models and types);
 	// joined gets a signal when it changes (under mu).
@@ -61,11 +63,16 @@ func New(kv jetstream.KeyValue, ttl time.Duration, log zerolog.Logger) *Registry
 	}
 	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, clamped: map[string]time.Time{}, ready: make(chan struct{}), joined: make(chan struct{}, 1)}
 	r.live.Store(&[]protocol.Heartbeat{})
+	r.compact.Store(&map[string]bool{})
 	return r
 }
 
 // Live returns the live nodes sorted by id. The slice must not be modified.
 func (r *Registry) Live() []protocol.Heartbeat { return *r.live.Load() }
+
+// CompactDispatch reports whether live node reads the compact dispatch
+// encoding (protocol.HdrDispatch), as its last heartbeat said.
+func (r *Registry) CompactDispatch(node string) bool { return (*r.compact.Load())[node] }
 
 // Refused counts the heartbeats ignored as invalid (protocol.Heartbeat.Validate).
 // Changed gets a signal (coalesced) whenever the membership changes: a node
@@ -170,6 +177,13 @@ func (r *Registry) publishLocked() {
 	}
 	sort.Slice(live, func(i, j int) bool { return live[i].Node < live[j].Node })
 	r.live.Store(&live)
+	compact := make(map[string]bool)
+	for _, hb := range live {
+		if hb.CompactDispatch {
+			compact[hb.Node] = true
+		}
+	}
+	r.compact.Store(&compact)
 	if m := membership(live); m != r.members {
 		r.members = m
 		select {

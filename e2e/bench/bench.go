@@ -81,6 +81,8 @@ type Options struct {
 	// driver and (on one server) nats-server, with ".<scenario>.driver" and
 	// ".<scenario>.nats".
 	ProfilePath string `json:"profile_path,omitempty"`
+	// Round is which round of a suite this run is (1-based; 0: one run).
+	Round int `json:"round,omitempty"`
 	// ProfileSeconds is the length of one profile window (default 20).
 	ProfileSeconds int `json:"profile_seconds,omitempty"`
 	// RelayCommand runs the relay process; "-nats URL -nodes a,b,..."

@@ -122,3 +122,33 @@ func TestAuthCostTable(t *testing.T) {
 		t.Errorf("summary without auth scenarios prints an auth cost table:\n%s", b.String())
 	}
 }
+
+// Several rounds: the median row takes each ratio within its round, then
+// the median, and is the one the targets are judged by.
+func TestMediansOfRounds(t *testing.T) {
+	t.Parallel()
+	var reps []*Report
+	for i, mls := range []float64{400, 500, 200} { // relay 1000: ratios 0.4, 0.5, 0.2
+		r := sampleReport()
+		r.Options.Round = i + 1
+		r.Options.SyncInterval = ModeFast.SyncInterval
+		r.Scenarios[1].Throughput.Throughput = mls
+		reps = append(reps, r)
+	}
+	s := &Suite{Reports: reps}
+	m := s.Medians()
+	if len(m) != 1 || m[0].Rounds != 3 || m[0].TputRatio != 0.4 || m[0].MlsTput != 400 {
+		t.Fatalf("medians %+v", m)
+	}
+	var b bytes.Buffer
+	if err := s.WriteSummary(&b); err != nil {
+		t.Fatal(err)
+	}
+	norm := strings.Join(strings.Fields(b.String()), " ")
+	if !strings.Contains(norm, "median of 3 1000 400 0.40x (>=0.45 MISSED)") {
+		t.Errorf("summary lacks the median row:\n%s", b.String())
+	}
+	if (&Suite{Reports: reps[:1]}).Medians() != nil {
+		t.Error("one round has a median row")
+	}
+}

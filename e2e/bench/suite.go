@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -72,37 +73,54 @@ type Suite struct {
 }
 
 // RunSuite runs o once per mode, on one server and, with clusterNodes > 0,
-// on a cluster of that many servers. It returns what ran when one fails.
-func RunSuite(ctx context.Context, o Options, modes []Mode, clusterNodes int) (*Suite, error) {
+// on a cluster of that many servers; rounds > 1 repeats each (relay then
+// mlsched, again and again) so that the summary can give the median of
+// every ratio, which one unlucky run on a shared machine does not move. It
+// returns what ran when one fails.
+func RunSuite(ctx context.Context, o Options, modes []Mode, clusterNodes, rounds int) (*Suite, error) {
 	s := &Suite{Date: time.Now().UTC(), Machine: machine()}
 	topologies := []int{0}
 	if clusterNodes > 0 {
 		topologies = append(topologies, clusterNodes)
 	}
+	rounds = max(rounds, 1)
 	for _, m := range modes {
 		for _, n := range topologies {
-			ro := o
-			ro.SyncInterval, ro.ClusterNodes = m.SyncInterval, n
-			slug := fmt.Sprintf("%s-r%d", strings.ReplaceAll(m.Name, " ", "-"), max(1, n)) // e.g. fast-r3
-			if o.Dir != "" {
-				ro.Dir = filepath.Join(o.Dir, slug)
-			}
-			if o.ProfilePath != "" {
-				ext := filepath.Ext(o.ProfilePath)
-				ro.ProfilePath = strings.TrimSuffix(o.ProfilePath, ext) + "." + slug + ext
-			}
-			fmt.Fprintf(ro.withDefaults().Progress, "=== mode %s (sync_interval %s), %s\n", m.Name, m.SyncInterval, topologyName(n))
-			rep, err := Run(ctx, ro)
-			if rep != nil && err == nil {
-				s.Reports = append(s.Reports, rep)
-			}
-			if err != nil {
-				return s, fmt.Errorf("mode %s, %s: %w", m.Name, topologyName(n), err)
+			for round := 1; round <= rounds; round++ {
+				if err := s.runOne(ctx, o, m, n, round, rounds); err != nil {
+					return s, err
+				}
 			}
 		}
 	}
 	s.LoadAvgEnd = machine().LoadAvg
 	return s, nil
+}
+
+// runOne runs one round of one mode on one topology.
+func (s *Suite) runOne(ctx context.Context, o Options, m Mode, n, round, rounds int) error {
+	ro := o
+	ro.SyncInterval, ro.ClusterNodes, ro.Round = m.SyncInterval, n, round
+	slug := fmt.Sprintf("%s-r%d", strings.ReplaceAll(m.Name, " ", "-"), max(1, n)) // e.g. fast-r3
+	if rounds > 1 {
+		slug += fmt.Sprintf("-round%d", round)
+	}
+	if o.Dir != "" {
+		ro.Dir = filepath.Join(o.Dir, slug)
+	}
+	if o.ProfilePath != "" {
+		ext := filepath.Ext(o.ProfilePath)
+		ro.ProfilePath = strings.TrimSuffix(o.ProfilePath, ext) + "." + slug + ext
+	}
+	fmt.Fprintf(ro.withDefaults().Progress, "=== mode %s (sync_interval %s), %s, round %d of %d\n", m.Name, m.SyncInterval, topologyName(n), round, rounds)
+	rep, err := Run(ctx, ro)
+	if rep != nil && err == nil {
+		s.Reports = append(s.Reports, rep)
+	}
+	if err != nil {
+		return fmt.Errorf("mode %s, %s, round %d: %w", m.Name, topologyName(n), round, err)
+	}
+	return nil
 }
 
 func topologyName(clusterNodes int) string {
@@ -125,6 +143,8 @@ func (s *Suite) WriteJSON(path string) error {
 // side in one mode and topology.
 type SummaryRow struct {
 	Mode, Topology                string
+	Round                         int // 1-based; 0 in a median row
+	Rounds                        int // how many rounds a median row summarises
 	RelayTput, MlsTput, TputRatio float64
 	RelayP50, MlsP50, P50Ratio    float64
 	RelayP99, MlsP99, P99Ratio    float64
@@ -141,7 +161,7 @@ func (s *Suite) Summary() []SummaryRow {
 	oneServer := map[string]float64{}
 	for _, r := range s.Reports {
 		row := SummaryRow{Mode: ModeOf(r.Options.SyncInterval).Name, Topology: topologyName(r.Options.ClusterNodes),
-			Targets: TargetsFor(r.Options.SyncInterval)}
+			Targets: TargetsFor(r.Options.SyncInterval), Round: max(r.Options.Round, 1)}
 		relay, mls := r.Scenario(ScenarioRelay), r.Scenario(ScenarioMlsched)
 		ratio := func(a, b float64) float64 {
 			if b <= 0 {
@@ -166,13 +186,70 @@ func (s *Suite) Summary() []SummaryRow {
 			}
 		}
 		row.TputRatio, row.P50Ratio, row.P99Ratio = ratio(row.MlsTput, row.RelayTput), ratio(row.MlsP50, row.RelayP50), ratio(row.MlsP99, row.RelayP99)
+		key := fmt.Sprintf("%s/%d", row.Mode, row.Round)
 		if r.Options.ClusterNodes == 0 {
-			oneServer[row.Mode] = row.MlsTput
+			oneServer[key] = row.MlsTput
 		}
-		row.MlsTputVsOneServer = ratio(row.MlsTput, oneServer[row.Mode])
+		row.MlsTputVsOneServer = ratio(row.MlsTput, oneServer[key])
 		rows = append(rows, row)
 	}
 	return rows
+}
+
+// Medians summarises the rounds of each mode and topology that ran more
+// than once: the median of each figure and ratio over the rounds (each
+// ratio is taken within its round first, against the relay of the same
+// round).
+func (s *Suite) Medians() []SummaryRow {
+	var order []string
+	groups := map[string][]SummaryRow{}
+	for _, r := range s.Summary() {
+		k := r.Mode + "\x00" + r.Topology
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	var out []SummaryRow
+	for _, k := range order {
+		g := groups[k]
+		if len(g) < 2 {
+			continue
+		}
+		med := func(f func(SummaryRow) float64) float64 {
+			v := make([]float64, len(g))
+			for i, r := range g {
+				v[i] = f(r)
+			}
+			return median(v)
+		}
+		out = append(out, SummaryRow{Mode: g[0].Mode, Topology: g[0].Topology, Rounds: len(g), Targets: g[0].Targets,
+			RelayTput: med(func(r SummaryRow) float64 { return r.RelayTput }), MlsTput: med(func(r SummaryRow) float64 { return r.MlsTput }),
+			TputRatio: med(func(r SummaryRow) float64 { return r.TputRatio }),
+			RelayP50:  med(func(r SummaryRow) float64 { return r.RelayP50 }), MlsP50: med(func(r SummaryRow) float64 { return r.MlsP50 }),
+			P50Ratio: med(func(r SummaryRow) float64 { return r.P50Ratio }),
+			RelayP99: med(func(r SummaryRow) float64 { return r.RelayP99 }), MlsP99: med(func(r SummaryRow) float64 { return r.MlsP99 }),
+			P99Ratio:           med(func(r SummaryRow) float64 { return r.P99Ratio }),
+			CPUPerTask:         med(func(r SummaryRow) float64 { return r.CPUPerTask }),
+			NATSCPUPerTask:     med(func(r SummaryRow) float64 { return r.NATSCPUPerTask }),
+			RelayNATSCPU:       med(func(r SummaryRow) float64 { return r.RelayNATSCPU }),
+			MlsTputVsOneServer: med(func(r SummaryRow) float64 { return r.MlsTputVsOneServer }),
+		})
+	}
+	return out
+}
+
+// median of v (v is reordered).
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	if n := len(v); n%2 == 1 {
+		return v[n/2]
+	} else {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
 }
 
 // WriteSummary prints the side-by-side table of every mode and topology,
@@ -186,7 +263,7 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 			o.Tasks, o.Rate, o.LatencyTasks, o.Nodes, o.Models, o.Concurrency)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tservers\trelay tasks/s\tmlsched tasks/s\tratio\trelay p50 ms\tmlsched p50 ms\tratio\trelay p99 ms\tmlsched p99 ms\tratio\tdisp+workers µs/task\tnats µs/task (relay / mlsched)\tvs 1 server\t")
+	fmt.Fprintln(tw, "mode\tservers\tround\trelay tasks/s\tmlsched tasks/s\tratio\trelay p50 ms\tmlsched p50 ms\tratio\trelay p99 ms\tmlsched p99 ms\tratio\tdisp+workers µs/task\tnats µs/task (relay / mlsched)\tvs 1 server\t")
 	verdict := func(v, target float64, atLeast bool) string {
 		if target == 0 || v == 0 {
 			return fmt.Sprintf("%.2fx", v)
@@ -201,7 +278,11 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.2fx (%s%.2g %s)", v, cmp, target, word)
 	}
-	for _, r := range s.Summary() {
+	for _, r := range append(s.Summary(), s.Medians()...) {
+		round := fmt.Sprint(r.Round)
+		if r.Rounds > 0 {
+			round = fmt.Sprintf("median of %d", r.Rounds)
+		}
 		cpu := fmt.Sprintf("%.0f", r.CPUPerTask)
 		if r.Targets.CPUPerTaskMicros > 0 && r.CPUPerTask > 0 {
 			word := "met"
@@ -214,8 +295,8 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 		if r.Topology != topologyName(0) {
 			vs = fmt.Sprintf("%.2fx", r.MlsTputVsOneServer)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f / %.0f\t%s\t\n",
-			r.Mode, r.Topology, r.RelayTput, r.MlsTput, verdict(r.TputRatio, r.Targets.ThroughputRatio, true),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f / %.0f\t%s\t\n",
+			r.Mode, r.Topology, round, r.RelayTput, r.MlsTput, verdict(r.TputRatio, r.Targets.ThroughputRatio, true),
 			r.RelayP50, r.MlsP50, verdict(r.P50Ratio, r.Targets.P50Ratio, false),
 			r.RelayP99, r.MlsP99, verdict(r.P99Ratio, r.Targets.P99Ratio, false),
 			cpu, r.RelayNATSCPU, r.NATSCPUPerTask, vs)
@@ -230,5 +311,8 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(w, "targets apply to one server (issue 13); the R3 rows report the cost of replication. Never asserted: the machine may be shared.")
+	if len(s.Medians()) > 0 {
+		fmt.Fprintln(w, "with several rounds, judge the targets by the median rows: each ratio is taken against the relay of its own round, then the median over the rounds.")
+	}
 	return s.writeAuthCosts(w)
 }

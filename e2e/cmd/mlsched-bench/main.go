@@ -54,6 +54,7 @@ func benchMain(args []string) int {
 	fs.IntVar(&o.Observers, "observers", 8, "mlsched-observed: dashboard event streams held open (half never read) and /metrics scrapers")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", time.Second, "mlsched-observed: each scraper's period")
 	jsonPath := fs.String("json", ".bench/bench-results.json", "JSON report path (empty: none)")
+	rounds := fs.Int("rounds", 1, "run each mode and topology this many times (relay then mlsched each time) and add the median of every figure and ratio to the summary")
 	profile := fs.Bool("profile", false, "profile the dispatcher's and one worker's CPU over the mlsched measured phases (back-to-back 20s windows, merged; the worker's next to -profile-out, .worker before the extension), and in every scenario the bench driver's and, on one server, nats-server's (.<scenario>.driver and .<scenario>.nats)")
 	fs.StringVar(&o.ProfilePath, "profile-out", ".bench/dispatcher.cpu.pprof", "where -profile saves the profile")
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 20, "length of one -profile window")
@@ -123,7 +124,7 @@ func benchMain(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	suite, runErr := bench.RunSuite(ctx, o, ms, *clusterNodes)
+	suite, runErr := bench.RunSuite(ctx, o, ms, *clusterNodes, *rounds)
 	suite.Command = "mlsched-bench " + strings.Join(args, " ")
 	for _, rep := range suite.Reports {
 		rep.Command = suite.Command

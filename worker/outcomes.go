@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,9 +29,14 @@ import (
 // stored in MLSCHED_OUTCOMES like every other outcome. Either way the
 // dispatch is acked only after its outcome is settled or stored.
 type outcomePublisher struct {
+	nc  *nats.Conn
 	pub *jspub.Publisher
 	// direct sends direct reports (nil: every outcome is stored).
 	direct *jspub.Publisher
+	// refused is set once NATS refused a direct report for want of
+	// permission (an auth.conf written before them): every outcome is
+	// stored from then on, instead of waiting for an answer each time.
+	refused atomic.Bool
 	// finished runs once per outcome, after its dispatch was acked or
 	// nak'ed (the worker's task accounting).
 	finished func()
@@ -46,7 +52,7 @@ func newOutcomePublisher(ctx context.Context, nc *nats.Conn, window int, timeout
 	if err := pub.Start(ctx); err != nil {
 		return nil, err
 	}
-	p := &outcomePublisher{pub: pub, finished: finished}
+	p := &outcomePublisher{nc: nc, pub: pub, finished: finished}
 	if direct {
 		p.direct = jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
 		if err := p.direct.Start(ctx); err != nil {
@@ -64,7 +70,7 @@ func newOutcomePublisher(ctx context.Context, nc *nats.Conn, window int, timeout
 // could not even start; the caller still owns msg. directSubject, when not
 // empty, sends the outcome there first.
 func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, msg jetstream.Msg, log zerolog.Logger, stop func()) error {
-	if p.direct == nil || directSubject == "" {
+	if p.direct == nil || directSubject == "" || p.refused.Load() {
 		return p.store(context.Background(), om, msgID, msg, log, stop)
 	}
 	stored := om.Subject
@@ -76,7 +82,14 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 			return
 		}
 		p.deferred.Add(1)
-		if !errors.Is(err, jspub.ErrNoResponders) {
+		switch {
+		case errors.Is(err, jspub.ErrTimeout) && p.permissionRefused(directSubject):
+			if !p.refused.Swap(true) {
+				log.Warn().Str("subject", directSubject).Msg("NATS refuses this node's direct reports (an authorization " +
+					"written before them: regenerate it with mlsched auth init, or set MLSCHED_STORED_OUTCOMES_ONLY=true): " +
+					"storing every outcome from now on")
+			}
+		case !errors.Is(err, jspub.ErrNoResponders):
 			log.Debug().Err(err).Msg("direct report not settled: storing the outcome")
 		}
 		// Off the reply goroutine: the stored publish may wait for room.
@@ -89,6 +102,13 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 			}
 		}()
 	})
+}
+
+// permissionRefused reports whether the connection's last error is the
+// server refusing a publish on subject.
+func (p *outcomePublisher) permissionRefused(subject string) bool {
+	err := p.nc.LastError()
+	return err != nil && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`)
 }
 
 // store publishes the outcome to MLSCHED_OUTCOMES and acks msg once stored.

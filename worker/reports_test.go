@@ -1,13 +1,22 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/shared/natstest"
 
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -180,5 +189,70 @@ func TestOutcomesStoredWithoutDirectReports(t *testing.T) {
 		if r != nil && r.saw("x") {
 			t.Fatal("reported directly with MLSCHED_STORED_OUTCOMES_ONLY")
 		}
+	}
+}
+
+// An authorization written before direct reports refuses them: the worker
+// notices at the first unanswered report, says so once, and stores every
+// outcome from then on instead of waiting for an answer each time.
+func TestDirectReportsRefusedByPermissions(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: dir, NoLog: true, NoSigs: true, Users: []*server.User{
+			{Username: "admin", Password: "admin-pw"},
+			{Username: "n1", Password: "n1-pw", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"mlsched.report.>"}}}},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("admin", "admin-pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := topology.Ensure(ctx, js, topology.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	oc, err := js.CreateOrUpdateConsumer(ctx, topology.StreamOutcomes, jetstream.ConsumerConfig{
+		Durable: "test-dispatcher", FilterSubject: topology.OutcomeSubject("n1"), AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, srv: &natstest.Server{Server: s, URL: s.ClientURL(), NC: nc, JS: js}, node: "n1", outc: oc}
+	r := h.respondReports(t) // a dispatcher is there: only the permission stops the reports
+	pw := filepath.Join(dir, "pw")
+	if err := os.WriteFile(pw, []byte("n1-pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config()
+	cfg.NATS.User, cfg.NATS.PasswordFile = "n1", pw
+	cfg.PublishTimeout = 300 * time.Millisecond
+	var logs syncBuffer
+	h.start(cfg, WithLogger(zerolog.New(&logs)), WithHandler("ok", func(context.Context, Task) (any, error) { return 1, nil }),
+		WithModels([]ModelSpec{goModel("m-ok", "ok")}))
+	for _, id := range []string{"p1", "p2", "p3"} {
+		h.dispatch(id, "m-ok", dispatchOpts{})
+		if o := h.next(10 * time.Second); o.TaskID != id || o.Status != protocol.OutcomeSuccess {
+			t.Fatalf("%s: stored outcome %+v", id, o.Outcome)
+		}
+	}
+	if r.saw("p1") || r.saw("p2") || r.saw("p3") {
+		t.Fatal("a refused report reached the dispatcher")
+	}
+	all := string(bytes.Join(logs.lines(), []byte("\n")))
+	if n := strings.Count(all, "NATS refuses this node's direct reports"); n != 1 {
+		t.Fatalf("the refusal is logged %d times, want once:\n%s", n, all)
 	}
 }

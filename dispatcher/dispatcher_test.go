@@ -209,6 +209,7 @@ type node struct {
 	mu      sync.Mutex
 	seen    []string // "task/attempt/model"
 	headers []nats.Header
+	acks    []string // each dispatch's ack subject
 }
 
 func (e *env) startNode(id string, types []string, models map[string]behavior) *node {
@@ -267,6 +268,7 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 		n.mu.Lock()
 		n.seen = append(n.seen, fmt.Sprintf("%s/%d/%s", task.ID, attempt, model))
 		n.headers = append(n.headers, h)
+		n.acks = append(n.acks, m.Reply())
 		n.mu.Unlock()
 		if n.silent.Load() {
 			return

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,7 +45,7 @@ func (d *Dispatcher) handleReport(m *nats.Msg) {
 	if m.Reply == "" {
 		return // nobody to answer: a worker always asks for an answer
 	}
-	r := &reportMsg{m: m, nc: d.nc}
+	r := &reportMsg{m: m, nc: d.nc, ack: reportAckSubject(m)}
 	o, err := protocol.DecodeOutcome(m.Data)
 	if err != nil || o.TaskID == "" || o.Status != protocol.OutcomeSuccess {
 		// Not for this path: the stored path dead-letters or retries it,
@@ -87,10 +88,33 @@ func (d *Dispatcher) reportsService() lifecycle.Service {
 // reportMsg is a direct report seen as a consumed message, so that the
 // outcome path settles it unchanged: Ack answers "settled", a nak answers
 // "store it". It answers once; what comes after is ignored.
+//
+// When the report names its dispatch's acknowledgement subject (HdrAck),
+// Ack publishes that acknowledgement itself, with the report's reply
+// subject: JetStream acks the dispatch and confirms it to the worker, which
+// is the answer. That is one message less per task than answering and
+// letting the worker ack.
 type reportMsg struct {
 	m    *nats.Msg
 	nc   *nats.Conn
+	ack  string // the dispatch's ack subject, or "" to answer reportOK
 	once sync.Once
+}
+
+// reportAckSubject is the report's HdrAck when it acknowledges a dispatch
+// of the reporting node's own consumer (anything else a node could ack
+// itself anyway, but the dispatcher publishes nothing else for it), else "".
+func reportAckSubject(m *nats.Msg) string {
+	subj := m.Header.Get(protocol.HdrAck)
+	node, ok := strings.CutPrefix(m.Subject, topology.ReportSubject(""))
+	if subj == "" || !ok {
+		return ""
+	}
+	rest, ok := strings.CutPrefix(subj, "$JS.ACK."+topology.StreamDispatch+"."+topology.NodeConsumer(node)+".")
+	if !ok || rest == "" || strings.ContainsAny(rest, "*> \t\r\n") {
+		return ""
+	}
+	return subj
 }
 
 var _ jetstream.Msg = (*reportMsg)(nil)
@@ -114,10 +138,17 @@ func (r *reportMsg) Data() []byte                              { return r.m.Data
 func (r *reportMsg) Headers() nats.Header                      { return r.m.Header }
 func (r *reportMsg) Subject() string                           { return r.m.Subject }
 func (r *reportMsg) Reply() string                             { return r.m.Reply }
-func (r *reportMsg) Ack() error                                { return r.answer(reportOK) }
-func (r *reportMsg) DoubleAck(context.Context) error           { return r.Ack() }
-func (r *reportMsg) Term() error                               { return r.Ack() }
-func (r *reportMsg) TermWithReason(string) error               { return r.Ack() }
-func (r *reportMsg) InProgress() error                         { return nil }
-func (r *reportMsg) Nak() error                                { return r.answer(reportDeferred) }
-func (r *reportMsg) NakWithDelay(time.Duration) error          { return r.answer(reportDeferred) }
+func (r *reportMsg) Ack() error {
+	if r.ack == "" {
+		return r.answer(reportOK)
+	}
+	err := errors.New("answered already")
+	r.once.Do(func() { err = r.nc.PublishMsg(&nats.Msg{Subject: r.ack, Reply: r.m.Reply}) })
+	return err
+}
+func (r *reportMsg) DoubleAck(context.Context) error  { return r.Ack() }
+func (r *reportMsg) Term() error                      { return r.Ack() }
+func (r *reportMsg) TermWithReason(string) error      { return r.Ack() }
+func (r *reportMsg) InProgress() error                { return nil }
+func (r *reportMsg) Nak() error                       { return r.answer(reportDeferred) }
+func (r *reportMsg) NakWithDelay(time.Duration) error { return r.answer(reportDeferred) }

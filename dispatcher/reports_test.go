@@ -121,8 +121,41 @@ func TestDirectReports(t *testing.T) {
 	if r := e.result("b"); r.Status != protocol.StatusSucceeded {
 		t.Fatalf("b: %+v", r)
 	}
+	// A report naming its dispatch's ack subject: the dispatcher acks the
+	// dispatch once the result is stored, and JetStream's confirmation (an
+	// empty message) is the answer. An ack subject of another node's
+	// consumer is not used: the usual answer comes instead.
+	e.submit(protocol.Task{ID: "c", Type: "t"})
+	hc := protocol.OutcomeHeader(dispatched(2), "n1")
+	n.mu.Lock()
+	ackSubj := n.acks[2]
+	n.mu.Unlock()
+	other := nats.Header{}
+	for k, v := range hc {
+		other[k] = v
+	}
+	other.Set(protocol.HdrAck, strings.Replace(ackSubj, topology.NodeConsumer("n1"), topology.NodeConsumer("n2"), 1))
+	if got := report(topology.ReportSubject("n1"), success("c"), other); got != settled {
+		t.Fatalf("ack subject of another node's consumer: answer %q", got)
+	}
+	hc.Set(protocol.HdrAck, ackSubj)
+	if got := report(topology.ReportSubject("n1"), success("c"), hc); got != "" {
+		t.Fatalf("with the ack subject: answer %q, want JetStream's empty confirmation", got)
+	}
+	if r := e.result("c"); r.Status != protocol.StatusSucceeded {
+		t.Fatalf("c: %+v", r)
+	}
+	e.waitFor("c's dispatch acked", func() bool {
+		s, err := e.ns.JS.Stream(e.ctx, topology.StreamDispatch)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(e.ctx)
+		// a and b were answered, never acked by the silent node: only c is gone
+		return err == nil && info.State.Msgs == 2
+	})
 	rep := e.stats()
-	if rep.Counters["reports"] != 5 || rep.Counters["reports_deferred"] != 2 {
+	if rep.Counters["reports"] != 7 || rep.Counters["reports_deferred"] != 2 {
 		t.Fatalf("stats counters: reports %d, deferred %d", rep.Counters["reports"], rep.Counters["reports_deferred"])
 	}
 }

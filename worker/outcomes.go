@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // outcomePublisher publishes outcomes asynchronously and acks each dispatch
@@ -54,7 +55,9 @@ func newOutcomePublisher(ctx context.Context, nc *nats.Conn, window int, timeout
 	}
 	p := &outcomePublisher{nc: nc, pub: pub, finished: finished}
 	if direct {
-		p.direct = jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
+		// An empty answer is JetStream confirming the dispatch's ack, which
+		// the dispatcher published for us (dispatcher/reports.go).
+		p.direct = jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout, EmptyReplyOK: true})
 		if err := p.direct.Start(ctx); err != nil {
 			_ = pub.Stop()
 			return nil, err
@@ -75,9 +78,17 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 	}
 	stored := om.Subject
 	om.Subject = directSubject
-	return p.direct.Publish(context.Background(), om, msgID, func(_ *jetstream.PubAck, err error) {
+	if ack := msg.Reply(); ack != "" {
+		om.Header[protocol.HdrAck] = []string{ack}
+	}
+	return p.direct.Publish(context.Background(), om, msgID, func(a *jetstream.PubAck, err error) {
 		if err == nil {
 			p.reported.Add(1)
+			if a.Stream == "" { // JetStream's confirmation: the dispatcher acked the dispatch
+				stop()
+				p.finished()
+				return
+			}
 			p.settled(msg, log, stop)
 			return
 		}
@@ -94,6 +105,7 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 		}
 		// Off the reply goroutine: the stored publish may wait for room.
 		om.Subject, om.Reply = stored, ""
+		delete(om.Header, protocol.HdrAck)
 		p.fallbacks.Add(1)
 		go func() {
 			defer p.fallbacks.Done()

@@ -58,6 +58,12 @@ type Config struct {
 	// Timeout fails a publish not acknowledged within it (default 10s);
 	// it is checked every Timeout/10, so a publish fails at most 10% late.
 	Timeout time.Duration
+	// EmptyReplyOK takes an empty reply without a status for success, with
+	// a zero PubAck: JetStream's confirmation of a consumer
+	// acknowledgement that asked for one (a request whose reply another
+	// client turned into such an acknowledgement). Default false: an
+	// invalid acknowledgement.
+	EmptyReplyOK bool
 }
 
 // Publisher is an asynchronous JetStream publisher on one connection. Start
@@ -210,6 +216,10 @@ func (p *Publisher) onReply(m *nats.Msg) {
 	e, ok := p.take(id)
 	if !ok {
 		return // timed out, or failed on a disconnect, earlier
+	}
+	if p.cfg.EmptyReplyOK && len(m.Data) == 0 && m.Header.Get("Status") == "" {
+		e.cb(&jetstream.PubAck{}, nil)
+		return
 	}
 	ack, err := parseReply(m)
 	e.cb(ack, err)

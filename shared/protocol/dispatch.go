@@ -68,6 +68,12 @@ const (
 	HdrHistory     = "Mlsched-History"
 	HdrTaskSeq     = "Mlsched-Task-Seq"
 	HdrSubmitted   = "Mlsched-Submitted"
+	// HdrAck is on a direct report only: the subject that acknowledges the
+	// reported dispatch, which the dispatcher publishes itself, once the
+	// result is stored, with the report's reply subject, so that JetStream's
+	// confirmation of that acknowledgement is the worker's answer
+	// (docs/protocol.md, "Direct reports").
+	HdrAck = "Mlsched-Ack"
 	// HdrTraceparent is the W3C trace context (the "traceparent" header in
 	// its canonical MIME form). A producer sets it on the task message; it
 	// is carried on the dispatch, the outcome and the result, and sent on

@@ -32,5 +32,16 @@ func TestChaosCluster(t *testing.T) {
 		// attempt stored during a pause expires and its task fails, though
 		// nothing was lost. Lost attempts (killed workers) take longer to
 		// find; the budget allows for it.
-		dispatcherEnv: map[string]string{"MLSCHED_DEADLINE_SLACK": "15s"}})
+		dispatcherEnv: map[string]string{"MLSCHED_DEADLINE_SLACK": "15s", "MLSCHED_NODE_TTL": clusterNodeTTL},
+		// Heartbeats go to an R3 bucket, which takes no write while it
+		// elects a leader: a node TTL shorter than an election declares
+		// every node dead at once, and tasks arriving then are turned away
+		// as unserved once the waiting room is full (seed 3033714961 did,
+		// with 3s: no live node for 4.7-10.8s). docs/operations.md asks for
+		// a TTL that outlasts an election on a cluster; so does this run.
+		workerEnv: map[string]string{"MLSCHED_NODE_TTL": clusterNodeTTL}})
 }
+
+// clusterNodeTTL outlasts a Raft election (maxElectionTimeoutDefault, 9s in
+// the nats-server this module pins) plus a heartbeat interval.
+const clusterNodeTTL = "12s"

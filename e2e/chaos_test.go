@@ -132,8 +132,8 @@ type chaosVariant struct {
 	kinds     []faultKind
 	// roundTasks is how many tasks make one round of faults by default.
 	roundTasks int
-	// dispatcherEnv overrides chaosDispatcherEnv.
-	dispatcherEnv map[string]string
+	// dispatcherEnv overrides chaosDispatcherEnv, workerEnv chaosWorkerEnv.
+	dispatcherEnv, workerEnv map[string]string
 }
 
 func runChaos(t *testing.T, cv chaosVariant) {
@@ -165,7 +165,7 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	for i, node := range chaosNodes {
 		workers = append(workers, c.StartWorker(harness.WorkerOptions{NodeID: node,
 			ModelsFile: "testdata/chaos/" + node + ".yaml", Concurrency: 8,
-			SimSeed: p.Seed*10 + int64(i) + 1, Env: chaosWorkerEnv}))
+			SimSeed: p.Seed*10 + int64(i) + 1, Env: mergeEnv(chaosWorkerEnv, cv.workerEnv)}))
 	}
 	// Budget: submission window, the faults' down times, then the tail.
 	budget := window + 3*time.Minute

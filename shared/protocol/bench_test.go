@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -152,4 +154,43 @@ func BenchmarkDecodeResult(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkDispatchWire is what one dispatch's headers cost on the wire, v1
+// against the compact encoding: the dispatcher encodes them (as nats.go
+// writes a header block), the worker's nats.go parses the block into a map
+// (nats.DecodeHeadersMsg, as it does on every message) and ParseDispatch
+// reads it. The worker's echo and the dispatcher's parse of it repeat the
+// last two steps.
+func BenchmarkDispatchWire(b *testing.B) {
+	d := fullDispatch()
+	d.Attempt, d.History = 1, nil
+	for _, enc := range []struct {
+		name string
+		into func(*protocol.HeaderBuf) nats.Header
+	}{{"v1", d.HeaderInto}, {"compact", d.CompactHeaderInto}} {
+		b.Run(enc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var buf protocol.HeaderBuf
+			var block []byte
+			for b.Loop() {
+				h := enc.into(&buf)
+				block = append(block[:0], "NATS/1.0\r\n"...)
+				for k, vs := range h {
+					for _, v := range vs {
+						block = append(append(append(append(block, k...), ": "...), v...), "\r\n"...)
+					}
+				}
+				block = append(block, "\r\n"...)
+				got, err := nats.DecodeHeadersMsg(block)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := protocol.ParseDispatch(got); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(block)), "header-bytes")
+		})
+	}
 }

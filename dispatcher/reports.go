@@ -73,12 +73,13 @@ func (d *Dispatcher) reportsService() lifecycle.Service {
 			return err
 		},
 		OnStop: func() error {
+			closed := sub.StatusChanged(nats.SubscriptionClosed)
 			if err := sub.Drain(); err != nil {
 				return sub.Unsubscribe()
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for sub.IsValid() && time.Now().Before(deadline) && !d.nc.IsClosed() {
-				time.Sleep(5 * time.Millisecond) // polling Drain's end: nats.go signals it on no channel
+			select { // every report received is handled; bounded, should the connection hang
+			case <-closed:
+			case <-time.After(10 * time.Second):
 			}
 			return nil
 		},

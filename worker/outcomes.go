@@ -41,11 +41,14 @@ type outcomePublisher struct {
 	// finished runs once per outcome, after its dispatch was acked or
 	// nak'ed (the worker's task accounting).
 	finished func()
-	// fallbacks are stored publishes started after a direct report failed.
-	fallbacks sync.WaitGroup
-	// reported, deferred count direct reports settled by a dispatcher and
-	// those stored instead.
-	reported, deferred atomic.Int64
+	// reports counts direct reports from their publish until their
+	// callback is done, including the stored publish a failed one starts:
+	// close waits for it before it stops the stored publisher. closing
+	// (under mu) sends what comes after close begins (a task abandoned at
+	// the shutdown grace, finishing late) to the stopped stored publisher.
+	mu      sync.Mutex
+	closing bool
+	reports sync.WaitGroup
 }
 
 func newOutcomePublisher(ctx context.Context, nc *nats.Conn, window int, timeout time.Duration, direct bool, finished func()) (*outcomePublisher, error) {
@@ -76,14 +79,21 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 	if p.direct == nil || directSubject == "" || p.refused.Load() {
 		return p.store(context.Background(), om, msgID, msg, log, stop)
 	}
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		return p.store(context.Background(), om, msgID, msg, log, stop)
+	}
+	p.reports.Add(1)
+	p.mu.Unlock()
 	stored := om.Subject
 	om.Subject = directSubject
 	if ack := msg.Reply(); ack != "" {
 		om.Header[protocol.HdrAck] = []string{ack}
 	}
-	return p.direct.Publish(context.Background(), om, msgID, func(a *jetstream.PubAck, err error) {
+	err := p.direct.Publish(context.Background(), om, msgID, func(a *jetstream.PubAck, err error) {
 		if err == nil {
-			p.reported.Add(1)
+			defer p.reports.Done()
 			if a.Stream == "" { // JetStream's confirmation: the dispatcher acked the dispatch
 				stop()
 				p.finished()
@@ -92,7 +102,6 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 			p.settled(msg, log, stop)
 			return
 		}
-		p.deferred.Add(1)
 		switch {
 		case errors.Is(err, jspub.ErrTimeout) && p.permissionRefused(directSubject):
 			if !p.refused.Swap(true) {
@@ -106,14 +115,17 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 		// Off the reply goroutine: the stored publish may wait for room.
 		om.Subject, om.Reply = stored, ""
 		delete(om.Header, protocol.HdrAck)
-		p.fallbacks.Add(1)
 		go func() {
-			defer p.fallbacks.Done()
+			defer p.reports.Done()
 			if err := p.store(context.Background(), om, msgID, msg, log, stop); err != nil {
 				p.failed(msg, log, stop, err)
 			}
 		}()
 	})
+	if err != nil {
+		p.reports.Done() // the callback will not run
+	}
+	return err
 }
 
 // permissionRefused reports whether the connection's last error is the
@@ -158,10 +170,13 @@ func (p *outcomePublisher) failed(msg jetstream.Msg, log zerolog.Logger, stop fu
 // close waits for every pending outcome (at most the publish timeout per
 // path); publish must not be called after.
 func (p *outcomePublisher) close() {
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
 	if p.direct != nil {
 		_ = p.direct.Stop()
 	}
-	p.fallbacks.Wait()
+	p.reports.Wait() // every callback done, every fallback handed to the stored publisher
 	_ = p.pub.Stop()
 }
 

@@ -5,7 +5,6 @@ package dispatcher
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,110 +142,6 @@ func TestSweeperCursorAndHeap(t *testing.T) {
 	send("again", past, true)
 	if n, err := sw.sweep(ctx, now); n != 1 || err != nil || sw.due.Len() != 0 {
 		t.Fatalf("sweep of the re-created stream: %d %v, heap %d", n, err, sw.due.Len())
-	}
-}
-
-// The settler acks a message once its publish is stored, naks it when the
-// publish failed, and its Stop waits for slow follow-ups.
-func TestSettlerPublishThenAck(t *testing.T) {
-	t.Parallel()
-	ns := natstest.New(t)
-	ctx := context.Background()
-	in, err := ns.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ns.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := in.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{"ok", "fails", "slow"} {
-		if _, err := ns.JS.Publish(ctx, "in."+s, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	batch, err := cons.Fetch(3, jetstream.FetchMaxWait(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs := map[string]jetstream.Msg{}
-	for m := range batch.Messages() {
-		msgs[m.Subject()] = m
-	}
-	if len(msgs) != 3 {
-		t.Fatalf("fetched %d", len(msgs))
-	}
-
-	s := newSettler(8, zerolog.Nop())
-	s.nakDelay = 0
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	<-s.Started()
-	pub := func(subj string, opts ...jetstream.PublishOpt) jetstream.PubAckFuture {
-		fut, err := ns.JS.PublishAsync(subj, nil, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fut
-	}
-	var okAck atomic.Bool
-	s.After(msgs["in.ok"], pub("out.ok"), func(ack *jetstream.PubAck, err error) error {
-		okAck.Store(err == nil && ack.Stream == "OUT")
-		return err
-	})
-	s.After(msgs["in.fails"], pub("out.x", jetstream.WithExpectLastSequencePerSubject(99)), func(_ *jetstream.PubAck, err error) error {
-		if err == nil {
-			return errors.New("the publish should have been refused")
-		}
-		return err // nak: redelivered
-	})
-	release, slowDone := make(chan struct{}), make(chan struct{})
-	s.AfterSlow(msgs["in.slow"], pub("out.slow"), func(*jetstream.PubAck, error) error {
-		<-release
-		close(slowDone)
-		return nil
-	})
-	stopped := make(chan error, 1)
-	go func() { stopped <- s.Stop() }()
-	select {
-	case <-slowDone:
-		t.Fatal("the slow follow-up ran before it was released")
-	default:
-	}
-	close(release)
-	if err := <-stopped; err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-slowDone: // Stop waited for it
-	default:
-		t.Fatal("Stop returned before the slow follow-up ended")
-	}
-	if !okAck.Load() {
-		t.Fatal("the ok publish was not acknowledged by OUT")
-	}
-	again, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for m := range again.Messages() {
-		meta, _ := m.Metadata()
-		if m.Subject() != "in.fails" || meta.NumDelivered != 2 {
-			t.Fatalf("redelivered %s (delivery %d), want in.fails", m.Subject(), meta.NumDelivered)
-		}
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if info, err := cons.Info(ctx); err != nil || info.NumAckPending != 0 || info.NumPending != 0 {
-		t.Fatalf("consumer after settling: %+v %v", info, err) // ok and slow were acked
-	}
-	if err := s.Stop(); err != nil {
-		t.Fatalf("second stop: %v", err)
 	}
 }
 

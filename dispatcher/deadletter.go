@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -40,9 +41,13 @@ func messageEntry(kind, stream string, seq uint64) string {
 }
 
 // messageEntryOf is messageEntry for a consumed message ("" when its
-// position is unknown: then the entry has no id).
-func messageEntryOf(kind string, msg jetstream.Msg) string {
-	meta, err := msg.Metadata()
+// position is unknown, as for a direct report: then the entry has no id).
+func messageEntryOf(kind string, msg jspub.Msg) string {
+	jm, ok := msg.(jetstream.Msg)
+	if !ok {
+		return ""
+	}
+	meta, err := jm.Metadata()
 	if err != nil {
 		return ""
 	}
@@ -74,20 +79,6 @@ func (p *deadLetters) Publish(ctx context.Context, kind string, dl protocol.Dead
 	}
 	ack, err := p.js.PublishMsg(ctx, m, opts(id)...)
 	return p.stored(kind, dl, ack, err)
-}
-
-// PublishAsync stores an entry; the returned then, given the future's
-// outcome, counts and logs it and returns the error to settle by.
-func (p *deadLetters) PublishAsync(kind string, dl protocol.DeadLetter, id string) (jetstream.PubAckFuture, func(*jetstream.PubAck, error) error, error) {
-	m, err := p.message(kind, dl)
-	if err != nil {
-		return nil, nil, err
-	}
-	fut, err := p.js.PublishMsgAsync(m, opts(id)...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return fut, func(ack *jetstream.PubAck, err error) error { return p.stored(kind, dl, ack, err) }, nil
 }
 
 func (p *deadLetters) stored(kind string, dl protocol.DeadLetter, ack *jetstream.PubAck, err error) error {

@@ -57,11 +57,13 @@ type Dispatcher struct {
 	// resPub publishes results, with room of its own: a backlog of
 	// dispatches awaiting their acknowledgements must not hold back the
 	// results that finish tasks.
-	resPub  *jspub.Publisher
-	settler *settler // publish-then-ack
-	dlq     *deadLetters
-	sweeper *sweeper  // lost attempts
-	held    *holdRoom // tasks held back for want of capacity (hold.go)
+	resPub *jspub.Publisher
+	// complete is publish-then-ack: the one place a consumed message is
+	// settled (acked, nak'ed or kept in progress).
+	complete *jspub.Completer
+	dlq      *deadLetters
+	sweeper  *sweeper  // lost attempts
+	held     *holdRoom // tasks held back for want of capacity (hold.go)
 	// tasks waiting for a node to serve them (unserved.go)
 	unserved *unservedRoom
 
@@ -147,7 +149,7 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 	}
 	d.log = d.log.With().Str("dispatcher", cfg.Name).Logger()
 	d.snaps = &refresher{engine: engine, interval: cfg.SnapshotInterval, log: d.log}
-	d.settler = newSettler(cfg.MaxInFlight, d.log)
+	d.complete = &jspub.Completer{NakDelay: time.Second}
 	d.metrics = newMetrics(d)
 	if d.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-dispatcher",
 		Instance: cfg.Name}); err != nil {
@@ -355,13 +357,15 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// their messages
 		{"dispatch publisher", &lifecycle.Func{OnStart: d.pub.Start, OnStop: d.pub.Stop}},
 		{"result publisher", &lifecycle.Func{OnStart: d.resPub.Start, OnStop: d.resPub.Stop}},
-		{"settler", d.settler},
+		// waits for the slow follow-ups of results (an exhausted task's dead
+		// letter), which settle their messages
+		{"completer", &lifecycle.Func{OnStop: func() error { d.complete.Wait(); return nil }}},
 		{"sweeper", d.sweeper},
 		{"backlog sampler", d.backlogService()},
 		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx); return nil })},
 		{"admin", d.subscription(d.serveAdmin)},
 		{"cancel", d.subscription(d.serveCancel)},
-		// after the settler (a held task's dispatch settles through it),
+		// after the completer (a held task's dispatch settles through it),
 		// before the consumers (which hold tasks): stopping, it naks them
 		{"hold room", d.holdService()},
 		{"unserved room", d.unservedService()},

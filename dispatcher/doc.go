@@ -17,7 +17,8 @@
 //     room, so that a dispatch backlog does not hold back results): publishes
 //     are asynchronous and each acknowledgement settles the message that
 //     caused it (task or outcome) by callback, on the goroutine that read it;
-//   - settler.go: publish-then-ack: a consumed message is acked once what
+//   - the completer (shared/jspub.Completer): publish-then-ack, the one
+//     place a consumed message (or a direct report) is acked once what
 //     handling it published is stored, nak'ed for redelivery otherwise;
 //   - sweeper.go: finds attempts still unanswered at their deadline in
 //     MLSCHED_DISPATCH (the stream is the in-flight table) and fails them

@@ -7,8 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -36,7 +35,7 @@ const holdLogEvery = 5 * time.Second
 
 type heldTask struct {
 	a        attemptSpec
-	msg      jetstream.Msg
+	msg      jspub.Msg
 	since    time.Time // when it was first held
 	until    time.Time // its deadline: fail after
 	progress time.Time // last InProgress
@@ -85,7 +84,7 @@ func (h *holdRoom) len() int {
 
 // hold keeps a saturated task; it reports false when the room is closed
 // (shutting down), and the caller then naks the message.
-func (d *Dispatcher) hold(a attemptSpec, msg jetstream.Msg, dec policy.Decision, wait time.Duration) bool {
+func (d *Dispatcher) hold(a attemptSpec, msg jspub.Msg, dec policy.Decision, wait time.Duration) bool {
 	h := d.held
 	now := time.Now()
 	h.mu.Lock()
@@ -163,7 +162,7 @@ func (d *Dispatcher) retryHeld() {
 	for i, ht := range q {
 		t := &ht.a.task
 		if d.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
-			_ = ht.msg.Ack()
+			d.complete.Settle(ht.msg, nil)
 			continue
 		}
 		if now.After(ht.until) {
@@ -181,7 +180,7 @@ func (d *Dispatcher) retryHeld() {
 			saturated = append(saturated, t.Type)
 		}
 		if now.Sub(ht.progress) >= d.cfg.AckWait/3 {
-			_ = ht.msg.InProgress()
+			d.complete.Progress(ht.msg)
 			ht.progress = now
 		}
 		keep = append(keep, q[i])
@@ -221,7 +220,7 @@ func (d *Dispatcher) releaseHeld() {
 	h.n.Store(0)
 	h.mu.Unlock()
 	for _, ht := range q {
-		_ = ht.msg.Nak()
+		d.complete.Retry(ht.msg, 0)
 	}
 }
 

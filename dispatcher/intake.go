@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/stats"
@@ -46,7 +47,7 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 		return
 	}
 	if d.superseded.Cancelled(task.ID, submission) { // cancelled while it waited: it has its result
-		_ = msg.Ack()
+		d.complete.Settle(msg, nil)
 		return
 	}
 	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission,
@@ -80,7 +81,7 @@ func (a *attemptSpec) maxAttempts(def int) int {
 
 // dispatch decides and publishes one attempt; msg (a task or an outcome) is
 // settled once JetStream has acknowledged the dispatch.
-func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
+func (d *Dispatcher) dispatch(a attemptSpec, msg jspub.Msg) {
 	t := &a.task
 	req := d.request(&a)
 	table := d.snaps.table.Load()
@@ -152,12 +153,11 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	table.Dispatched(dec.Model, dec.Node)
 	// Publish-then-ack: msg is settled on the publisher's reply goroutine
 	// once JetStream has stored the dispatch (or refused it).
-	err = d.pub.Publish(context.Background(), out, "", func(ack *jetstream.PubAck, err error) {
+	err = d.complete.Publish(context.Background(), d.pub, msg, out, "", func(ack *jetstream.PubAck, err error) error {
 		span.End(err)
 		if err != nil {
 			d.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
-			d.settler.Settle(msg, err)
-			return
+			return err
 		}
 		if !ack.Duplicate {
 			d.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
@@ -168,13 +168,13 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 			}
 		}
 		d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
-		d.settler.Settle(msg, nil)
+		return nil
 	})
 	if err != nil {
 		table.Completed(dec.Model, dec.Node) // not sent after all
 		d.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
 		span.End(err)
-		_ = msg.NakWithDelay(time.Second)
+		d.complete.Retry(msg, time.Second)
 	}
 }
 

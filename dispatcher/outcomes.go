@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/settle"
@@ -43,21 +44,21 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	if meta, err := msg.Metadata(); err == nil {
 		first = meta.NumDelivered == 1
 	}
-	d.settleOutcome(msg, o, pd, first)
+	d.settleOutcome(msg, msg.Subject(), o, pd, first)
 }
 
 // settleOutcome acts on a decoded outcome whose dispatch headers parse,
 // whether it came from MLSCHED_OUTCOMES or as a direct report (first: this
-// is its first delivery).
-func (d *Dispatcher) settleOutcome(msg jetstream.Msg, o protocol.Outcome, pd protocol.Dispatch, first bool) {
-	if err := d.checkOutcome(msg.Subject(), &o, &pd); err != nil {
+// is its first delivery; subject: where it was published).
+func (d *Dispatcher) settleOutcome(msg jspub.Msg, subject string, o protocol.Outcome, pd protocol.Dispatch, first bool) {
+	if err := d.checkOutcome(subject, &o, &pd); err != nil {
 		// Counted and ignored: a forged outcome must not touch the task,
 		// the statistics or the logs' volume.
 		d.counters.Forged.Add(1)
 		d.forgedLog.log(&d.log, func(e *zerolog.Event) *zerolog.Event {
-			return e.Err(err).Str("subject", msg.Subject()).Str("task_id", truncateID(o.TaskID))
+			return e.Err(err).Str("subject", subject).Str("task_id", truncateID(o.TaskID))
 		}, "outcome refused")
-		_ = msg.Ack()
+		d.complete.Settle(msg, nil)
 		return
 	}
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
@@ -101,7 +102,7 @@ func (d *Dispatcher) settleOutcome(msg jetstream.Msg, o protocol.Outcome, pd pro
 		// result comes from a later attempt or the cancellation.
 		d.counters.Late.Add(1)
 		log(d.log.Info()).Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
-		_ = msg.Ack()
+		d.complete.Settle(msg, nil)
 	case settle.Finish:
 		if dec.Status == protocol.StatusSucceeded {
 			log(d.log.Debug()).Msg("attempt succeeded") // a nil event when debug is off: nothing built
@@ -113,7 +114,7 @@ func (d *Dispatcher) settleOutcome(msg jetstream.Msg, o protocol.Outcome, pd pro
 			LatencyMs: msSince(submitted), History: history}, pd.Traceparent)
 	case settle.Retry:
 		if dec.Backoff > 0 {
-			_ = msg.NakWithDelay(dec.Backoff) // durable backoff: the redelivery re-dispatches
+			d.complete.Retry(msg, dec.Backoff) // durable backoff: the redelivery re-dispatches
 			return
 		}
 		log(d.log.Info()).Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -23,7 +23,7 @@ import (
 // stored: only then does the worker ack its dispatch, so the dispatch stays
 // the record of the attempt until the result exists, as with a stored
 // outcome. Whatever cannot be settled at once (not a success, headers that
-// do not parse, a failed result publish) is answered with an error, and
+// do not parse, a failed result publish) is answered ReportDeferred, and
 // the worker stores the outcome in MLSCHED_OUTCOMES instead, where the
 // usual path handles it. A lost answer (a replica killed mid-report) costs
 // the worker a timeout, then the same fallback; the result's expected
@@ -32,20 +32,16 @@ import (
 // This saves, per task, the outcome's store, its delivery to a consumer and
 // its removal: three stored messages per task instead of four.
 
-// Answers to a direct report. reportOK reads as a JetStream publish
-// acknowledgement, so the worker's publisher (shared/jspub) takes it as
-// "stored"; an error answer reads as a JetStream API error.
-var (
-	reportOK       = []byte(`{"stream":"mlsched-report","seq":0}`)
-	reportDeferred = []byte(`{"error":{"code":409,"err_code":0,"description":"mlsched: store this outcome in MLSCHED_OUTCOMES"}}`)
-)
+// deferredReply answers what the stored path must handle.
+var deferredReply = protocol.ReportReply{Status: protocol.ReportDeferred,
+	Reason: "not settled at once: store this outcome in MLSCHED_OUTCOMES"}.AppendJSON(nil)
 
 // handleReport is one direct report.
 func (d *Dispatcher) handleReport(m *nats.Msg) {
 	if m.Reply == "" {
 		return // nobody to answer: a worker always asks for an answer
 	}
-	r := &reportMsg{m: m, nc: d.nc, ack: reportAckSubject(m)}
+	r := &report{m: m, nc: d.nc, ack: reportAckSubject(m)}
 	o, err := protocol.DecodeOutcome(m.Data)
 	if err != nil || o.TaskID == "" || o.Status != protocol.OutcomeSuccess {
 		// Not for this path: the stored path dead-letters or retries it,
@@ -59,7 +55,7 @@ func (d *Dispatcher) handleReport(m *nats.Msg) {
 		return
 	}
 	d.counters.Reports.Add(1)
-	d.settleOutcome(r, o, pd, true)
+	d.settleOutcome(r, m.Subject, o, pd, true)
 }
 
 // reportsService serves direct reports while running. Stopping drains the
@@ -86,21 +82,25 @@ func (d *Dispatcher) reportsService() lifecycle.Service {
 	}
 }
 
-// reportMsg is a direct report seen as a consumed message, so that the
-// outcome path settles it unchanged: Ack answers "settled", a nak answers
-// "store it". It answers once; what comes after is ignored.
+// report is a direct report, settled by the outcome path through the same
+// seam as a stored outcome (jspub.Completer, whose jspub.Msg it is): Ack
+// answers "settled", a nak answers "store it" (ReportDeferred). It answers
+// once; what comes after is ignored.
 //
 // When the report names its dispatch's acknowledgement subject (HdrAck),
-// Ack publishes that acknowledgement itself, with the report's reply
-// subject: JetStream acks the dispatch and confirms it to the worker, which
-// is the answer. That is one message less per task than answering and
-// letting the worker ack.
-type reportMsg struct {
+// Ack first acknowledges the dispatch itself, then answers ReportAcked:
+// the worker acks nothing, one message less per task than answering and
+// letting the worker ack. Both go out on one connection, in that order, and
+// are as reliable as the worker's own plain ack would be: a lost one costs
+// a redelivery of the dispatch, whose second result is refused.
+type report struct {
 	m    *nats.Msg
 	nc   *nats.Conn
-	ack  string // the dispatch's ack subject, or "" to answer reportOK
+	ack  string // the dispatch's ack subject, or "" to answer ReportSettled
 	once sync.Once
 }
+
+var _ jspub.Msg = (*report)(nil)
 
 // reportAckSubject is the report's HdrAck when it acknowledges a dispatch
 // of the reporting node's own consumer (anything else a node could ack
@@ -118,38 +118,40 @@ func reportAckSubject(m *nats.Msg) string {
 	return subj
 }
 
-var _ jetstream.Msg = (*reportMsg)(nil)
-
-// errNoMetadata: a direct report was never stored.
-var errNoMetadata = errors.New("a direct report has no stream metadata")
-
-func (r *reportMsg) answer(b []byte) error {
+func (r *report) answer(b []byte) error {
 	err := errors.New("answered already")
 	r.once.Do(func() { err = r.nc.Publish(r.m.Reply, b) })
 	return err
 }
 
-func (r *reportMsg) deferToStream(c *Counters) {
+func (r *report) deferToStream(c *Counters) {
 	c.ReportsDeferred.Add(1)
-	_ = r.answer(reportDeferred)
+	_ = r.answer(deferredReply)
 }
 
-func (r *reportMsg) Metadata() (*jetstream.MsgMetadata, error) { return nil, errNoMetadata }
-func (r *reportMsg) Data() []byte                              { return r.m.Data }
-func (r *reportMsg) Headers() nats.Header                      { return r.m.Header }
-func (r *reportMsg) Subject() string                           { return r.m.Subject }
-func (r *reportMsg) Reply() string                             { return r.m.Reply }
-func (r *reportMsg) Ack() error {
+// Ack answers that the report is settled (its result stored).
+func (r *report) Ack() error {
 	if r.ack == "" {
-		return r.answer(reportOK)
+		return r.answer(protocol.ReportReply{Status: protocol.ReportSettled}.AppendJSON(nil))
 	}
 	err := errors.New("answered already")
-	r.once.Do(func() { err = r.nc.PublishMsg(&nats.Msg{Subject: r.ack, Reply: r.m.Reply}) })
+	r.once.Do(func() {
+		if err = r.nc.Publish(r.ack, []byte("+ACK")); err == nil {
+			err = r.nc.Publish(r.m.Reply, protocol.ReportReply{Status: protocol.ReportAcked}.AppendJSON(nil))
+		}
+	})
 	return err
 }
-func (r *reportMsg) DoubleAck(context.Context) error  { return r.Ack() }
-func (r *reportMsg) Term() error                      { return r.Ack() }
-func (r *reportMsg) TermWithReason(string) error      { return r.Ack() }
-func (r *reportMsg) InProgress() error                { return nil }
-func (r *reportMsg) Nak() error                       { return r.answer(reportDeferred) }
-func (r *reportMsg) NakWithDelay(time.Duration) error { return r.answer(reportDeferred) }
+
+// NakWithDelay answers "store it": the stored path redelivers and backs
+// off, which a request cannot.
+func (r *report) NakWithDelay(time.Duration) error { return r.answer(deferredReply) }
+
+// InProgress keeps the dispatch alive when the report named its ack
+// subject; the worker does so anyway until it is answered.
+func (r *report) InProgress() error {
+	if r.ack == "" {
+		return nil
+	}
+	return r.nc.Publish(r.ack, []byte("+WPI"))
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -67,20 +68,20 @@ func (d *Dispatcher) resultStored(res *protocol.Result, ack *jetstream.PubAck, e
 // reply goroutine, with no future or settling goroutine in between.
 // traceparent is the task's trace context ("" for none); with tracing on, a
 // result span covers the publish.
-func (d *Dispatcher) finish(msg jetstream.Msg, res *protocol.Result, traceparent string) {
+func (d *Dispatcher) finish(msg jspub.Msg, res *protocol.Result, traceparent string) {
 	span := d.resultSpan(res, traceparent)
 	m, err := d.resultMsg(res, span.Traceparent())
 	if err == nil {
-		err = d.resPub.Publish(context.Background(), m, "", func(ack *jetstream.PubAck, err error) {
+		err = d.complete.Publish(context.Background(), d.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
 			_, err = d.resultStored(res, ack, err)
 			span.End(err)
-			d.settler.Settle(msg, err)
+			return err
 		})
 	}
 	if err != nil {
 		d.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
 		span.End(err)
-		d.settler.Settle(msg, err)
+		d.complete.Settle(msg, err)
 	}
 }
 
@@ -99,44 +100,43 @@ func (d *Dispatcher) resultSpan(res *protocol.Result, traceparent string) tracin
 // this failure is the task's result (a racing attempt may have succeeded);
 // on a redelivery our result may already be stored, so a refused publish
 // looks at what is stored, and the entry's id makes a second write harmless.
-func (d *Dispatcher) failExhausted(msg jetstream.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
+func (d *Dispatcher) failExhausted(msg jspub.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
 	span := d.resultSpan(res, traceparent)
 	m, err := d.resultMsg(res, span.Traceparent())
-	var fut jetstream.PubAckFuture
 	if err == nil {
-		fut, err = d.js.PublishMsgAsync(m)
+		err = d.complete.PublishSlow(context.Background(), d.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
+			stored, err := d.resultStored(res, ack, err)
+			span.End(err)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if !stored {
+				if ours, err := d.storedResultIs(ctx, res.ID, res.Status, res.ErrorCode); err != nil || !ours {
+					return err
+				}
+			}
+			return d.dlq.Publish(ctx, "exhausted", dl, taskEntry("exhausted", res.ID, submission))
+		})
 	}
 	if err != nil {
 		span.End(err)
-		d.settler.Settle(msg, err)
-		return
+		d.complete.Settle(msg, err)
 	}
-	d.settler.AfterSlow(msg, fut, func(ack *jetstream.PubAck, err error) error {
-		stored, err := d.resultStored(res, ack, err)
-		span.End(err)
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if !stored {
-			if ours, err := d.storedResultIs(ctx, res.ID, res.Status, res.ErrorCode); err != nil || !ours {
-				return err
-			}
-		}
-		return d.dlq.Publish(ctx, "exhausted", dl, taskEntry("exhausted", res.ID, submission))
-	})
 }
 
 // deadLetter stores an entry about msg (which has no task to give a result
 // to), then settles msg.
-func (d *Dispatcher) deadLetter(msg jetstream.Msg, kind string, dl protocol.DeadLetter) {
-	fut, then, err := d.dlq.PublishAsync(kind, dl, messageEntryOf(kind, msg))
-	if err != nil {
-		d.settler.Settle(msg, err)
-		return
+func (d *Dispatcher) deadLetter(msg jspub.Msg, kind string, dl protocol.DeadLetter) {
+	m, err := d.dlq.message(kind, dl)
+	if err == nil {
+		err = d.complete.Publish(context.Background(), d.resPub, msg, m, messageEntryOf(kind, msg),
+			func(ack *jetstream.PubAck, err error) error { return d.dlq.stored(kind, dl, ack, err) })
 	}
-	d.settler.After(msg, fut, then)
+	if err != nil {
+		d.complete.Settle(msg, err)
+	}
 }
 
 func isWrongLastSequence(err error) bool {
@@ -169,7 +169,7 @@ type ending struct {
 // task gets a result with the error; an unkeyable message (no usable id)
 // goes to the dead-letter stream with its original bytes, and so does,
 // besides its result, a task that exhausted its attempts.
-func (d *Dispatcher) reject(msg jetstream.Msg, e ending) {
+func (d *Dispatcher) reject(msg jspub.Msg, e ending) {
 	code := protocol.CodeOf(e.err)
 	if e.task.ID == "" {
 		d.deadLetter(msg, "invalid", protocol.DeadLetter{Reason: e.err.Error(), Code: code, Subject: e.subject, Original: e.data})

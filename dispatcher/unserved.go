@@ -5,8 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -32,7 +31,7 @@ const unservedRetry = 250 * time.Millisecond
 
 type unservedTask struct {
 	a        attemptSpec
-	msg      jetstream.Msg
+	msg      jspub.Msg
 	err      error     // why no node serves it, as last decided
 	progress time.Time // last InProgress
 }
@@ -63,12 +62,12 @@ func (r *unservedRoom) leave() {
 // no_model or unknown_model) until one does or MLSCHED_NO_NODE_WAIT has
 // passed since its submission. It returns nil when the task waits (or was
 // given back to the stream), or the error to reject it with now.
-func (d *Dispatcher) waitForNode(a attemptSpec, msg jetstream.Msg, err error) error {
+func (d *Dispatcher) waitForNode(a attemptSpec, msg jspub.Msg, err error) error {
 	r := d.unserved
 	r.mu.Lock()
 	if r.stopped { // shutting down: another replica decides
 		r.mu.Unlock()
-		_ = msg.NakWithDelay(time.Second)
+		d.complete.Retry(msg, time.Second)
 		return nil
 	}
 	if len(r.q)+r.inPass < d.cfg.unservedMax() {
@@ -151,7 +150,7 @@ func (d *Dispatcher) unservedService() lifecycle.Service {
 				r.q, r.stopped = nil, true
 				r.mu.Unlock()
 				for _, w := range q {
-					_ = w.msg.Nak()
+					d.complete.Retry(w.msg, 0)
 				}
 				return nil
 			case <-t.C:
@@ -181,7 +180,7 @@ func (d *Dispatcher) retryUnserved() {
 		a := &w.a
 		if d.superseded.Cancelled(a.task.ID, a.submission) { // it has its result
 			r.leave()
-			_ = w.msg.Ack()
+			d.complete.Settle(w.msg, nil)
 			continue
 		}
 		if waited := now.Sub(a.submitted); waited >= d.cfg.NoNodeWait {
@@ -205,7 +204,7 @@ func (d *Dispatcher) retryUnserved() {
 			}
 		}
 		if now.Sub(w.progress) >= d.cfg.AckWait/3 {
-			_ = w.msg.InProgress()
+			d.complete.Progress(w.msg)
 			w.progress = now
 		}
 		keep = append(keep, w)

@@ -34,13 +34,17 @@ type outcomePublisher struct {
 	pub *jspub.Publisher
 	// direct sends direct reports (nil: every outcome is stored).
 	direct *jspub.Publisher
+	// complete settles every dispatch (the seam: nothing else here acks,
+	// naks or keeps one in progress); its Settled hook is the worker's
+	// task accounting.
+	complete *jspub.Completer
+	// finished runs once per outcome, after its dispatch was acked or
+	// nak'ed (or acked by the dispatcher for us).
+	finished func()
 	// refused is set once NATS refused a direct report for want of
 	// permission (an auth.conf written before them): every outcome is
 	// stored from then on, instead of waiting for an answer each time.
 	refused atomic.Bool
-	// finished runs once per outcome, after its dispatch was acked or
-	// nak'ed (the worker's task accounting).
-	finished func()
 	// reports counts direct reports from their publish until their
 	// callback is done, including the stored publish a failed one starts:
 	// close waits for it before it stops the stored publisher. closing
@@ -51,16 +55,14 @@ type outcomePublisher struct {
 	reports sync.WaitGroup
 }
 
-func newOutcomePublisher(ctx context.Context, nc *nats.Conn, window int, timeout time.Duration, direct bool, finished func()) (*outcomePublisher, error) {
+func newOutcomePublisher(ctx context.Context, nc *nats.Conn, complete *jspub.Completer, window int, timeout time.Duration, direct bool, finished func()) (*outcomePublisher, error) {
 	pub := jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
 	if err := pub.Start(ctx); err != nil {
 		return nil, err
 	}
-	p := &outcomePublisher{nc: nc, pub: pub, finished: finished}
+	p := &outcomePublisher{nc: nc, pub: pub, complete: complete, finished: finished}
 	if direct {
-		// An empty answer is JetStream confirming the dispatch's ack, which
-		// the dispatcher published for us (dispatcher/reports.go).
-		p.direct = jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout, EmptyReplyOK: true})
+		p.direct = jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
 		if err := p.direct.Start(ctx); err != nil {
 			_ = pub.Stop()
 			return nil, err
@@ -91,18 +93,25 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 	if ack := msg.Reply(); ack != "" {
 		om.Header[protocol.HdrAck] = []string{ack}
 	}
-	err := p.direct.Publish(context.Background(), om, msgID, func(a *jetstream.PubAck, err error) {
+	err := p.direct.Request(context.Background(), om, msgID, func(reply *nats.Msg, err error) {
+		var r protocol.ReportReply
 		if err == nil {
-			defer p.reports.Done()
-			if a.Stream == "" { // JetStream's confirmation: the dispatcher acked the dispatch
-				stop()
-				p.finished()
-				return
-			}
-			p.settled(msg, log, stop)
-			return
+			r, err = protocol.DecodeReportReply(reply.Data)
 		}
 		switch {
+		case err == nil && r.Status == protocol.ReportAcked: // the dispatcher acked the dispatch for us
+			defer p.reports.Done()
+			stop()
+			p.finished()
+			return
+		case err == nil && r.Status == protocol.ReportSettled:
+			defer p.reports.Done()
+			stop()
+			p.complete.Settle(msg, nil)
+			p.finished()
+			return
+		case err == nil: // deferred: the stored path handles it
+			log.Debug().Str("reason", r.Reason).Msg("direct report deferred: storing the outcome")
 		case errors.Is(err, jspub.ErrTimeout) && p.permissionRefused(directSubject):
 			if !p.refused.Swap(true) {
 				log.Warn().Str("subject", directSubject).Msg("NATS refuses this node's direct reports (an authorization " +
@@ -129,41 +138,31 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 }
 
 // permissionRefused reports whether the connection's last error is the
-// server refusing a publish on subject.
+// server refusing a publish on subject. nats.go reports a refused publish
+// only as the connection's last error (nats.ErrPermissionViolation), not
+// per message, and only the server's text names the subject.
 func (p *outcomePublisher) permissionRefused(subject string) bool {
 	err := p.nc.LastError()
 	return err != nil && errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`)
 }
 
-// store publishes the outcome to MLSCHED_OUTCOMES and acks msg once stored.
+// store publishes the outcome to MLSCHED_OUTCOMES; the Completer acks msg
+// once it is stored, or naks it.
 func (p *outcomePublisher) store(ctx context.Context, om *nats.Msg, msgID string, msg jetstream.Msg, log zerolog.Logger, stop func()) error {
-	return p.pub.Publish(ctx, om, msgID, func(_ *jetstream.PubAck, err error) {
+	return p.complete.Publish(ctx, p.pub, msg, om, msgID, func(_ *jetstream.PubAck, err error) error {
+		stop()
 		if err != nil {
-			p.failed(msg, log, stop, err)
-			return
+			log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
 		}
-		p.settled(msg, log, stop)
+		return err
 	})
 }
 
-func (p *outcomePublisher) settled(msg jetstream.Msg, log zerolog.Logger, stop func()) {
-	stop()
-	if err := msg.Ack(); err != nil {
-		// A plain ack, not a double ack: the outcome is stored or settled,
-		// so a lost ack costs only a redelivery, whose re-run outcome
-		// JetStream drops as a duplicate (same Nats-Msg-Id) and which the
-		// dispatcher would refuse as a second result anyway.
-		log.Warn().Err(err).Msg("ack of the dispatch failed")
-	}
-	p.finished()
-}
-
+// failed naks the dispatch of an outcome that could not be published.
 func (p *outcomePublisher) failed(msg jetstream.Msg, log zerolog.Logger, stop func(), err error) {
 	stop()
 	log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
-	if err := msg.NakWithDelay(nakDelay); err != nil {
-		log.Warn().Err(err).Msg("nak failed")
-	}
+	p.complete.Settle(msg, err)
 	p.finished()
 }
 
@@ -180,18 +179,16 @@ func (p *outcomePublisher) close() {
 	_ = p.pub.Stop()
 }
 
-// progressTimer signals InProgress every interval until stop: a timer, not
-// a goroutine per task.
-func progressTimer(msg jetstream.Msg, every time.Duration, log zerolog.Logger) (stop func()) {
+// progressTimer keeps msg in progress every interval until stop: a timer,
+// not a goroutine per task.
+func progressTimer(c *jspub.Completer, msg jetstream.Msg, every time.Duration) (stop func()) {
 	var mu sync.Mutex
 	stopped := false
 	var t *time.Timer
 	mu.Lock()
 	defer mu.Unlock()
 	t = time.AfterFunc(every, func() {
-		if err := msg.InProgress(); err != nil {
-			log.Debug().Err(err).Msg("in-progress signal failed")
-		}
+		c.Progress(msg)
 		mu.Lock()
 		defer mu.Unlock()
 		if !stopped {

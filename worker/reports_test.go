@@ -60,9 +60,9 @@ func (h *harness) respondReports(t *testing.T) *reportResponder {
 		r.mu.Unlock()
 		switch a {
 		case answerSettled:
-			_ = m.Respond([]byte(`{"stream":"mlsched-report","seq":0}`))
+			_ = m.Respond([]byte(`{"status":"settled"}`))
 		case answerDefer:
-			_ = m.Respond([]byte(`{"error":{"code":409,"description":"store it"}}`))
+			_ = m.Respond([]byte(`{"status":"deferred","reason":"store it"}`))
 		}
 	})
 	if err != nil {

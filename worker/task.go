@@ -73,9 +73,7 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 	if w.draining.Load() {
 		w.admit.Unlock()
 		// Not started: hand it back for redelivery once the node is back.
-		if err := msg.Nak(); err != nil {
-			w.log.Warn().Err(err).Msg("nak of a dispatch received while draining failed")
-		}
+		w.complete.Retry(msg, 0)
 		return
 	}
 	w.tasks.Add(1)
@@ -109,7 +107,7 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error) {
 
 	// Keep the dispatch ours while it runs and until its outcome is stored
 	// (report hands stopProgress to the outcome publisher).
-	stopProgress := progressTimer(msg, w.cfg.AckWait/3, log)
+	stopProgress := progressTimer(w.complete, msg, w.cfg.AckWait/3)
 	reported := false
 	defer func() {
 		if !reported {
@@ -131,9 +129,7 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error) {
 		ran = true
 		if !w.run(m, d, &out) {
 			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
-			if err := msg.Nak(); err != nil {
-				log.Warn().Err(err).Msg("nak failed")
-			}
+			w.complete.Retry(msg, 0)
 			return
 		}
 	}
@@ -158,9 +154,7 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error) {
 	// The outcome publisher acks the dispatch once the outcome is stored.
 	if err := w.report(msg, d, out, log, stopProgress); err != nil {
 		log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
-		if err := msg.NakWithDelay(nakDelay); err != nil {
-			log.Warn().Err(err).Msg("nak failed")
-		}
+		w.complete.Settle(msg, err)
 		return
 	}
 	reported = true

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/jsconsume"
+	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/jsretry"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
@@ -71,7 +72,9 @@ type Worker struct {
 	draining atomic.Bool
 
 	// set by Run
-	js        jetstream.JetStream
+	// complete settles every dispatch: the one place the worker acks,
+	// naks or keeps one in progress (publish-then-ack, shared/jspub).
+	complete  *jspub.Completer
 	outcomes  *outcomePublisher
 	models    map[string]*hosted
 	tasks     sync.WaitGroup
@@ -212,11 +215,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	w.js = js
 	// Outcomes in flight count as tasks until their dispatch is acked, so
 	// that a shutdown waits for them. MaxAckPending already bounds them by
 	// Concurrency; the window makes the bound explicit.
-	if w.outcomes, err = newOutcomePublisher(ctx, nc, w.cfg.Concurrency, w.cfg.PublishTimeout, !w.cfg.StoredOutcomesOnly, w.tasks.Done); err != nil {
+	w.complete = &jspub.Completer{NakDelay: nakDelay, Settled: w.tasks.Done,
+		Failed: func(op string, err error) { w.log.Warn().Err(err).Str("op", op).Msg("settling a dispatch failed") }}
+	if w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.cfg.Concurrency, w.cfg.PublishTimeout, !w.cfg.StoredOutcomesOnly, w.tasks.Done); err != nil {
 		return err
 	}
 	defer w.outcomes.close()

@@ -58,12 +58,6 @@ type Config struct {
 	// Timeout fails a publish not acknowledged within it (default 10s);
 	// it is checked every Timeout/10, so a publish fails at most 10% late.
 	Timeout time.Duration
-	// EmptyReplyOK takes an empty reply without a status for success, with
-	// a zero PubAck: JetStream's confirmation of a consumer
-	// acknowledgement that asked for one (a request whose reply another
-	// client turned into such an acknowledgement). Default false: an
-	// invalid acknowledgement.
-	EmptyReplyOK bool
 }
 
 // Publisher is an asynchronous JetStream publisher on one connection. Start
@@ -87,9 +81,30 @@ type Publisher struct {
 }
 
 type entry struct {
-	cb      Callback
-	expires int64 // unix nanoseconds
+	cb      Callback      // a publish: the reply is read as an acknowledgement
+	raw     ReplyCallback // a request: the reply is the caller's to read
+	expires int64         // unix nanoseconds
 }
+
+// call hands the entry its reply or error.
+func (e *entry) call(m *nats.Msg, err error) {
+	if e.raw != nil {
+		if err == nil && len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			m, err = nil, ErrNoResponders
+		}
+		e.raw(m, err)
+		return
+	}
+	if err != nil {
+		e.cb(nil, err)
+		return
+	}
+	e.cb(parseReply(m))
+}
+
+// ReplyCallback receives a request's reply (nil on error) or the error,
+// under the same rules as Callback.
+type ReplyCallback func(reply *nats.Msg, err error)
 
 // New returns a publisher on nc; Start it before publishing.
 func New(nc *nats.Conn, cfg Config) *Publisher {
@@ -142,6 +157,19 @@ func (p *Publisher) Pending() int {
 // publishes are in flight, until ctx ends. An error means cb will not be
 // called.
 func (p *Publisher) Publish(ctx context.Context, m *nats.Msg, msgID string, cb Callback) error {
+	return p.send(ctx, m, msgID, entry{cb: cb})
+}
+
+// Request sends m, a core-NATS request (a direct report) that is not a
+// JetStream publish, and calls cb once with its reply, which the caller
+// reads, or with an error (ErrNoResponders when nobody listens, ErrTimeout,
+// ...) under Publish's rules: the same room, timeout and reply
+// subscription.
+func (p *Publisher) Request(ctx context.Context, m *nats.Msg, msgID string, cb ReplyCallback) error {
+	return p.send(ctx, m, msgID, entry{raw: cb})
+}
+
+func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry) error {
 	if m.Reply != "" {
 		return errors.New("jspub: the message has a reply subject")
 	}
@@ -168,7 +196,8 @@ func (p *Publisher) Publish(ctx context.Context, m *nats.Msg, msgID string, cb C
 	}
 	p.next++
 	id := p.next
-	p.pending[id] = entry{cb: cb, expires: time.Now().Add(p.cfg.Timeout).UnixNano()}
+	e.expires = time.Now().Add(p.cfg.Timeout).UnixNano()
+	p.pending[id] = e
 	p.mu.Unlock()
 
 	var buf [20]byte
@@ -217,12 +246,7 @@ func (p *Publisher) onReply(m *nats.Msg) {
 	if !ok {
 		return // timed out, or failed on a disconnect, earlier
 	}
-	if p.cfg.EmptyReplyOK && len(m.Data) == 0 && m.Header.Get("Status") == "" {
-		e.cb(&jetstream.PubAck{}, nil)
-		return
-	}
-	ack, err := parseReply(m)
-	e.cb(ack, err)
+	e.call(m, nil)
 }
 
 // parseReply reads a JetStream publish acknowledgement.
@@ -393,7 +417,7 @@ func (p *Publisher) fail(match func(*entry) bool, err error) {
 	}
 	p.mu.Unlock()
 	for _, e := range failed {
-		e.cb(nil, err)
+		e.call(nil, err)
 	}
 }
 

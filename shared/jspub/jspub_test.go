@@ -324,62 +324,38 @@ func TestParseAckAgainstJSON(t *testing.T) {
 	}
 }
 
-// An empty reply is JetStream's confirmation of a consumer acknowledgement
-// that asked for one: success with EmptyReplyOK, an invalid acknowledgement
-// otherwise. A real one: the responder turns the request into a double ack
-// of a pull consumer's message.
-func TestEmptyReplyOK(t *testing.T) {
+// Request hands the reply to the caller as it came (no acknowledgement
+// parsing), and no responders as ErrNoResponders.
+func TestRequest(t *testing.T) {
 	s := natstest.New(t)
 	ctx := context.Background()
-	st, err := s.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "W", Subjects: []string{"w.>"}, Retention: jetstream.WorkQueuePolicy})
+	sub, err := s.NC.Subscribe("ask.me", func(m *nats.Msg) { _ = m.Respond([]byte(`{"status":"settled"}`)) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
+	defer sub.Unsubscribe()
+	p := start(t, s.NC, jspub.Config{Timeout: 10 * time.Second})
+	type reply struct {
+		m   *nats.Msg
+		err error
 	}
-	for _, ok := range []bool{true, false} {
-		if _, err := s.JS.Publish(ctx, "w.x", []byte("job")); err != nil {
+	ch := make(chan reply, 2)
+	cb := func(m *nats.Msg, err error) { ch <- reply{m, err} }
+	for _, subj := range []string{"ask.me", "nobody.listens"} {
+		if err := p.Request(ctx, &nats.Msg{Subject: subj}, "", cb); err != nil {
 			t.Fatal(err)
 		}
-		b, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
+		var r reply
+		select {
+		case r = <-ch:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no callback within 30s")
 		}
-		var ackSubj string
-		for m := range b.Messages() {
-			ackSubj = m.Reply()
-		}
-		// The responder acks the message with the request's reply subject.
-		sub, err := s.NC.Subscribe("ack.me", func(m *nats.Msg) {
-			_ = s.NC.PublishMsg(&nats.Msg{Subject: ackSubj, Reply: m.Reply})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := start(t, s.NC, jspub.Config{EmptyReplyOK: ok, Timeout: 10 * time.Second})
-		ch, cb := collect(1)
-		if err := p.Publish(ctx, &nats.Msg{Subject: "ack.me"}, "", cb); err != nil {
-			t.Fatal(err)
-		}
-		r := wait(t, ch)
 		switch {
-		case ok && (r.err != nil || r.ack == nil || r.ack.Stream != ""):
-			t.Fatalf("EmptyReplyOK: %+v, %v", r.ack, r.err)
-		case !ok && !errors.Is(r.err, jspub.ErrInvalidAck):
-			t.Fatalf("without EmptyReplyOK: %+v, %v, want ErrInvalidAck", r.ack, r.err)
-		}
-		_ = sub.Unsubscribe()
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			info, err := st.Info(ctx)
-			if err == nil && info.State.Msgs == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the message was not acked (%v)", err)
-			}
-			time.Sleep(5 * time.Millisecond) // polling, not synchronisation
+		case subj == "ask.me" && (r.err != nil || string(r.m.Data) != `{"status":"settled"}`):
+			t.Fatalf("reply %v, %v", r.m, r.err)
+		case subj != "ask.me" && !errors.Is(r.err, jspub.ErrNoResponders):
+			t.Fatalf("no responders: %v, %v, want ErrNoResponders", r.m, r.err)
 		}
 	}
 }

@@ -64,8 +64,8 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		r.Nodes = d.reg.Live()
 		r.Counters["bad_heartbeats"] = d.reg.Refused()
 	}
-	r.Held = d.held.len()
-	r.Unserved = d.unserved.len()
+	r.Held = d.intake.held.len()
+	r.Unserved = d.intake.unserved.len()
 	snap := d.snaps.snap.Load()
 	if snap == nil {
 		return r

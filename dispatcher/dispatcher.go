@@ -57,15 +57,10 @@ type Dispatcher struct {
 	// resPub publishes results, with room of its own: a backlog of
 	// dispatches awaiting their acknowledgements must not hold back the
 	// results that finish tasks.
-	resPub *jspub.Publisher
-	// complete is publish-then-ack: the one place a consumed message is
-	// settled (acked, nak'ed or kept in progress).
-	complete *jspub.Completer
-	dlq      *deadLetters
-	sweeper  *sweeper  // lost attempts
-	held     *holdRoom // tasks held back for want of capacity (hold.go)
-	// tasks waiting for a node to serve them (unserved.go)
-	unserved *unservedRoom
+	resPub  *jspub.Publisher
+	sweeper *sweeper // lost attempts
+	intake  *intake  // the stages: intake.go, outcomes.go, results.go
+	outcome *outcomes
 
 	counters Counters
 	wired    atomic.Bool // the components are built (Report reads them)
@@ -78,10 +73,7 @@ type Dispatcher struct {
 	http         *opshttp.Server
 	httpHandlers []httpHandler // mounted once the listener starts
 
-	initDone  chan struct{}    // closed once run has set up the store, registry and snapshots
-	sealer    *protocol.Sealer // seals dispatches under the key every replica shares (trust.go)
-	forgedLog sometimes        // bounded-rate log of refused outcomes
-	badHBLog  sometimes        // bounded-rate log of refused heartbeats
+	initDone chan struct{} // closed once run has set up the store, registry and snapshots
 }
 
 // Counters are cumulative, per replica.
@@ -149,16 +141,11 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 	}
 	d.log = d.log.With().Str("dispatcher", cfg.Name).Logger()
 	d.snaps = &refresher{engine: engine, interval: cfg.SnapshotInterval, log: d.log}
-	d.complete = &jspub.Completer{NakDelay: time.Second}
 	d.metrics = newMetrics(d)
 	if d.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-dispatcher",
 		Instance: cfg.Name}); err != nil {
 		return nil, err
 	}
-	d.held = newHoldRoom()
-	d.unserved = &unservedRoom{}
-
-	d.forgedLog.every, d.badHBLog.every = 10*time.Second, 10*time.Second
 	d.initDone = make(chan struct{})
 	return d, nil
 }
@@ -310,6 +297,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	}
 	// On a cluster the bucket's stream may still be electing its leader
 	// (its reads get no responders): wait, as for the other buckets.
+	var sealer *protocol.Sealer // seals dispatches under the key every replica shares (trust.go)
 	if err := jsretry.Do(ctx, d.log, "seal key", func(ctx context.Context) error {
 		pkv, err := topology.EnsureDispatcherBucket(ctx, d.js, d.cfg.Topology())
 		if err != nil {
@@ -317,7 +305,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		}
 		key, err := loadSealKey(ctx, pkv)
 		if err == nil {
-			d.sealer = protocol.NewSealer(key)
+			sealer = protocol.NewSealer(key)
 		}
 		return err
 	}); err != nil {
@@ -328,12 +316,23 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	d.reg = registry.New(kv, d.cfg.NodeTTL, d.log)
 	d.wired.Store(true) // Report may read batch and reg from now on
 	d.snaps.store, d.snaps.reg = d.store, d.reg
-	d.dlq = &deadLetters{js: d.js, log: d.log, count: &d.counters.DeadLettered,
+	dlq := &deadLetters{js: d.js, log: d.log, count: &d.counters.DeadLettered,
 		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
-	d.sweeper = &sweeper{js: d.js, dispatch: d.dispatchStream, results: d.resultsStream, dlq: d.dlq,
+	d.sweeper = &sweeper{js: d.js, dispatch: d.dispatchStream, results: d.resultsStream, dlq: dlq,
 		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log}
-	tasks := d.newConsumer(topology.StreamTasks, d.handleTask)
-	outcomes := d.newConsumer(topology.StreamOutcomes, d.handleOutcome)
+	// The stages, each from what it needs; complete is publish-then-ack,
+	// the one place a consumed message is settled.
+	complete := &jspub.Completer{NakDelay: time.Second}
+	fin := newFinisher(finisherParams{log: d.log, resPub: d.resPub, complete: complete, dlq: dlq,
+		resultsStream: d.resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
+	d.intake = newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: d.snaps, reg: d.reg,
+		pub: d.pub, complete: complete, batch: d.batch, sealer: sealer, superseded: d.superseded, fin: fin,
+		counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
+	d.outcome = newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: d.nc, complete: complete, batch: d.batch,
+		snaps: d.snaps, sealer: sealer, superseded: d.superseded, retry: d.intake, fin: fin,
+		counters: &d.counters, metrics: d.metrics})
+	tasks := d.newConsumer(topology.StreamTasks, d.intake.handleTask)
+	outcomes := d.newConsumer(topology.StreamOutcomes, d.outcome.handleOutcome)
 
 	close(d.initDone) // Report may read what run set up
 	var g lifecycle.Group
@@ -359,7 +358,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"result publisher", &lifecycle.Func{OnStart: d.resPub.Start, OnStop: d.resPub.Stop}},
 		// waits for the slow follow-ups of results (an exhausted task's dead
 		// letter), which settle their messages
-		{"completer", &lifecycle.Func{OnStop: func() error { d.complete.Wait(); return nil }}},
+		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},
 		{"sweeper", d.sweeper},
 		{"backlog sampler", d.backlogService()},
 		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx); return nil })},
@@ -367,10 +366,10 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"cancel", d.subscription(d.serveCancel)},
 		// after the completer (a held task's dispatch settles through it),
 		// before the consumers (which hold tasks): stopping, it naks them
-		{"hold room", d.holdService()},
-		{"unserved room", d.unservedService()},
+		{"hold room", d.intake.holdService()},
+		{"unserved room", d.intake.unservedService()},
 		// before the task consumer: a dispatch's report finds a replica
-		{"direct reports", d.reportsService()},
+		{"direct reports", d.outcome.reportsService()},
 		{"task consumer", tasks},
 		{"outcome consumer", outcomes},
 	}

@@ -84,8 +84,8 @@ func (h *holdRoom) len() int {
 
 // hold keeps a saturated task; it reports false when the room is closed
 // (shutting down), and the caller then naks the message.
-func (d *Dispatcher) hold(a attemptSpec, msg jspub.Msg, dec policy.Decision, wait time.Duration) bool {
-	h := d.held
+func (in *intake) hold(a attemptSpec, msg jspub.Msg, dec policy.Decision, wait time.Duration) bool {
+	h := in.held
 	now := time.Now()
 	h.mu.Lock()
 	if h.stopped {
@@ -95,7 +95,7 @@ func (d *Dispatcher) hold(a attemptSpec, msg jspub.Msg, dec policy.Decision, wai
 	since := a.heldSince
 	if since.IsZero() {
 		since = now
-		d.counters.Saturated.Add(1)
+		in.counters.Saturated.Add(1)
 	}
 	a.heldSince = since
 	h.q = append(h.q, &heldTask{a: a, msg: msg, since: since, until: since.Add(wait), progress: now})
@@ -108,36 +108,36 @@ func (d *Dispatcher) hold(a attemptSpec, msg jspub.Msg, dec policy.Decision, wai
 	}
 	h.mu.Unlock()
 	if logNow {
-		d.log.Warn().Str("type", a.task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", n).Int("held", held).
+		in.log.Warn().Str("type", a.task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", n).Int("held", held).
 			Msg("saturated: every candidate's nodes hold more work than they can start before the deadline; keeping tasks in the stream")
 	}
 	return true
 }
 
 // holdService runs the hold loop as a component.
-func (d *Dispatcher) holdService() lifecycle.Service {
+func (in *intake) holdService() lifecycle.Service {
 	return lifecycle.Run(func(ctx context.Context, ready func()) error {
-		d.held.reopen()
+		in.held.reopen()
 		ready()
-		d.holdLoop(ctx)
+		in.holdLoop(ctx)
 		return nil
 	})
 }
 
 // holdLoop decides again for held tasks until ctx is done, then naks
 // whatever is still held.
-func (d *Dispatcher) holdLoop(ctx context.Context) {
+func (in *intake) holdLoop(ctx context.Context) {
 	t := time.NewTicker(holdRetry)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			d.releaseHeld()
+			in.releaseHeld()
 			return
 		case <-t.C:
-		case <-d.held.kick:
+		case <-in.held.kick:
 		}
-		d.retryHeld()
+		in.retryHeld()
 	}
 }
 
@@ -145,8 +145,8 @@ func (d *Dispatcher) holdLoop(ctx context.Context) {
 // type is no longer saturated; a type found saturated is not decided again
 // in this pass. Tasks past their deadline fail; tasks cancelled meanwhile
 // are dropped (their result is stored), never dispatched.
-func (d *Dispatcher) retryHeld() {
-	h := d.held
+func (in *intake) retryHeld() {
+	h := in.held
 	h.mu.Lock()
 	q := h.q
 	h.q = nil
@@ -156,31 +156,31 @@ func (d *Dispatcher) retryHeld() {
 		return
 	}
 	now := time.Now()
-	table := d.snaps.table.Load()
+	table := in.snaps.table.Load()
 	var saturated []string
 	var keep []*heldTask
 	for i, ht := range q {
 		t := &ht.a.task
-		if d.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
-			d.complete.Settle(ht.msg, nil)
+		if in.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
+			in.complete.Settle(ht.msg, nil)
 			continue
 		}
 		if now.After(ht.until) {
-			d.failSaturated(ht)
+			in.failSaturated(ht)
 			continue
 		}
 		if !containsStr(saturated, t.Type) {
-			req := d.request(&ht.a)
-			dec, err := d.engine.Decide(table, &req)
+			req := in.request(&ht.a)
+			dec, err := in.engine.Decide(table, &req)
 			if err != nil || !dec.Saturated {
 				// dispatch decides again (and handles an error)
-				d.dispatch(ht.a, ht.msg)
+				in.dispatch(ht.a, ht.msg)
 				continue
 			}
 			saturated = append(saturated, t.Type)
 		}
-		if now.Sub(ht.progress) >= d.cfg.AckWait/3 {
-			d.complete.Progress(ht.msg)
+		if now.Sub(ht.progress) >= in.cfg.AckWait/3 {
+			in.complete.Progress(ht.msg)
 			ht.progress = now
 		}
 		keep = append(keep, q[i])
@@ -192,11 +192,11 @@ func (d *Dispatcher) retryHeld() {
 	h.mu.Unlock()
 }
 
-func (d *Dispatcher) failSaturated(ht *heldTask) {
+func (in *intake) failSaturated(ht *heldTask) {
 	a := &ht.a
 	waited := time.Since(ht.since).Round(time.Millisecond)
 	models := make([]string, 0, 4)
-	if table := d.snaps.table.Load(); table != nil {
+	if table := in.snaps.table.Load(); table != nil {
 		for _, c := range table.Candidates(a.task.Type) {
 			if len(a.task.Models) == 0 || containsStr(a.task.Models, c.Model) {
 				models = append(models, c.Model)
@@ -205,22 +205,22 @@ func (d *Dispatcher) failSaturated(ht *heldTask) {
 	}
 	err := protocol.Errorf(protocol.CodeSaturated, "no node could start the task before its deadline: every candidate for type %q (%s) stayed saturated for %s, the task's timeout plus the deadline slack",
 		a.task.Type, strings.Join(models, ", "), waited)
-	d.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task failed: saturated")
-	d.reject(ht.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err, status: protocol.StatusFailed,
+	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task failed: saturated")
+	in.fin.reject(ht.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err, status: protocol.StatusFailed,
 		history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
 		traceparent: a.traceparent})
 }
 
 // releaseHeld naks every held message, for another replica or a restart.
-func (d *Dispatcher) releaseHeld() {
-	h := d.held
+func (in *intake) releaseHeld() {
+	h := in.held
 	h.mu.Lock()
 	q := h.q
 	h.q, h.stopped = nil, true
 	h.n.Store(0)
 	h.mu.Unlock()
 	for _, ht := range q {
-		d.complete.Retry(ht.msg, 0)
+		in.complete.Retry(ht.msg, 0)
 	}
 }
 

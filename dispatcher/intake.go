@@ -9,24 +9,76 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/shared/tracing"
 )
 
-// handleTask is the intake: one message of MLSCHED_TASKS.
-func (d *Dispatcher) handleTask(msg jetstream.Msg) {
+// intake is the stage that takes a task in and sends it out: it validates a
+// task of MLSCHED_TASKS, decides model and node with the policy engine and
+// publishes the dispatch, settling the task once the dispatch is stored. It
+// owns the tasks it keeps: those held back for want of capacity (hold.go)
+// and those waiting for a node to serve them (unserved.go). The outcome
+// stage sends retries back through dispatch (the retrier interface).
+type intake struct {
+	intakeParams
+	held     *holdRoom
+	unserved *unservedRoom
+}
+
+// intakeParams is what the intake stage needs.
+type intakeParams struct {
+	cfg        Config
+	log        zerolog.Logger
+	engine     *policy.Engine
+	snaps      *refresher         // the decision table and model timeouts
+	reg        *registry.Registry // which nodes read the compact dispatch
+	pub        *jspub.Publisher   // dispatches
+	complete   *jspub.Completer
+	batch      *stats.Batcher
+	sealer     *protocol.Sealer
+	superseded *supersededSet // cancelled tasks are not dispatched
+	fin        *finisher      // tasks that end here (rejected, failed)
+	counters   *Counters
+	metrics    *metrics
+	tracer     *tracing.Tracer
+}
+
+func newIntake(p intakeParams) *intake {
+	return &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}}
+}
+
+// retrier is how the outcome stage hands a failed attempt back to intake,
+// and tells it that a slot is free.
+type retrier interface {
+	// dispatch decides and publishes the next attempt; msg is settled once
+	// the dispatch is stored.
+	dispatch(a attemptSpec, msg jspub.Msg)
+	// wake: an outcome freed a slot, held tasks may go now.
+	wake()
+}
+
+var _ retrier = (*intake)(nil)
+
+// wake prompts the hold loop (hold.go).
+func (in *intake) wake() { in.held.wake() }
+
+// handleTask is one message of MLSCHED_TASKS.
+func (in *intake) handleTask(msg jetstream.Msg) {
 	data := msg.Data()
 	submitted, submission, first := time.Now(), "", true
 	if meta, err := msg.Metadata(); err == nil {
 		submitted, submission = meta.Timestamp, strconv.FormatUint(meta.Sequence.Stream, 10)
 		first = meta.NumDelivered == 1
 	}
-	task, err := protocol.DecodeTask(data, d.cfg.Limits())
+	task, err := protocol.DecodeTask(data, in.cfg.Limits())
 	if err == nil {
 		if subj := strings.TrimPrefix(msg.Subject(), "mlsched.tasks."); subj != task.Type {
 			err = protocol.Errorf(protocol.CodeTypeMismatch, "task of type %q was published on %s; publish it on %s",
@@ -38,19 +90,19 @@ func (d *Dispatcher) handleTask(msg jetstream.Msg) {
 		if err != nil {
 			typ = "invalid"
 		}
-		d.metrics.received.Get(typ).Inc()
+		in.metrics.received.Get(typ).Inc()
 	}
 	if err != nil {
-		d.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
-		d.reject(msg, ending{subject: msg.Subject(), data: data, task: task, err: err, status: protocol.StatusRejected,
+		in.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
+		in.fin.reject(msg, ending{subject: msg.Subject(), data: data, task: task, err: err, status: protocol.StatusRejected,
 			submitted: submitted, submission: submission, traceparent: protocol.TraceparentOf(msg.Headers())})
 		return
 	}
-	if d.superseded.Cancelled(task.ID, submission) { // cancelled while it waited: it has its result
-		d.complete.Settle(msg, nil)
+	if in.superseded.Cancelled(task.ID, submission) { // cancelled while it waited: it has its result
+		in.complete.Settle(msg, nil)
 		return
 	}
-	d.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission,
+	in.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission,
 		traceparent: protocol.TraceparentOf(msg.Headers())}, msg)
 }
 
@@ -81,15 +133,15 @@ func (a *attemptSpec) maxAttempts(def int) int {
 
 // dispatch decides and publishes one attempt; msg (a task or an outcome) is
 // settled once JetStream has acknowledged the dispatch.
-func (d *Dispatcher) dispatch(a attemptSpec, msg jspub.Msg) {
+func (in *intake) dispatch(a attemptSpec, msg jspub.Msg) {
 	t := &a.task
-	req := d.request(&a)
-	table := d.snaps.table.Load()
-	decision := d.tracer.Start(a.traceparent, "mlsched.decision")
+	req := in.request(&a)
+	table := in.snaps.table.Load()
+	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()
-	dec, err := d.engine.Decide(table, &req)
-	d.metrics.decision.Observe(time.Since(start).Seconds())
-	if d.tracer.On() {
+	dec, err := in.engine.Decide(table, &req)
+	in.metrics.decision.Observe(time.Since(start).Seconds())
+	if in.tracer.On() {
 		decision.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.String("mlsched.type", t.Type),
 			attribute.Int("mlsched.attempt", a.attempt), attribute.String("mlsched.model", dec.Model),
 			attribute.String("mlsched.node", dec.Node), attribute.Bool("mlsched.panic", dec.Panic))
@@ -99,9 +151,9 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jspub.Msg) {
 		code := protocol.CodeOf(err)
 		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
 			// Nodes may be starting or restarting: wait, bounded, then reject.
-			if time.Since(a.submitted) >= d.cfg.NoNodeWait {
-				err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, d.cfg.NoNodeWait)
-			} else if err = d.waitForNode(a, msg, err); err == nil {
+			if time.Since(a.submitted) >= in.cfg.NoNodeWait {
+				err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, in.cfg.NoNodeWait)
+			} else if err = in.waitForNode(a, msg, err); err == nil {
 				return // bounded, so that no type stalls the others (unserved.go)
 			}
 		}
@@ -109,39 +161,39 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jspub.Msg) {
 		if a.attempt > 1 {
 			status = protocol.StatusFailed
 		}
-		d.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-		d.reject(msg, ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
+		in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
+		in.fin.reject(msg, ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
 			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
 			traceparent: a.traceparent})
 		return
 	}
-	if dec.Saturated && d.hold(a, msg, dec, req.Deadline) {
+	if dec.Saturated && in.hold(a, msg, dec, req.Deadline) {
 		return // backpressure (hold.go)
 	}
 	if dec.Panic {
-		d.counters.Panic.Add(1)
-		d.log.Warn().Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).
+		in.counters.Panic.Add(1)
+		in.log.Warn().Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).
 			Msg("panic mode: every candidate's breaker is open, routing anyway")
 	}
 	timeout := time.Duration(t.TimeoutMs) * time.Millisecond
 	if timeout <= 0 {
-		timeout = d.modelTimeout(dec.Model)
+		timeout = in.modelTimeout(dec.Model)
 	}
-	deadline := time.Now().Add(timeout + d.cfg.DeadlineSlack)
+	deadline := time.Now().Add(timeout + in.cfg.DeadlineSlack)
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
-		Attempt: a.attempt, MaxAttempts: a.maxAttempts(d.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
+		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
 		Submitted: a.submitted, Submission: a.submission, History: a.history}
-	span := d.tracer.Start(a.traceparent, "mlsched.dispatch")
+	span := in.tracer.Start(a.traceparent, "mlsched.dispatch")
 	pd.Traceparent = span.Traceparent() // the worker's spans are children of the dispatch
-	if d.tracer.On() {
+	if in.tracer.On() {
 		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.Int("mlsched.attempt", a.attempt),
 			attribute.String("mlsched.model", dec.Model), attribute.String("mlsched.node", dec.Node))
 	}
-	d.seal(&pd, a.data)
+	in.seal(&pd, a.data)
 	hb := headerBufs.Get().(*protocol.HeaderBuf)
 	defer headerBufs.Put(hb) // once Publish has returned: nats.go has encoded the headers
 	var h nats.Header
-	if d.reg.CompactDispatch(dec.Node) { // one header instead of fourteen (protocol/compact.go)
+	if in.reg.CompactDispatch(dec.Node) { // one header instead of fourteen (protocol/compact.go)
 		h = pd.CompactHeaderInto(hb)
 	} else {
 		h = pd.HeaderInto(hb)
@@ -153,28 +205,28 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jspub.Msg) {
 	table.Dispatched(dec.Model, dec.Node)
 	// Publish-then-ack: msg is settled on the publisher's reply goroutine
 	// once JetStream has stored the dispatch (or refused it).
-	err = d.complete.Publish(context.Background(), d.pub, msg, out, "", func(ack *jetstream.PubAck, err error) error {
+	err = in.complete.Publish(context.Background(), in.pub, msg, out, "", func(ack *jetstream.PubAck, err error) error {
 		span.End(err)
 		if err != nil {
-			d.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
+			in.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
 			return err
 		}
 		if !ack.Duplicate {
-			d.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
+			in.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
 			if redispatch {
-				d.counters.Redispatched.Add(1)
+				in.counters.Redispatched.Add(1)
 			} else {
-				d.counters.Dispatched.Add(1)
+				in.counters.Dispatched.Add(1)
 			}
 		}
-		d.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
+		in.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
 		return nil
 	})
 	if err != nil {
 		table.Completed(dec.Model, dec.Node) // not sent after all
-		d.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
+		in.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
 		span.End(err)
-		d.complete.Retry(msg, time.Second)
+		in.complete.Retry(msg, time.Second)
 	}
 }
 
@@ -185,21 +237,21 @@ var headerBufs = sync.Pool{New: func() any { return new(protocol.HeaderBuf) }}
 // request is what the policy engine needs to decide an attempt: the task's
 // constraints and history, and the attempt's timeout and deadline for the
 // load model.
-func (d *Dispatcher) request(a *attemptSpec) policy.Request {
+func (in *intake) request(a *attemptSpec) policy.Request {
 	t := &a.task
 	timeout := time.Duration(t.TimeoutMs) * time.Millisecond
 	if timeout <= 0 {
-		timeout = d.cfg.TaskTimeout
+		timeout = in.cfg.TaskTimeout
 	}
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: timeout + d.cfg.DeadlineSlack}
+		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: timeout + in.cfg.DeadlineSlack}
 }
 
-func (d *Dispatcher) modelTimeout(model string) time.Duration {
-	if m := d.snaps.timeouts.Load(); m != nil {
+func (in *intake) modelTimeout(model string) time.Duration {
+	if m := in.snaps.timeouts.Load(); m != nil {
 		if ms, ok := (*m)[model]; ok && ms > 0 {
 			return time.Duration(ms) * time.Millisecond
 		}
 	}
-	return d.cfg.TaskTimeout
+	return in.cfg.TaskTimeout
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -15,11 +16,45 @@ import (
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
+// outcomes is the stage that acts on what a worker reports: a stored
+// outcome of MLSCHED_OUTCOMES or a direct report (reports.go). It checks
+// that the outcome answers a dispatch a dispatcher made (trust.go), records
+// it in the statistics, and settles it by the rule of shared/settle: the
+// final result or a dead letter (through the finisher), a retry (back to
+// intake, through retrier), or a late outcome of a superseded attempt,
+// which it marks in the superseded set.
+type outcomes struct {
+	outcomesParams
+	forgedLog sometimes // bounded-rate log of refused outcomes
+}
+
+// outcomesParams is what the outcome stage needs.
+type outcomesParams struct {
+	cfg        Config
+	log        zerolog.Logger
+	nc         *nats.Conn // answers direct reports
+	complete   *jspub.Completer
+	batch      *stats.Batcher
+	snaps      *refresher // the load model learns of freed slots
+	sealer     *protocol.Sealer
+	superseded *supersededSet
+	retry      retrier   // failed attempts go back to intake
+	fin        *finisher // results and dead letters
+	counters   *Counters
+	metrics    *metrics
+}
+
+func newOutcomes(p outcomesParams) *outcomes {
+	oc := &outcomes{outcomesParams: p}
+	oc.forgedLog.every = 10 * time.Second
+	return oc
+}
+
 // handleOutcome is one message of MLSCHED_OUTCOMES: a worker's report of an
 // attempt, or the sweeper's report of a lost one. The dispatch headers the
 // worker echoes carry everything the dispatcher needs, so any replica can
 // handle any outcome.
-func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
+func (oc *outcomes) handleOutcome(msg jetstream.Msg) {
 	data := msg.Data()
 	o, err := protocol.DecodeOutcome(data) // as json.Unmarshal would, in one pass
 	if err != nil || o.TaskID == "" || o.Status == "" {
@@ -27,7 +62,7 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 		if err != nil {
 			reason = "outcome is not valid JSON: " + err.Error()
 		}
-		d.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: reason, Code: protocol.CodeMalformedJSON,
+		oc.fin.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: reason, Code: protocol.CodeMalformedJSON,
 			Subject: msg.Subject(), Original: data})
 		return
 	}
@@ -35,8 +70,8 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	if err != nil {
 		// Only a dispatch the dispatcher did not build has bad headers:
 		// forged, and kept for an operator.
-		d.counters.Forged.Add(1)
-		d.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
+		oc.counters.Forged.Add(1)
+		oc.fin.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
 			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data})
 		return
 	}
@@ -44,21 +79,21 @@ func (d *Dispatcher) handleOutcome(msg jetstream.Msg) {
 	if meta, err := msg.Metadata(); err == nil {
 		first = meta.NumDelivered == 1
 	}
-	d.settleOutcome(msg, msg.Subject(), o, pd, first)
+	oc.settleOutcome(msg, msg.Subject(), o, pd, first)
 }
 
 // settleOutcome acts on a decoded outcome whose dispatch headers parse,
 // whether it came from MLSCHED_OUTCOMES or as a direct report (first: this
 // is its first delivery; subject: where it was published).
-func (d *Dispatcher) settleOutcome(msg jspub.Msg, subject string, o protocol.Outcome, pd protocol.Dispatch, first bool) {
-	if err := d.checkOutcome(subject, &o, &pd); err != nil {
+func (oc *outcomes) settleOutcome(msg jspub.Msg, subject string, o protocol.Outcome, pd protocol.Dispatch, first bool) {
+	if err := oc.checkOutcome(subject, &o, &pd); err != nil {
 		// Counted and ignored: a forged outcome must not touch the task,
 		// the statistics or the logs' volume.
-		d.counters.Forged.Add(1)
-		d.forgedLog.log(&d.log, func(e *zerolog.Event) *zerolog.Event {
+		oc.counters.Forged.Add(1)
+		oc.forgedLog.log(&oc.log, func(e *zerolog.Event) *zerolog.Event {
 			return e.Err(err).Str("subject", subject).Str("task_id", truncateID(o.TaskID))
 		}, "outcome refused")
-		d.complete.Settle(msg, nil)
+		oc.complete.Settle(msg, nil)
 		return
 	}
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
@@ -71,60 +106,60 @@ func (d *Dispatcher) settleOutcome(msg jspub.Msg, subject string, o protocol.Out
 		return e.Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt)
 	}
 
-	state := settle.State{Redelivered: !first, Cancelled: d.superseded.Cancelled(o.TaskID, submission),
-		Superseded: o.Status != protocol.OutcomeLost && d.superseded.Is(o.TaskID, submission, attempt)}
+	state := settle.State{Redelivered: !first, Cancelled: oc.superseded.Cancelled(o.TaskID, submission),
+		Superseded: o.Status != protocol.OutcomeLost && oc.superseded.Is(o.TaskID, submission, attempt)}
 	var task protocol.Task
 	if o.Status != protocol.OutcomeSuccess && o.Status != protocol.OutcomeTaskError { // the bytes matter for a retry only
 		if len(o.Task) == 0 {
 			state.TaskErr = fmt.Errorf("the outcome carries no task bytes")
 		} else {
-			task, state.TaskErr = protocol.DecodeTask(o.Task, d.cfg.Limits())
+			task, state.TaskErr = protocol.DecodeTask(o.Task, oc.cfg.Limits())
 		}
 	}
-	dec := settle.Settle(d.cfg.Retry(), pd, o, state)
+	dec := settle.Settle(oc.cfg.Retry(), pd, o, state)
 	if dec.Record {
-		d.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
-		d.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
+		oc.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
+		oc.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
 			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: dec.Action == settle.Late})
-		d.snaps.table.Load().Completed(o.Model, o.Node) // the slot is free: tell the load model now
-		d.held.wake()
+		oc.snaps.table.Load().Completed(o.Model, o.Node) // the slot is free: tell the load model now
+		oc.retry.wake()
 	}
 	if dec.Supersede {
 		if first { // a retried outcome is first nak'ed for backoff, then handled again
-			d.counters.Lost.Add(1)
+			oc.counters.Lost.Add(1)
 		}
-		d.superseded.Mark(o.TaskID, submission, attempt)
+		oc.superseded.Mark(o.TaskID, submission, attempt)
 	}
 	switch dec.Action {
 	case settle.Late:
 		// The attempt was declared lost and re-dispatched, or the task was
 		// cancelled: its outcome counts in the statistics, but the task's
 		// result comes from a later attempt or the cancellation.
-		d.counters.Late.Add(1)
-		log(d.log.Info()).Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
-		d.complete.Settle(msg, nil)
+		oc.counters.Late.Add(1)
+		log(oc.log.Info()).Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
+		oc.complete.Settle(msg, nil)
 	case settle.Finish:
 		if dec.Status == protocol.StatusSucceeded {
-			log(d.log.Debug()).Msg("attempt succeeded") // a nil event when debug is off: nothing built
+			log(oc.log.Debug()).Msg("attempt succeeded") // a nil event when debug is off: nothing built
 		} else {
-			log(d.log.Info()).Str("error", o.Error).Msg("task error: not retried")
+			log(oc.log.Info()).Str("error", o.Error).Msg("task error: not retried")
 		}
-		d.finish(msg, &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
+		oc.fin.finish(msg, &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
 			LatencyMs: msSince(submitted), History: history}, pd.Traceparent)
 	case settle.Retry:
 		if dec.Backoff > 0 {
-			d.complete.Retry(msg, dec.Backoff) // durable backoff: the redelivery re-dispatches
+			oc.complete.Retry(msg, dec.Backoff) // durable backoff: the redelivery re-dispatches
 			return
 		}
-		log(d.log.Info()).Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
-		d.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
+		log(oc.log.Info()).Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
+		oc.retry.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
 			submission: submission, traceparent: pd.Traceparent}, msg)
 	default: // settle.DeadLetter
 		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
-		log(d.log.Warn()).Err(err).Msg("task failed")
+		log(oc.log.Warn()).Err(err).Msg("task failed")
 		task.ID, task.Type = o.TaskID, o.Type
-		d.reject(msg, ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
+		oc.fin.reject(msg, ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
 			history: history, attempts: attempt, submitted: submitted, submission: submission,
 			traceparent: pd.Traceparent})
 	}

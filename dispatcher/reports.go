@@ -37,35 +37,35 @@ var deferredReply = protocol.ReportReply{Status: protocol.ReportDeferred,
 	Reason: "not settled at once: store this outcome in MLSCHED_OUTCOMES"}.AppendJSON(nil)
 
 // handleReport is one direct report.
-func (d *Dispatcher) handleReport(m *nats.Msg) {
+func (oc *outcomes) handleReport(m *nats.Msg) {
 	if m.Reply == "" {
 		return // nobody to answer: a worker always asks for an answer
 	}
-	r := &report{m: m, nc: d.nc, ack: reportAckSubject(m)}
+	r := &report{m: m, nc: oc.nc, ack: reportAckSubject(m)}
 	o, err := protocol.DecodeOutcome(m.Data)
 	if err != nil || o.TaskID == "" || o.Status != protocol.OutcomeSuccess {
 		// Not for this path: the stored path dead-letters or retries it,
 		// with the stream's ids and redelivery.
-		r.deferToStream(&d.counters)
+		r.deferToStream(oc.counters)
 		return
 	}
 	pd, err := protocol.ParseDispatch(m.Header)
 	if err != nil {
-		r.deferToStream(&d.counters)
+		r.deferToStream(oc.counters)
 		return
 	}
-	d.counters.Reports.Add(1)
-	d.settleOutcome(r, m.Subject, o, pd, true)
+	oc.counters.Reports.Add(1)
+	oc.settleOutcome(r, m.Subject, o, pd, true)
 }
 
 // reportsService serves direct reports while running. Stopping drains the
 // subscription: reports already received are settled and answered (the
 // publishers stop after it), later ones find no responder and are stored.
-func (d *Dispatcher) reportsService() lifecycle.Service {
+func (oc *outcomes) reportsService() lifecycle.Service {
 	var sub *nats.Subscription
 	return &lifecycle.Func{
 		OnStart: func(context.Context) (err error) {
-			sub, err = d.nc.QueueSubscribe(topology.SubjectReportsAll, topology.QueueDispatchers, d.handleReport)
+			sub, err = oc.nc.QueueSubscribe(topology.SubjectReportsAll, topology.QueueDispatchers, oc.handleReport)
 			return err
 		},
 		OnStop: func() error {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/mlsched/mlsched/shared/jspub"
@@ -17,13 +18,34 @@ import (
 	"github.com/mlsched/mlsched/shared/tracing"
 )
 
+// finisher is the stage that ends tasks: it publishes the one final result
+// of a task (results), the failed result and dead letter of a task that
+// exhausted its attempts, and dead letters of messages that are no task,
+// each settling the message that caused it once stored.
+type finisher struct{ finisherParams }
+
+// finisherParams is what the finisher needs.
+type finisherParams struct {
+	log      zerolog.Logger
+	resPub   *jspub.Publisher // results and dead letters, with room of their own
+	complete *jspub.Completer
+	dlq      *deadLetters
+	// resultsStream reads a stored result (failExhausted).
+	resultsStream jetstream.Stream
+	counters      *Counters
+	metrics       *metrics
+	tracer        *tracing.Tracer
+}
+
+func newFinisher(p finisherParams) *finisher { return &finisher{p} }
+
 // resultMsg is a task's final result message. JetStream refuses it when
 // the task already has one (expected last subject sequence 0), which is
 // what makes the result final: a duplicate delivery, a racing replica or a
 // late outcome cannot publish a second or changed result. resultStored
 // reads the acknowledgement. The result's headers carry the task's W3C
 // traceparent, so that whoever reads the result continues its trace.
-func (d *Dispatcher) resultMsg(res *protocol.Result, traceparent string) (*nats.Msg, error) {
+func (f *finisher) resultMsg(res *protocol.Result, traceparent string) (*nats.Msg, error) {
 	res.FinishedAt = time.Now().UTC()
 	// json.Marshal's bytes, without reflection.
 	data, err := res.AppendJSON(make([]byte, 0, 320+len(res.Output)))
@@ -41,25 +63,25 @@ func (d *Dispatcher) resultMsg(res *protocol.Result, traceparent string) (*nats.
 // resultStored reads a result publish's acknowledgement: stored (this is
 // the task's result), refused because the task already had one (nil error,
 // not stored), or an error (to retry).
-func (d *Dispatcher) resultStored(res *protocol.Result, ack *jetstream.PubAck, err error) (bool, error) {
+func (f *finisher) resultStored(res *protocol.Result, ack *jetstream.PubAck, err error) (bool, error) {
 	switch {
 	case isWrongLastSequence(err), err == nil && ack.Duplicate:
-		d.counters.Suppressed.Add(1)
-		d.log.Info().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Msg("task already has a final result: suppressed a second one")
+		f.counters.Suppressed.Add(1)
+		f.log.Info().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Msg("task already has a final result: suppressed a second one")
 		return false, nil
 	case err != nil:
-		d.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
+		f.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
 		return false, err
 	}
-	d.counters.Results.Add(1)
-	d.metrics.results.Get(opshttp.L2{A: res.Type, B: string(res.Status)}).Inc()
+	f.counters.Results.Add(1)
+	f.metrics.results.Get(opshttp.L2{A: res.Type, B: string(res.Status)}).Inc()
 	if res.LatencyMs > 0 {
-		d.metrics.taskDur.Get(res.Type).Observe(res.LatencyMs / 1000)
+		f.metrics.taskDur.Get(res.Type).Observe(res.LatencyMs / 1000)
 	}
 	if res.Status == protocol.StatusRejected {
-		d.counters.Rejected.Add(1)
+		f.counters.Rejected.Add(1)
 	}
-	d.log.Debug().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Str("status", string(res.Status)).Msg("result published")
+	f.log.Debug().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Str("status", string(res.Status)).Msg("result published")
 	return true, nil
 }
 
@@ -68,29 +90,29 @@ func (d *Dispatcher) resultStored(res *protocol.Result, ack *jetstream.PubAck, e
 // reply goroutine, with no future or settling goroutine in between.
 // traceparent is the task's trace context ("" for none); with tracing on, a
 // result span covers the publish.
-func (d *Dispatcher) finish(msg jspub.Msg, res *protocol.Result, traceparent string) {
-	span := d.resultSpan(res, traceparent)
-	m, err := d.resultMsg(res, span.Traceparent())
+func (f *finisher) finish(msg jspub.Msg, res *protocol.Result, traceparent string) {
+	span := f.resultSpan(res, traceparent)
+	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {
-		err = d.complete.Publish(context.Background(), d.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
-			_, err = d.resultStored(res, ack, err)
+		err = f.complete.Publish(context.Background(), f.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
+			_, err = f.resultStored(res, ack, err)
 			span.End(err)
 			return err
 		})
 	}
 	if err != nil {
-		d.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
+		f.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
 		span.End(err)
-		d.complete.Settle(msg, err)
+		f.complete.Settle(msg, err)
 	}
 }
 
 // resultSpan starts the result span of a task (a no-op with tracing off).
-func (d *Dispatcher) resultSpan(res *protocol.Result, traceparent string) tracing.Span {
-	if !d.tracer.On() {
-		return d.tracer.Start(traceparent, "")
+func (f *finisher) resultSpan(res *protocol.Result, traceparent string) tracing.Span {
+	if !f.tracer.On() {
+		return f.tracer.Start(traceparent, "")
 	}
-	return d.tracer.Start(traceparent, "mlsched.result", attribute.String("mlsched.task_id", res.ID),
+	return f.tracer.Start(traceparent, "mlsched.result", attribute.String("mlsched.task_id", res.ID),
 		attribute.String("mlsched.status", string(res.Status)), attribute.Int("mlsched.attempts", res.Attempts))
 }
 
@@ -100,12 +122,12 @@ func (d *Dispatcher) resultSpan(res *protocol.Result, traceparent string) tracin
 // this failure is the task's result (a racing attempt may have succeeded);
 // on a redelivery our result may already be stored, so a refused publish
 // looks at what is stored, and the entry's id makes a second write harmless.
-func (d *Dispatcher) failExhausted(msg jspub.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
-	span := d.resultSpan(res, traceparent)
-	m, err := d.resultMsg(res, span.Traceparent())
+func (f *finisher) failExhausted(msg jspub.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
+	span := f.resultSpan(res, traceparent)
+	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {
-		err = d.complete.PublishSlow(context.Background(), d.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
-			stored, err := d.resultStored(res, ack, err)
+		err = f.complete.PublishSlow(context.Background(), f.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
+			stored, err := f.resultStored(res, ack, err)
 			span.End(err)
 			if err != nil {
 				return err
@@ -113,29 +135,29 @@ func (d *Dispatcher) failExhausted(msg jspub.Msg, res *protocol.Result, dl proto
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if !stored {
-				if ours, err := d.storedResultIs(ctx, res.ID, res.Status, res.ErrorCode); err != nil || !ours {
+				if ours, err := f.storedResultIs(ctx, res.ID, res.Status, res.ErrorCode); err != nil || !ours {
 					return err
 				}
 			}
-			return d.dlq.Publish(ctx, "exhausted", dl, taskEntry("exhausted", res.ID, submission))
+			return f.dlq.Publish(ctx, "exhausted", dl, taskEntry("exhausted", res.ID, submission))
 		})
 	}
 	if err != nil {
 		span.End(err)
-		d.complete.Settle(msg, err)
+		f.complete.Settle(msg, err)
 	}
 }
 
 // deadLetter stores an entry about msg (which has no task to give a result
 // to), then settles msg.
-func (d *Dispatcher) deadLetter(msg jspub.Msg, kind string, dl protocol.DeadLetter) {
-	m, err := d.dlq.message(kind, dl)
+func (f *finisher) deadLetter(msg jspub.Msg, kind string, dl protocol.DeadLetter) {
+	m, err := f.dlq.message(kind, dl)
 	if err == nil {
-		err = d.complete.Publish(context.Background(), d.resPub, msg, m, messageEntryOf(kind, msg),
-			func(ack *jetstream.PubAck, err error) error { return d.dlq.stored(kind, dl, ack, err) })
+		err = f.complete.Publish(context.Background(), f.resPub, msg, m, messageEntryOf(kind, msg),
+			func(ack *jetstream.PubAck, err error) error { return f.dlq.stored(kind, dl, ack, err) })
 	}
 	if err != nil {
-		d.complete.Settle(msg, err)
+		f.complete.Settle(msg, err)
 	}
 }
 
@@ -169,26 +191,26 @@ type ending struct {
 // task gets a result with the error; an unkeyable message (no usable id)
 // goes to the dead-letter stream with its original bytes, and so does,
 // besides its result, a task that exhausted its attempts.
-func (d *Dispatcher) reject(msg jspub.Msg, e ending) {
+func (f *finisher) reject(msg jspub.Msg, e ending) {
 	code := protocol.CodeOf(e.err)
 	if e.task.ID == "" {
-		d.deadLetter(msg, "invalid", protocol.DeadLetter{Reason: e.err.Error(), Code: code, Subject: e.subject, Original: e.data})
+		f.deadLetter(msg, "invalid", protocol.DeadLetter{Reason: e.err.Error(), Code: code, Subject: e.subject, Original: e.data})
 		return
 	}
 	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
 		Error: e.err.Error(), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
 	if e.status == protocol.StatusFailed && (code == protocol.CodeAttemptsExhausted || code == protocol.CodeSaturated) {
-		d.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
+		f.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
 			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, e.traceparent)
 		return
 	}
-	d.finish(msg, res, e.traceparent)
+	f.finish(msg, res, e.traceparent)
 }
 
 // storedResultIs reports whether the task's stored result has that status
 // and error code.
-func (d *Dispatcher) storedResultIs(ctx context.Context, id string, status protocol.Status, code protocol.Code) (bool, error) {
-	m, err := d.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
+func (f *finisher) storedResultIs(ctx context.Context, id string, status protocol.Status, code protocol.Code) (bool, error) {
+	m, err := f.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
 	if err != nil {
 		return false, err
 	}

@@ -46,9 +46,9 @@ func loadSealKey(ctx context.Context, kv jetstream.KeyValue) ([]byte, error) {
 }
 
 // seal makes a dispatch verifiable when its outcome comes back.
-func (d *Dispatcher) seal(pd *protocol.Dispatch, task []byte) {
+func (in *intake) seal(pd *protocol.Dispatch, task []byte) {
 	pd.TaskSum = protocol.TaskSum(task)
-	pd.Seal = d.sealer.Seal(pd)
+	pd.Seal = in.sealer.Seal(pd)
 }
 
 // errForged is wrapped by checkOutcome's errors.
@@ -58,7 +58,7 @@ var errForged = errors.New("forged outcome")
 // node and the dispatch it answers (sealed by a dispatcher) agree on task
 // id, type, attempt, node, model and submission, and its task bytes are the
 // dispatched ones.
-func (d *Dispatcher) checkOutcome(subject string, o *protocol.Outcome, pd *protocol.Dispatch) error {
+func (oc *outcomes) checkOutcome(subject string, o *protocol.Outcome, pd *protocol.Dispatch) error {
 	node, ok := strings.CutPrefix(subject, topology.OutcomeSubject(""))
 	if !ok {
 		node, ok = strings.CutPrefix(subject, topology.ReportSubject(""))
@@ -68,7 +68,7 @@ func (d *Dispatcher) checkOutcome(subject string, o *protocol.Outcome, pd *proto
 		return fmt.Errorf("%w: subject %q names no node", errForged, subject)
 	case pd.Seal == "":
 		return fmt.Errorf("%w: the dispatch it answers is not sealed", errForged)
-	case !d.sealer.Valid(pd):
+	case !oc.sealer.Valid(pd):
 		return fmt.Errorf("%w: the dispatch it answers was not made by a dispatcher (bad seal)", errForged)
 	case pd.Node != node || o.Node != node:
 		return fmt.Errorf("%w: subject node %q, body node %q, dispatch node %q", errForged, node, o.Node, pd.Node)

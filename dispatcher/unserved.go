@@ -62,15 +62,15 @@ func (r *unservedRoom) leave() {
 // no_model or unknown_model) until one does or MLSCHED_NO_NODE_WAIT has
 // passed since its submission. It returns nil when the task waits (or was
 // given back to the stream), or the error to reject it with now.
-func (d *Dispatcher) waitForNode(a attemptSpec, msg jspub.Msg, err error) error {
-	r := d.unserved
+func (in *intake) waitForNode(a attemptSpec, msg jspub.Msg, err error) error {
+	r := in.unserved
 	r.mu.Lock()
 	if r.stopped { // shutting down: another replica decides
 		r.mu.Unlock()
-		d.complete.Retry(msg, time.Second)
+		in.complete.Retry(msg, time.Second)
 		return nil
 	}
-	if len(r.q)+r.inPass < d.cfg.unservedMax() {
+	if len(r.q)+r.inPass < in.cfg.unservedMax() {
 		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 		r.mu.Unlock()
 		return nil
@@ -88,8 +88,8 @@ func (d *Dispatcher) waitForNode(a attemptSpec, msg jspub.Msg, err error) error 
 	}
 	if top == "" || counts[top] <= counts[a.task.Type]+1 {
 		r.mu.Unlock()
-		d.counters.UnservedRefused.Add(1)
-		return d.unservedFull(err, a.task.Type, counts[a.task.Type])
+		in.counters.UnservedRefused.Add(1)
+		return in.unservedFull(err, a.task.Type, counts[a.task.Type])
 	}
 	var evicted *unservedTask
 	for i := len(r.q) - 1; i >= 0; i-- {
@@ -101,15 +101,15 @@ func (d *Dispatcher) waitForNode(a attemptSpec, msg jspub.Msg, err error) error 
 	}
 	r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 	r.mu.Unlock()
-	d.counters.UnservedRefused.Add(1)
-	d.rejectUnserved(evicted, d.unservedFull(evicted.err, top, counts[top]))
+	in.counters.UnservedRefused.Add(1)
+	in.rejectUnserved(evicted, in.unservedFull(evicted.err, top, counts[top]))
 	return nil
 }
 
 // unservedFull is the error of a task refused a place in the full room.
-func (d *Dispatcher) unservedFull(err error, typ string, ofType int) error {
+func (in *intake) unservedFull(err error, typ string, ofType int) error {
 	return protocol.Errorf(protocol.CodeOf(err), "%s; rejected at once: this dispatcher already keeps %d tasks waiting for a node (MLSCHED_UNSERVED_MAX), %d of them of type %q",
-		msgOf(err), d.cfg.unservedMax(), ofType, typ)
+		msgOf(err), in.cfg.unservedMax(), ofType, typ)
 }
 
 func msgOf(err error) string {
@@ -120,22 +120,22 @@ func msgOf(err error) string {
 }
 
 // rejectUnserved ends a waiting task with err.
-func (d *Dispatcher) rejectUnserved(w *unservedTask, err error) {
+func (in *intake) rejectUnserved(w *unservedTask, err error) {
 	a := &w.a
 	status := protocol.StatusRejected
 	if a.attempt > 1 {
 		status = protocol.StatusFailed
 	}
-	d.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("no model for task")
-	d.reject(w.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err, status: status,
+	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("no model for task")
+	in.fin.reject(w.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err, status: status,
 		history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
 		traceparent: a.traceparent})
 }
 
 // unservedService runs the waiting room as a component.
-func (d *Dispatcher) unservedService() lifecycle.Service {
+func (in *intake) unservedService() lifecycle.Service {
 	return lifecycle.Run(func(ctx context.Context, ready func()) error {
-		r := d.unserved
+		r := in.unserved
 		r.mu.Lock()
 		r.stopped = false
 		r.mu.Unlock()
@@ -150,12 +150,12 @@ func (d *Dispatcher) unservedService() lifecycle.Service {
 				r.q, r.stopped = nil, true
 				r.mu.Unlock()
 				for _, w := range q {
-					d.complete.Retry(w.msg, 0)
+					in.complete.Retry(w.msg, 0)
 				}
 				return nil
 			case <-t.C:
 			}
-			d.retryUnserved()
+			in.retryUnserved()
 		}
 	})
 }
@@ -163,8 +163,8 @@ func (d *Dispatcher) unservedService() lifecycle.Service {
 // retryUnserved decides again for the waiting tasks, oldest first: those
 // now served are dispatched, those past MLSCHED_NO_NODE_WAIT rejected,
 // those cancelled meanwhile dropped.
-func (d *Dispatcher) retryUnserved() {
-	r := d.unserved
+func (in *intake) retryUnserved() {
+	r := in.unserved
 	r.mu.Lock()
 	q := r.q
 	r.q, r.inPass = nil, len(q)
@@ -173,24 +173,24 @@ func (d *Dispatcher) retryUnserved() {
 		return
 	}
 	now := time.Now()
-	table := d.snaps.table.Load()
+	table := in.snaps.table.Load()
 	var unserved []string // types no node serves at all, in this pass
 	var keep []*unservedTask
 	for _, w := range q {
 		a := &w.a
-		if d.superseded.Cancelled(a.task.ID, a.submission) { // it has its result
+		if in.superseded.Cancelled(a.task.ID, a.submission) { // it has its result
 			r.leave()
-			d.complete.Settle(w.msg, nil)
+			in.complete.Settle(w.msg, nil)
 			continue
 		}
-		if waited := now.Sub(a.submitted); waited >= d.cfg.NoNodeWait {
+		if waited := now.Sub(a.submitted); waited >= in.cfg.NoNodeWait {
 			r.leave()
-			d.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), d.cfg.NoNodeWait))
+			in.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), in.cfg.NoNodeWait))
 			continue
 		}
 		if !containsStr(unserved, a.task.Type) {
-			req := d.request(a)
-			_, err := d.engine.Decide(table, &req)
+			req := in.request(a)
+			_, err := in.engine.Decide(table, &req)
 			switch code := protocol.CodeOf(err); {
 			case code == protocol.CodeNoModel:
 				unserved = append(unserved, a.task.Type)
@@ -199,12 +199,12 @@ func (d *Dispatcher) retryUnserved() {
 				w.err = err
 			default: // served now (dispatch decides again, and handles an error)
 				r.leave()
-				d.dispatch(*a, w.msg)
+				in.dispatch(*a, w.msg)
 				continue
 			}
 		}
-		if now.Sub(w.progress) >= d.cfg.AckWait/3 {
-			d.complete.Progress(w.msg)
+		if now.Sub(w.progress) >= in.cfg.AckWait/3 {
+			in.complete.Progress(w.msg)
 			w.progress = now
 		}
 		keep = append(keep, w)

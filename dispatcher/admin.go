@@ -1,46 +1,33 @@
 package dispatcher
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // serveAdmin answers `mlsched stats` with this replica's report. Every
 // replica answers; the CLI takes the first answer.
-func (d *Dispatcher) serveAdmin() (*nats.Subscription, error) {
-	return d.nc.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) {
-		r := d.Report()
-		r.Backlog = d.Backlog()
-		data, err := json.Marshal(r)
+func serveAdmin(nc *nats.Conn, report func() *protocol.StatsReport) (*nats.Subscription, error) {
+	return nc.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) {
+		data, err := json.Marshal(report())
 		if err == nil {
 			_ = m.Respond(data)
 		}
 	})
 }
 
-// Report builds this replica's view of the cluster.
-func (d *Dispatcher) Report() *protocol.StatsReport {
-	select {
-	case <-d.initDone:
-	default: // still starting: nothing to report but the name
-		return &protocol.StatsReport{Dispatcher: d.cfg.Name, Window: d.cfg.StatsWindow}
-	}
-	r := &protocol.StatsReport{Dispatcher: d.cfg.Name, Store: d.kind, Window: d.cfg.StatsWindow,
-		Policies: map[string]string{"*": d.cfg.Policy}}
-	for k, v := range d.cfg.PolicyConfig().PerType {
+// report builds this replica's view of the cluster.
+func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
+	r := &protocol.StatsReport{Dispatcher: cfg.Name, Store: p.kind, Window: cfg.StatsWindow,
+		Policies: map[string]string{"*": cfg.Policy}, Backlog: p.backlog.get()}
+	for k, v := range cfg.PolicyConfig().PerType {
 		r.Policies[k] = v
 	}
-	c := &d.counters
 	r.Counters = map[string]int64{
 		"dispatched": c.Dispatched.Load(), "redispatched": c.Redispatched.Load(), "results": c.Results.Load(),
 		"rejected": c.Rejected.Load(), "dead_lettered": c.DeadLettered.Load(), "suppressed": c.Suppressed.Load(),
@@ -49,24 +36,19 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		"forged":    c.Forged.Load(), "unserved_refused": c.UnservedRefused.Load(),
 		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
 	}
-	if reason := d.snaps.degraded.Load(); reason != nil {
+	if reason := p.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}
-	wired := d.wired.Load() // batch and reg are set
-	if wired {
-		bs := d.batch.Stats()
-		r.Buffered, r.Dropped = bs.Buffered, bs.Dropped
-		if bs.Degraded && !r.Degraded {
-			r.Degraded, r.DegradedReason = true, "statistics updates are buffered: "+bs.LastError
-		}
+	bs := p.batch.Stats()
+	r.Buffered, r.Dropped = bs.Buffered, bs.Dropped
+	if bs.Degraded && !r.Degraded {
+		r.Degraded, r.DegradedReason = true, "statistics updates are buffered: "+bs.LastError
 	}
-	if wired {
-		r.Nodes = d.reg.Live()
-		r.Counters["bad_heartbeats"] = d.reg.Refused()
-	}
-	r.Held = d.intake.held.len()
-	r.Unserved = d.intake.unserved.len()
-	snap := d.snaps.snap.Load()
+	r.Nodes = p.reg.Live()
+	r.Counters["bad_heartbeats"] = p.reg.Refused()
+	r.Held = p.intake.held.len()
+	r.Unserved = p.intake.unserved.len()
+	snap := p.snaps.snap.Load()
 	if snap == nil {
 		return r
 	}
@@ -90,24 +72,6 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	}
 	sort.Slice(r.Models, func(i, j int) bool { return r.Models[i].Name < r.Models[j].Name })
 	return r
-}
-
-// backlogNow counts the tasks waiting in MLSCHED_TASKS per type (submitted,
-// not yet dispatched): one stream-info request, off the dispatch path.
-func (d *Dispatcher) backlogNow(ctx context.Context) (map[string]int64, error) {
-	s, err := d.js.Stream(ctx, topology.StreamTasks)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTasksAll))
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
-	}
-	out := make(map[string]int64, len(info.State.Subjects))
-	for subj, n := range info.State.Subjects {
-		out[strings.TrimPrefix(subj, topology.TaskSubject(""))] = int64(n)
-	}
-	return out, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

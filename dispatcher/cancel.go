@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -21,7 +22,19 @@ import (
 // backlog); `mlsched cancel` waits a little longer.
 const cancelTimeout = 20 * time.Second
 
-// serveCancel answers `mlsched cancel`. One replica of the queue group takes
+// canceller carries out `mlsched cancel` (see serve).
+type canceller struct {
+	cfg        Config
+	log        zerolog.Logger
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	results    jetstream.Stream // where a task's result is read
+	superseded *supersededSet   // where a submission is marked cancelled
+	counters   *Counters
+	metrics    *metrics
+}
+
+// serve answers `mlsched cancel`. One replica of the queue group takes
 // each request; what it does holds for every replica:
 //
 //  1. it finds the task's submissions where a live task can be: waiting in
@@ -36,51 +49,51 @@ const cancelTimeout = 20 * time.Second
 //
 // The requests are handled one at a time on the subscription's goroutine,
 // off the dispatch path.
-func (d *Dispatcher) serveCancel() (*nats.Subscription, error) {
-	return d.nc.QueueSubscribe(protocol.SubjectAdminCancel, protocol.QueueAdminCancel, func(m *nats.Msg) {
+func (cn *canceller) serve() (*nats.Subscription, error) {
+	return cn.nc.QueueSubscribe(protocol.SubjectAdminCancel, protocol.QueueAdminCancel, func(m *nats.Msg) {
 		var req protocol.CancelRequest
 		var reply protocol.CancelReply
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			reply = protocol.CancelReply{Outcome: protocol.CancelInvalid, Error: "request is not a JSON CancelRequest: " + err.Error()}
 		} else {
 			ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
-			reply = d.Cancel(ctx, req)
+			reply = cn.Cancel(ctx, req)
 			cancel()
 		}
-		reply.Dispatcher = d.cfg.Name
+		reply.Dispatcher = cn.cfg.Name
 		data, _ := json.Marshal(reply)
 		_ = m.Respond(data)
 	})
 }
 
 // Cancel cancels a task that has no result yet (see serveCancel).
-func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) protocol.CancelReply {
+func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) protocol.CancelReply {
 	id := req.ID
 	reply := protocol.CancelReply{ID: id}
 	fail := func(err error) protocol.CancelReply {
 		reply.Outcome, reply.Error = protocol.CancelInvalid, err.Error()
 		return reply
 	}
-	maxLen := d.cfg.Limits().MaxIDLen
+	maxLen := cn.cfg.Limits().MaxIDLen
 	if maxLen <= 0 {
 		maxLen = protocol.DefaultLimits.MaxIDLen
 	}
 	if err := protocol.ValidToken(id, maxLen); err != nil {
 		return fail(fmt.Errorf("id %q: %w", id, err))
 	}
-	if st, ok, err := d.storedStatus(ctx, id); err != nil {
+	if st, ok, err := cn.storedStatus(ctx, id); err != nil {
 		return fail(err)
 	} else if ok {
 		reply.Outcome, reply.Status = protocol.CancelFinished, st
 		return reply
 	}
-	found, err := d.findTask(ctx, id)
+	found, err := cn.findTask(ctx, id)
 	if err != nil {
 		return fail(fmt.Errorf("looking for task %q: %w", id, err))
 	}
 	if len(found) == 0 {
 		// It may have finished while we looked.
-		if st, ok, err := d.storedStatus(ctx, id); err == nil && ok {
+		if st, ok, err := cn.storedStatus(ctx, id); err == nil && ok {
 			reply.Outcome, reply.Status = protocol.CancelFinished, st
 			return reply
 		}
@@ -89,7 +102,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	}
 	taskType := ""
 	for _, f := range found {
-		if err := d.superseded.Cancel(ctx, id, f.submission); err != nil {
+		if err := cn.superseded.Cancel(ctx, id, f.submission); err != nil {
 			return fail(fmt.Errorf("marking task %q cancelled: %w", id, err))
 		}
 		reply.Where = append(reply.Where, f.where)
@@ -108,11 +121,11 @@ func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 		return fail(err)
 	}
 	out := &nats.Msg{Subject: topology.ResultSubject(id), Data: data, Header: protocol.ResultHeader(id, "")}
-	if _, err := d.js.PublishMsg(ctx, out, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+	if _, err := cn.js.PublishMsg(ctx, out, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		if !isWrongLastSequence(err) {
 			return fail(fmt.Errorf("publishing the cancelled result: %w", err))
 		}
-		st, _, _ := d.storedStatus(ctx, id)
+		st, _, _ := cn.storedStatus(ctx, id)
 		reply.Outcome, reply.Status = protocol.CancelFinished, st
 		return reply
 	}
@@ -120,20 +133,20 @@ func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	// would drop it, but removing it keeps the backlog true.
 	for _, f := range found {
 		if f.where == "waiting" {
-			_ = d.tasksStreamDelete(ctx, f.seq)
+			_ = cn.tasksStreamDelete(ctx, f.seq)
 		}
 	}
-	d.counters.Results.Add(1)
-	d.counters.Cancelled.Add(1)
-	d.metrics.results.Get(opshttp.L2{A: taskType, B: string(protocol.StatusCancelled)}).Inc()
-	d.log.Info().Str("task_id", id).Strs("where", reply.Where).Msg("task cancelled")
+	cn.counters.Results.Add(1)
+	cn.counters.Cancelled.Add(1)
+	cn.metrics.results.Get(opshttp.L2{A: taskType, B: string(protocol.StatusCancelled)}).Inc()
+	cn.log.Info().Str("task_id", id).Strs("where", reply.Where).Msg("task cancelled")
 	reply.Outcome, reply.Status = protocol.CancelDone, protocol.StatusCancelled
 	return reply
 }
 
 // storedStatus returns the status of the task's stored result, if any.
-func (d *Dispatcher) storedStatus(ctx context.Context, id string) (protocol.Status, bool, error) {
-	m, err := d.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
+func (cn *canceller) storedStatus(ctx context.Context, id string) (protocol.Status, bool, error) {
+	m, err := cn.results.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return "", false, nil
 	}
@@ -145,8 +158,8 @@ func (d *Dispatcher) storedStatus(ctx context.Context, id string) (protocol.Stat
 	return r.Status, true, nil
 }
 
-func (d *Dispatcher) tasksStreamDelete(ctx context.Context, seq uint64) error {
-	s, err := d.js.Stream(ctx, topology.StreamTasks)
+func (cn *canceller) tasksStreamDelete(ctx context.Context, seq uint64) error {
+	s, err := cn.js.Stream(ctx, topology.StreamTasks)
 	if err != nil {
 		return err
 	}
@@ -164,7 +177,7 @@ type foundTask struct {
 // findTask scans the streams where a task without a result can be. They are
 // work queues holding only live messages, so the scan is bounded by the
 // backlog; it is an operator's rare request and runs off the dispatch path.
-func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, error) {
+func (cn *canceller) findTask(ctx context.Context, id string) ([]foundTask, error) {
 	var found []foundTask
 	seen := map[string]bool{}
 	add := func(f foundTask) {
@@ -174,7 +187,7 @@ func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, erro
 		}
 	}
 	quoted, _ := json.Marshal(id)
-	err := d.scanStream(ctx, topology.StreamTasks, topology.SubjectTasksAll, func(m *jetstream.RawStreamMsg) {
+	err := cn.scanStream(ctx, topology.StreamTasks, topology.SubjectTasksAll, func(m *jetstream.RawStreamMsg) {
 		if !bytes.Contains(m.Data, quoted) {
 			return
 		}
@@ -186,7 +199,7 @@ func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, erro
 	if err != nil {
 		return nil, err
 	}
-	err = d.scanStream(ctx, topology.StreamDispatch, topology.SubjectDispatchAll, func(m *jetstream.RawStreamMsg) {
+	err = cn.scanStream(ctx, topology.StreamDispatch, topology.SubjectDispatchAll, func(m *jetstream.RawStreamMsg) {
 		if pd, _ := protocol.ParseDispatch(m.Header); pd.TaskID == id { // what could be read: cancel even a damaged one
 			add(foundTask{where: "dispatched", submission: pd.Submission, taskType: pd.Type, seq: m.Sequence})
 		}
@@ -194,7 +207,7 @@ func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, erro
 	if err != nil {
 		return nil, err
 	}
-	err = d.scanStream(ctx, topology.StreamOutcomes, topology.SubjectOutcomesAll, func(m *jetstream.RawStreamMsg) {
+	err = cn.scanStream(ctx, topology.StreamOutcomes, topology.SubjectOutcomesAll, func(m *jetstream.RawStreamMsg) {
 		if !bytes.Contains(m.Data, quoted) {
 			return
 		}
@@ -213,8 +226,8 @@ func (d *Dispatcher) findTask(ctx context.Context, id string) ([]foundTask, erro
 // scanStream reads every message stored in the stream when the scan starts,
 // one "next message from this sequence" get at a time: work-queue streams
 // allow no second consumer.
-func (d *Dispatcher) scanStream(ctx context.Context, stream, subjects string, each func(*jetstream.RawStreamMsg)) error {
-	s, err := d.js.Stream(ctx, stream)
+func (cn *canceller) scanStream(ctx context.Context, stream, subjects string, each func(*jetstream.RawStreamMsg)) error {
+	s, err := cn.js.Stream(ctx, stream)
 	if err != nil {
 		return err
 	}

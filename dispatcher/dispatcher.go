@@ -4,16 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/dashboard"
+	"github.com/mlsched/mlsched/shared/jsconsume"
 	"github.com/mlsched/mlsched/shared/jspub"
 	"github.com/mlsched/mlsched/shared/jsretry"
 	"github.com/mlsched/mlsched/shared/lifecycle"
@@ -29,51 +33,44 @@ import (
 	"github.com/mlsched/mlsched/shared/tracing"
 )
 
-// Dispatcher is one dispatcher replica.
+// Dispatcher is one dispatcher replica: the wiring of its components and
+// their lifecycle. Everything that handles a message is a stage of its own
+// (intake.go, outcomes.go, results.go), built by run from what it needs.
 type Dispatcher struct {
-	cfg   Config
-	log   zerolog.Logger
-	nc    *nats.Conn
-	ownNC bool
-	js    jetstream.JetStream
-	store stats.Store
-	kind  string // "redis" or "memory"
-	// redis is the client the dispatcher opened for its store (nil when it
-	// was given a store); closed on exit.
-	redis  redis.UniversalClient
-	batch  *stats.Batcher
-	engine *policy.Engine
-	reg    *registry.Registry
-	// superseded attempts: their late outcomes are counted, never final.
-	superseded *supersededSet
-
-	dispatchStream jetstream.Stream
-	resultsStream  jetstream.Stream
-
-	// The components, each with the same lifecycle (shared/lifecycle); run
-	// starts them in this order and stops them in reverse.
-	snaps *refresher       // statistics snapshot and decision table
-	pub   *jspub.Publisher // dispatches: publish-then-ack by callback
-	// resPub publishes results, with room of its own: a backlog of
-	// dispatches awaiting their acknowledgements must not hold back the
-	// results that finish tasks.
-	resPub  *jspub.Publisher
-	sweeper *sweeper // lost attempts
-	intake  *intake  // the stages: intake.go, outcomes.go, results.go
-	outcome *outcomes
-
+	cfg      Config
+	log      zerolog.Logger
+	engine   *policy.Engine
+	tracer   *tracing.Tracer
+	metrics  *metrics
 	counters Counters
-	wired    atomic.Bool // the components are built (Report reads them)
+	given    given         // what the options supplied
+	http     *httpListener // /metrics, /healthz, /readyz, the dashboard (observe.go)
+	live     atomic.Bool   // started and not draining: what /readyz needs first
+	// parts is what run built, nil until it has set up the store, the
+	// registry and the stages: what Report, Ready, Cancel and the metrics
+	// read.
+	parts atomic.Pointer[parts]
+}
 
-	metrics      *metrics
-	tracer       *tracing.Tracer
-	live         atomic.Bool // started and not draining: what /readyz needs first
-	backlog      atomic.Pointer[map[string]int64]
-	httpMu       sync.Mutex
-	http         *opshttp.Server
-	httpHandlers []httpHandler // mounted once the listener starts
+// given is what the options supplied instead of the configuration.
+type given struct {
+	nc    *nats.Conn // the caller closes it
+	store stats.Store
+	kind  string
+}
 
-	initDone chan struct{} // closed once run has set up the store, registry and snapshots
+// parts are the components run builds that the operator-facing code reads.
+type parts struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	store   stats.Store
+	kind    string // "redis" or "memory"
+	batch   *stats.Batcher
+	reg     *registry.Registry
+	snaps   *refresher // statistics snapshot and decision table
+	intake  *intake
+	cancel  *canceller
+	backlog *backlogSampler
 }
 
 // Counters are cumulative, per replica.
@@ -111,12 +108,12 @@ type Counters struct {
 type Option func(*Dispatcher)
 
 // WithConn uses an existing NATS connection (the caller closes it).
-func WithConn(nc *nats.Conn) Option { return func(d *Dispatcher) { d.nc = nc } }
+func WithConn(nc *nats.Conn) Option { return func(d *Dispatcher) { d.given.nc = nc } }
 
 // WithStore uses the given statistics store instead of one built from the
 // configuration.
 func WithStore(s stats.Store, kind string) Option {
-	return func(d *Dispatcher) { d.store, d.kind = s, kind }
+	return func(d *Dispatcher) { d.given.store, d.given.kind = s, kind }
 }
 
 // WithLogger sets the logger.
@@ -140,13 +137,12 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 		o(d)
 	}
 	d.log = d.log.With().Str("dispatcher", cfg.Name).Logger()
-	d.snaps = &refresher{engine: engine, interval: cfg.SnapshotInterval, log: d.log}
+	d.http = &httpListener{addr: cfg.HTTPAddr, log: d.log}
 	d.metrics = newMetrics(d)
 	if d.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-dispatcher",
 		Instance: cfg.Name}); err != nil {
 		return nil, err
 	}
-	d.initDone = make(chan struct{})
 	return d, nil
 }
 
@@ -154,7 +150,66 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 func (d *Dispatcher) Counters() *Counters { return &d.counters }
 
 // Store returns the statistics store in use (after Run has started).
-func (d *Dispatcher) Store() stats.Store { return d.store }
+func (d *Dispatcher) Store() stats.Store {
+	if p := d.parts.Load(); p != nil {
+		return p.store
+	}
+	return d.given.store
+}
+
+// Config returns the dispatcher's configuration (defaults applied).
+func (d *Dispatcher) Config() Config { return d.cfg }
+
+// Report builds this replica's view of the cluster (admin.go).
+func (d *Dispatcher) Report() *protocol.StatsReport {
+	p := d.parts.Load()
+	if p == nil { // still starting: nothing to report but the name
+		return &protocol.StatsReport{Dispatcher: d.cfg.Name, Window: d.cfg.StatsWindow}
+	}
+	return p.report(d.cfg, &d.counters)
+}
+
+// Backlog is the last sample of tasks waiting per type (nil before the
+// first); the map must not be modified.
+func (d *Dispatcher) Backlog() map[string]int64 {
+	if p := d.parts.Load(); p != nil {
+		return p.backlog.get()
+	}
+	return nil
+}
+
+// Cancel cancels a task that has no result yet (cancel.go).
+func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) protocol.CancelReply {
+	p := d.parts.Load()
+	if p == nil {
+		return protocol.CancelReply{ID: req.ID, Outcome: protocol.CancelInvalid, Error: "the dispatcher is starting"}
+	}
+	return p.cancel.Cancel(ctx, req)
+}
+
+// Ready reports readiness (observe.go): connected to NATS, every stream
+// present, the statistics store reachable; degraded mode says why.
+func (d *Dispatcher) Ready(ctx context.Context) opshttp.Status {
+	p := d.parts.Load()
+	if !d.live.Load() || p == nil {
+		return notLive
+	}
+	return p.ready(ctx)
+}
+
+// HandleHTTP mounts h on the replica's HTTP listener (MLSCHED_HTTP_ADDR), next
+// to /metrics, /healthz and /readyz: the dashboard and its API. Call it before
+// or after Run; with the listener off it does nothing. Use ServeMux patterns
+// that match exactly what they serve ("GET /{$}" for the root page), so that
+// unknown paths stay 404.
+func (d *Dispatcher) HandleHTTP(pattern string, h http.Handler) { d.http.handle(pattern, h) }
+
+// HTTPAddr is the listener's bound address, nil when it is off or not
+// started yet.
+func (d *Dispatcher) HTTPAddr() net.Addr { return d.http.bound() }
+
+// Metrics is the replica's Prometheus registry (what /metrics serves).
+func (d *Dispatcher) Metrics() prometheus.Gatherer { return d.metrics.reg }
 
 func hostname() string {
 	h, err := os.Hostname()
@@ -164,57 +219,51 @@ func hostname() string {
 	return h
 }
 
-func (d *Dispatcher) connect(ctx context.Context) error {
-	if d.nc == nil {
-		nc, err := natsconn.Connect(d.cfg.NATS, natsconn.Conn{
+// connect opens the NATS connection (unless WithConn gave one: own is then
+// false) and ensures the topology.
+func (d *Dispatcher) connect(ctx context.Context) (nc *nats.Conn, own bool, js jetstream.JetStream, err error) {
+	nc = d.given.nc
+	if nc == nil {
+		if nc, err = natsconn.Connect(d.cfg.NATS, natsconn.Conn{
 			Name: "mlsched-dispatcher-" + d.cfg.Name, Inbox: natsconn.InboxDispatcher, Log: &d.log, Retry: true,
-		})
-		if err != nil {
-			return err
+		}); err != nil {
+			return nil, false, nil, err
 		}
-		d.nc, d.ownNC = nc, true
+		own = true
 	}
-	js, err := jetstream.New(d.nc, jetstream.WithPublishAsyncMaxPending(d.cfg.MaxInFlight),
-		jetstream.WithPublishAsyncTimeout(10*time.Second))
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
+	fail := func(err error) (*nats.Conn, bool, jetstream.JetStream, error) {
+		if own {
+			nc.Close()
+		}
+		return nil, false, nil, err
 	}
-	d.js = js
-	d.pub = jspub.New(d.nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
-	d.resPub = jspub.New(d.nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
+	if js, err = jetstream.New(nc); err != nil {
+		return fail(fmt.Errorf("jetstream: %w", err))
+	}
 	// Retried while JetStream is unavailable (a cluster election): a
 	// dispatcher restarted then waits instead of exiting.
 	if err := jsretry.Do(ctx, d.log, "topology", func(ctx context.Context) error {
 		return topology.Ensure(ctx, js, d.cfg.Topology())
 	}); err != nil {
-		return err
+		return fail(err)
 	}
-	if err := jsretry.Do(ctx, d.log, "streams", func(ctx context.Context) (err error) {
-		if d.dispatchStream, err = js.Stream(ctx, topology.StreamDispatch); err != nil {
-			return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
-		}
-		if d.resultsStream, err = js.Stream(ctx, topology.StreamResults); err != nil {
-			return fmt.Errorf("stream %s: %w", topology.StreamResults, err)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	return nil
+	return nc, own, js, nil
 }
 
-func (d *Dispatcher) openStore(ctx context.Context) error {
-	if d.store != nil {
-		return nil
+// openStore opens the statistics store the configuration names, unless
+// WithStore gave one; rc is the Redis client it opened (nil otherwise),
+// for the caller to close.
+func (d *Dispatcher) openStore(ctx context.Context) (store stats.Store, kind string, rc redis.UniversalClient, err error) {
+	if d.given.store != nil {
+		return d.given.store, d.given.kind, nil, nil
 	}
 	if d.cfg.RedisURL == "" {
-		d.store, d.kind = stats.NewMemory(d.cfg.Window()), "memory"
-		return nil
+		return stats.NewMemory(d.cfg.Window()), "memory", nil, nil
 	}
 	c, err := redisconn.Open(redisconn.Config{URL: d.cfg.RedisURL, ClientName: "mlsched-dispatcher-" + d.cfg.Name,
 		PasswordFile: d.cfg.RedisPasswordFile, CA: d.cfg.RedisCA, Cert: d.cfg.RedisCert, Key: d.cfg.RedisKey})
 	if err != nil {
-		return fmt.Errorf("MLSCHED_REDIS_URL: %w", err)
+		return nil, "", nil, fmt.Errorf("MLSCHED_REDIS_URL: %w", err)
 	}
 	// A refused password or certificate is a configuration error, not an
 	// outage: stop with it rather than run degraded for ever. Redis being
@@ -225,15 +274,14 @@ func (d *Dispatcher) openStore(ctx context.Context) error {
 	switch {
 	case errors.Is(err, redisconn.ErrAuth):
 		_ = c.Close()
-		return fmt.Errorf("connect to Redis at %s: %w (check MLSCHED_REDIS_URL's user and MLSCHED_REDIS_PASSWORD_FILE)", redisconn.Redact(d.cfg.RedisURL), err)
+		return nil, "", nil, fmt.Errorf("connect to Redis at %s: %w (check MLSCHED_REDIS_URL's user and MLSCHED_REDIS_PASSWORD_FILE)", redisconn.Redact(d.cfg.RedisURL), err)
 	case errors.Is(err, redisconn.ErrTLS):
 		_ = c.Close()
-		return fmt.Errorf("connect to Redis at %s: %w (check MLSCHED_REDIS_CA, MLSCHED_REDIS_CERT and MLSCHED_REDIS_KEY)", redisconn.Redact(d.cfg.RedisURL), err)
+		return nil, "", nil, fmt.Errorf("connect to Redis at %s: %w (check MLSCHED_REDIS_CA, MLSCHED_REDIS_CERT and MLSCHED_REDIS_KEY)", redisconn.Redact(d.cfg.RedisURL), err)
 	case err != nil:
 		d.log.Warn().Err(err).Str("redis", redisconn.Redact(d.cfg.RedisURL)).Msg("Redis does not answer at start: running degraded until it does")
 	}
-	d.redis = c
-	d.store, d.kind = redisstats.New(c, d.cfg.Window(), redisstats.WithReseed(d.cfg.StatsReseed),
+	return redisstats.New(c, d.cfg.Window(), redisstats.WithReseed(d.cfg.StatsReseed),
 		redisstats.WithForgetAfter(d.cfg.StatsForgetAfter),
 		redisstats.WithOnReset(func(r redisstats.ResetInfo) {
 			d.counters.StoreResets.Add(1)
@@ -245,8 +293,7 @@ func (d *Dispatcher) openStore(ctx context.Context) error {
 			d.log.Warn().Str("old_generation", r.OldGeneration).Str("generation", r.NewGeneration).Bool("first", r.First).
 				Int("buckets", r.Buckets).Int("fields", r.Fields).Dur("took", r.Took).
 				Msg("statistics store was reset: re-seeded it from this replica's last snapshot")
-		})), "redis"
-	return nil
+		})), "redis", c, nil
 }
 
 // Run starts the dispatcher and blocks until ctx is cancelled, then drains:
@@ -261,7 +308,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 func (d *Dispatcher) run(ctx context.Context) error {
-	stopHTTP, err := d.startHTTP()
+	stopHTTP, err := d.http.start(d.metrics.reg, d.Ready)
 	if err != nil {
 		return err
 	}
@@ -271,26 +318,40 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		defer cancel()
 		_ = d.tracer.Shutdown(ctx)
 	}()
-	if err := d.connect(ctx); err != nil {
+	nc, own, js, err := d.connect(ctx)
+	if err != nil {
 		return err
 	}
-	if d.ownNC {
-		defer d.nc.Close()
+	if own {
+		defer nc.Close()
 	}
-	if err := d.openStore(ctx); err != nil {
+	var dispatchStream, resultsStream jetstream.Stream
+	if err := jsretry.Do(ctx, d.log, "streams", func(ctx context.Context) (err error) {
+		if dispatchStream, err = js.Stream(ctx, topology.StreamDispatch); err != nil {
+			return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
+		}
+		if resultsStream, err = js.Stream(ctx, topology.StreamResults); err != nil {
+			return fmt.Errorf("stream %s: %w", topology.StreamResults, err)
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
-	defer d.store.Close()
-	if d.redis != nil {
-		defer d.redis.Close()
+	store, kind, rc, err := d.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if rc != nil {
+		defer rc.Close()
 	}
 
 	var kv, skv jetstream.KeyValue
 	if err := jsretry.Do(ctx, d.log, "buckets", func(ctx context.Context) (err error) {
-		if kv, err = topology.EnsureNodesBucket(ctx, d.js, d.cfg.Topology()); err != nil {
+		if kv, err = topology.EnsureNodesBucket(ctx, js, d.cfg.Topology()); err != nil {
 			return err
 		}
-		skv, err = topology.EnsureSupersededBucket(ctx, d.js, d.cfg.Topology())
+		skv, err = topology.EnsureSupersededBucket(ctx, js, d.cfg.Topology())
 		return err
 	}); err != nil {
 		return err
@@ -299,7 +360,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// (its reads get no responders): wait, as for the other buckets.
 	var sealer *protocol.Sealer // seals dispatches under the key every replica shares (trust.go)
 	if err := jsretry.Do(ctx, d.log, "seal key", func(ctx context.Context) error {
-		pkv, err := topology.EnsureDispatcherBucket(ctx, d.js, d.cfg.Topology())
+		pkv, err := topology.EnsureDispatcherBucket(ctx, js, d.cfg.Topology())
 		if err != nil {
 			return err
 		}
@@ -311,30 +372,40 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.batch = stats.NewBatcher(d.store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})
-	d.superseded = newSupersededSet(skv, d.log)
-	d.reg = registry.New(kv, d.cfg.NodeTTL, d.log)
-	d.wired.Store(true) // Report may read batch and reg from now on
-	d.snaps.store, d.snaps.reg = d.store, d.reg
-	dlq := &deadLetters{js: d.js, log: d.log, count: &d.counters.DeadLettered,
-		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
-	d.sweeper = &sweeper{js: d.js, dispatch: d.dispatchStream, results: d.resultsStream, dlq: dlq,
-		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log}
-	// The stages, each from what it needs; complete is publish-then-ack,
-	// the one place a consumed message is settled.
-	complete := &jspub.Completer{NakDelay: time.Second}
-	fin := newFinisher(finisherParams{log: d.log, resPub: d.resPub, complete: complete, dlq: dlq,
-		resultsStream: d.resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
-	d.intake = newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: d.snaps, reg: d.reg,
-		pub: d.pub, complete: complete, batch: d.batch, sealer: sealer, superseded: d.superseded, fin: fin,
-		counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
-	d.outcome = newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: d.nc, complete: complete, batch: d.batch,
-		snaps: d.snaps, sealer: sealer, superseded: d.superseded, retry: d.intake, fin: fin,
-		counters: &d.counters, metrics: d.metrics})
-	tasks := d.newConsumer(topology.StreamTasks, d.intake.handleTask)
-	outcomes := d.newConsumer(topology.StreamOutcomes, d.outcome.handleOutcome)
 
-	close(d.initDone) // Report may read what run set up
+	// The components, each from what it needs.
+	batch := stats.NewBatcher(store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})
+	superseded := newSupersededSet(skv, d.log) // superseded attempts and cancelled tasks
+	reg := registry.New(kv, d.cfg.NodeTTL, d.log)
+	snaps := &refresher{store: store, engine: d.engine, reg: reg, interval: d.cfg.SnapshotInterval, log: d.log}
+	// Dispatches and results each have a publisher with room of its own: a
+	// backlog of dispatches awaiting their acknowledgements must not hold
+	// back the results that finish tasks.
+	pub := jspub.New(nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
+	resPub := jspub.New(nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
+	dlq := &deadLetters{js: js, log: d.log, count: &d.counters.DeadLettered,
+		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
+	sweep := &sweeper{js: js, dispatch: dispatchStream, results: resultsStream, dlq: dlq,
+		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log}
+	// The stages. complete is publish-then-ack, the one place a consumed
+	// message is settled.
+	complete := &jspub.Completer{NakDelay: time.Second}
+	fin := newFinisher(finisherParams{log: d.log, resPub: resPub, complete: complete, dlq: dlq,
+		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
+	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
+		pub: pub, complete: complete, batch: batch, sealer: sealer, superseded: superseded, fin: fin,
+		counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
+	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
+		snaps: snaps, sealer: sealer, superseded: superseded, retry: in, fin: fin,
+		counters: &d.counters, metrics: d.metrics})
+	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
+		counters: &d.counters, metrics: d.metrics}
+	backlog := &backlogSampler{js: js, reg: reg, log: d.log}
+	tasks := newConsumer(js, d.cfg, d.log, topology.StreamTasks, in.handleTask)
+	outcomes := newConsumer(js, d.cfg, d.log, topology.StreamOutcomes, out.handleOutcome)
+	d.parts.Store(&parts{nc: nc, js: js, store: store, kind: kind, batch: batch, reg: reg, snaps: snaps,
+		intake: in, cancel: cn, backlog: backlog})
+
 	var g lifecycle.Group
 	start := func(name string, s lifecycle.Service) error {
 		err := g.Start(ctx, name, s)
@@ -343,33 +414,54 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		}
 		return err
 	}
+	batchCtx, cancelBatch := context.WithCancel(context.Background())
+	defer cancelBatch()
 	components := []struct {
 		name string
 		s    lifecycle.Service
 	}{
-		{"statistics batcher", d.batcherService()},
-		{"superseded set", d.superseded},
-		{"node registry", d.registryService()},
-		{"snapshot refresher", d.snaps},
+		// flushed at Stop, reporting what could not be written
+		{"statistics batcher", &lifecycle.Func{
+			OnStart: func(context.Context) error { batch.Start(batchCtx); return nil },
+			OnStop: func() error {
+				flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				return batch.Stop(flush)
+			}}},
+		{"superseded set", superseded},
+		// started once the bucket's contents are loaded (or after 2s), so
+		// that the first decisions see every node
+		{"node registry", lifecycle.Run(func(ctx context.Context, ready func()) error {
+			go func() {
+				select {
+				case <-reg.Ready():
+				case <-time.After(2 * time.Second):
+				case <-ctx.Done():
+				}
+				ready()
+			}()
+			return reg.Run(ctx)
+		})},
+		{"snapshot refresher", snaps},
 		// stopped after everything that dispatches or settles outcomes: their
 		// Stop waits for the dispatches and results in flight, which settle
 		// their messages
-		{"dispatch publisher", &lifecycle.Func{OnStart: d.pub.Start, OnStop: d.pub.Stop}},
-		{"result publisher", &lifecycle.Func{OnStart: d.resPub.Start, OnStop: d.resPub.Stop}},
+		{"dispatch publisher", &lifecycle.Func{OnStart: pub.Start, OnStop: pub.Stop}},
+		{"result publisher", &lifecycle.Func{OnStart: resPub.Start, OnStop: resPub.Stop}},
 		// waits for the slow follow-ups of results (an exhausted task's dead
 		// letter), which settle their messages
 		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},
-		{"sweeper", d.sweeper},
-		{"backlog sampler", d.backlogService()},
-		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx); return nil })},
-		{"admin", d.subscription(d.serveAdmin)},
-		{"cancel", d.subscription(d.serveCancel)},
+		{"sweeper", sweep},
+		{"backlog sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); backlog.run(ctx); return nil })},
+		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx, nc, js); return nil })},
+		{"admin", subscription(func() (*nats.Subscription, error) { return serveAdmin(nc, d.Report) })},
+		{"cancel", subscription(cn.serve)},
 		// after the completer (a held task's dispatch settles through it),
 		// before the consumers (which hold tasks): stopping, it naks them
-		{"hold room", d.intake.holdService()},
-		{"unserved room", d.intake.unservedService()},
+		{"hold room", in.holdService()},
+		{"unserved room", in.unservedService()},
 		// before the task consumer: a dispatch's report finds a replica
-		{"direct reports", d.outcome.reportsService()},
+		{"direct reports", out.reportsService()},
 		{"task consumer", tasks},
 		{"outcome consumer", outcomes},
 	}
@@ -379,7 +471,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		}
 	}
 	d.live.Store(true)
-	d.log.Info().Str("store", d.kind).Str("policy", d.cfg.Policy).Msg("dispatcher started")
+	d.log.Info().Str("store", kind).Str("policy", d.cfg.Policy).Msg("dispatcher started")
 
 	select {
 	case <-ctx.Done():
@@ -399,49 +491,22 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	return err
 }
 
-// batcherService runs the statistics batcher; its Stop flushes what is
-// buffered and reports what could not be written.
-func (d *Dispatcher) batcherService() lifecycle.Service {
-	bg, cancel := context.WithCancel(context.Background())
-	return &lifecycle.Func{
-		OnStart: func(context.Context) error { d.batch.Start(bg); return nil },
-		OnStop: func() error {
-			defer cancel()
-			flush, cancelFlush := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancelFlush()
-			return d.batch.Stop(flush)
-		},
+// runDashboard mounts the web dashboard at / on the HTTP listener and
+// gathers its view until ctx ends (see package dashboard): only when the
+// listener is on.
+func (d *Dispatcher) runDashboard(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) {
+	if d.http.bound() == nil || d.cfg.DashboardRefresh <= 0 {
+		return
 	}
-}
-
-// backlogService samples the task backlog for the metrics.
-func (d *Dispatcher) backlogService() lifecycle.Service {
-	return lifecycle.Run(func(ctx context.Context, ready func()) error {
-		ready()
-		d.backlogLoop(ctx)
-		return nil
-	})
-}
-
-// registryService follows the nodes bucket; it is started once the bucket's
-// contents are loaded (or after 2s), so that the first decisions see every
-// node.
-func (d *Dispatcher) registryService() lifecycle.Service {
-	return lifecycle.Run(func(ctx context.Context, ready func()) error {
-		go func() {
-			select {
-			case <-d.reg.Ready():
-			case <-time.After(2 * time.Second):
-			case <-ctx.Done():
-			}
-			ready()
-		}()
-		return d.reg.Run(ctx)
-	})
+	dash := dashboard.New(nc, js, dashboard.Config{Interval: d.cfg.DashboardRefresh}, d.log)
+	for _, p := range dashboard.Patterns {
+		d.http.handle(p, dash)
+	}
+	dash.Run(ctx)
 }
 
 // subscription serves a core-NATS subscription while running.
-func (d *Dispatcher) subscription(serve func() (*nats.Subscription, error)) lifecycle.Service {
+func subscription(serve func() (*nats.Subscription, error)) lifecycle.Service {
 	var sub *nats.Subscription
 	return &lifecycle.Func{
 		OnStart: func(context.Context) (err error) { sub, err = serve(); return err },
@@ -449,5 +514,19 @@ func (d *Dispatcher) subscription(serve func() (*nats.Subscription, error)) life
 	}
 }
 
-// Config returns the dispatcher's configuration (defaults applied).
-func (d *Dispatcher) Config() Config { return d.cfg }
+// newConsumer consumes one stream through the durable consumer all replicas
+// share (shared/jsconsume re-creates it when it is deleted under us). A
+// consumer that exists with an incompatible configuration ends it with
+// topology.ErrIncompatible.
+func newConsumer(js jetstream.JetStream, cfg Config, log zerolog.Logger, stream string, h jetstream.MessageHandler) *jsconsume.Consumer {
+	return &jsconsume.Consumer{JS: js, Stream: stream, Handle: h,
+		Config: jetstream.ConsumerConfig{
+			Durable:       topology.ConsumerDispatcher,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxAckPending: 2 * cfg.MaxInFlight,
+			MaxDeliver:    -1, // work-queue streams keep what hits MaxDeliver: we settle every message ourselves
+		},
+		Pull: min(cfg.MaxInFlight, 256), Heartbeat: 5 * time.Second, Check: 5 * time.Second,
+		Log: log.With().Str("stream", stream).Logger()}
+}

@@ -113,15 +113,16 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.Cancelled, "cancelled")
 	counter(descEvents, &cs.Saturated, "saturated")
 	counter(descEvents, &cs.StoreResets, "store_reset")
-	if !d.live.Load() {
+	p := d.parts.Load()
+	if !d.live.Load() || p == nil {
 		return
 	}
 	degraded := 0.0
-	if d.degradedReason() != "" {
+	if p.degradedReason() != "" {
 		degraded = 1
 	}
 	gauge(descDegraded, degraded)
-	if snap := d.snaps.snap.Load(); snap != nil {
+	if snap := p.snaps.snap.Load(); snap != nil {
 		gauge(descSnapshotAge, max(0, time.Since(snap.Taken).Seconds()))
 		for name, m := range snap.Models {
 			if j := m.Judged(); j > 0 {
@@ -135,27 +136,25 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descModelInflight, float64(max(0, m.InFlight)), name)
 		}
 	}
-	if d.wired.Load() {
-		nodes := d.reg.Live()
-		gauge(descNodes, float64(len(nodes)))
-		for _, n := range nodes {
-			gauge(descNodeInflight, float64(n.InFlight), n.Node)
-			gauge(descNodeCapacity, float64(n.Capacity), n.Node)
-		}
+	nodes := p.reg.Live()
+	gauge(descNodes, float64(len(nodes)))
+	for _, n := range nodes {
+		gauge(descNodeInflight, float64(n.InFlight), n.Node)
+		gauge(descNodeCapacity, float64(n.Capacity), n.Node)
 	}
-	if b := d.backlog.Load(); b != nil {
-		types := make([]string, 0, len(*b))
-		for t := range *b {
+	if b := p.backlog.get(); b != nil {
+		types := make([]string, 0, len(b))
+		for t := range b {
 			types = append(types, t)
 		}
 		sort.Strings(types)
 		var other int64
 		for i, t := range types {
 			if i >= opshttp.DefaultMaxChildren { // junk types published at random must not grow series
-				other += (*b)[t]
+				other += b[t]
 				continue
 			}
-			gauge(descBacklog, float64((*b)[t]), t)
+			gauge(descBacklog, float64(b[t]), t)
 		}
 		if len(types) > opshttp.DefaultMaxChildren {
 			gauge(descBacklog, float64(other), opshttp.Overflow)

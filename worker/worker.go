@@ -189,53 +189,90 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer w.running.Store(false)
 	w.draining.Store(false)
-	stopHTTP, err := w.startHTTP()
-	if err != nil {
+
+	// The components, started in order and stopped in reverse (the
+	// dispatcher's lifecycle): the node drains first, then the task
+	// context ends, the executors close, the outcomes in flight settle
+	// their dispatches, and the connection drains.
+	var g lifecycle.Group
+	start := func(name string, s lifecycle.Service) error {
+		if err := g.Start(ctx, name, s); err != nil {
+			return errors.Join(startErr(ctx, err), g.Stop())
+		}
+		return nil
+	}
+	var stopHTTP func()
+	var nc *nats.Conn
+	var js jetstream.JetStream
+	if err := start("http", &lifecycle.Func{
+		OnStart: func(context.Context) (err error) { stopHTTP, err = w.startHTTP(); return err },
+		OnStop:  func() error { stopHTTP(); return nil }}); err != nil {
 		return err
 	}
-	defer stopHTTP()
-	defer func() { // spans not exported yet
+	if err := start("tracer", &lifecycle.Func{OnStop: func() error { // spans not exported yet
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = w.tracer.Shutdown(ctx)
-	}()
-
-	nc := w.nc
-	if nc == nil {
-		var err error
-		nc, err = natsconn.Connect(w.cfg.NATS, natsconn.Conn{
-			Name: "mlsched-worker-" + w.node, Inbox: natsconn.InboxNode(w.node), Log: &w.log, Retry: true,
-		}, nats.ReconnectWait(500*time.Millisecond))
-		if err != nil {
-			return err
-		}
-		defer func() { _ = nc.Drain() }()
+		return w.tracer.Shutdown(ctx)
+	}}); err != nil {
+		return err
 	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(w.cfg.PublishTimeout))
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
+	if err := start("connection", &lifecycle.Func{
+		OnStart: func(context.Context) (err error) {
+			nc = w.nc
+			own := nc == nil
+			if own {
+				if nc, err = natsconn.Connect(w.cfg.NATS, natsconn.Conn{
+					Name: "mlsched-worker-" + w.node, Inbox: natsconn.InboxNode(w.node), Log: &w.log, Retry: true,
+				}, nats.ReconnectWait(500*time.Millisecond)); err != nil {
+					return err
+				}
+			}
+			if js, err = jetstream.New(nc, jetstream.WithPublishAsyncTimeout(w.cfg.PublishTimeout)); err != nil {
+				if own {
+					nc.Close()
+				}
+				return fmt.Errorf("jetstream: %w", err)
+			}
+			return nil
+		},
+		OnStop: func() error {
+			if w.nc == nil { // ours: what is buffered goes out first
+				_ = nc.Drain()
+			}
+			return nil
+		}}); err != nil {
+		return err
 	}
 	// Outcomes in flight count as tasks until their dispatch is acked, so
 	// that a shutdown waits for them. MaxAckPending already bounds them by
 	// Concurrency; the window makes the bound explicit.
 	w.complete = &jspub.Completer{NakDelay: nakDelay, Settled: w.tasks.Done,
 		Failed: func(op string, err error) { w.log.Warn().Err(err).Str("op", op).Msg("settling a dispatch failed") }}
-	if w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.cfg.Concurrency, w.cfg.PublishTimeout, !w.cfg.StoredOutcomesOnly, w.tasks.Done); err != nil {
+	if err := start("outcome publisher", &lifecycle.Func{
+		OnStart: func(ctx context.Context) (err error) {
+			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.cfg.Concurrency, w.cfg.PublishTimeout,
+				!w.cfg.StoredOutcomesOnly, w.tasks.Done)
+			return err
+		},
+		OnStop: func() error { w.outcomes.close(); return nil }}); err != nil {
 		return err
 	}
-	defer w.outcomes.close()
 	kv, err := w.awaitTopology(ctx, js)
-	if err != nil {
-		return startErr(ctx, fmt.Errorf("topology: %w", err))
+	if err == nil {
+		err = jsretry.Do(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
+			_, err := js.Stream(ctx, topology.StreamDispatch)
+			if err != nil {
+				err = fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
+			}
+			return err
+		})
+	} else {
+		err = fmt.Errorf("topology: %w", err)
 	}
-	if err := jsretry.Do(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
-		_, err := js.Stream(ctx, topology.StreamDispatch)
-		return err
-	}); err != nil {
-		return startErr(ctx, fmt.Errorf("stream %s: %w", topology.StreamDispatch, err))
+	if err != nil {
+		return errors.Join(startErr(ctx, err), g.Stop())
 	}
 
-	w.models = map[string]*hosted{}
 	poke := make(chan struct{}, 1)
 	pokeReadiness := func() {
 		select {
@@ -243,6 +280,39 @@ func (w *Worker) Run(ctx context.Context) error {
 		default:
 		}
 	}
+	if err := start("executors", &lifecycle.Func{
+		OnStart: func(context.Context) error { return w.openExecutors(pokeReadiness) },
+		OnStop:  func() error { w.closeExecutors(); return nil }}); err != nil {
+		return err
+	}
+	// Tasks run under their own context, cancelled only when the shutdown
+	// grace ends, so that in-flight work survives ctx's cancellation.
+	if err := start("task context", &lifecycle.Func{
+		OnStart: func(context.Context) error {
+			w.taskCtx, w.cancelRun = context.WithCancelCause(context.WithoutCancel(ctx))
+			w.slots = make(chan struct{}, w.cfg.Concurrency)
+			return nil
+		},
+		OnStop: func() error { w.cancelRun(nil); return nil }}); err != nil {
+		return err
+	}
+	if err := start("node", w.nodeService(js, kv, poke)); err != nil {
+		return err
+	}
+	w.liveConn.Store(&conns{nc: nc, js: js})
+	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).Msg("worker started")
+
+	<-ctx.Done()
+	w.liveConn.Store(nil)
+	if err := g.Stop(); err != nil {
+		w.log.Warn().Err(err).Msg("worker stopped with errors")
+	}
+	return nil
+}
+
+// openExecutors builds one executor per hosted model.
+func (w *Worker) openExecutors(pokeReadiness func()) error {
+	w.models = map[string]*hosted{}
 	for _, s := range w.specs {
 		ex, err := executor.New(s, executor.Options{Handlers: w.handlers, Seed: w.cfg.SimSeed, Log: w.log,
 			Concurrency: w.cfg.Concurrency, ReadinessChanged: pokeReadiness})
@@ -261,14 +331,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		w.models[s.Name] = h
 	}
-	defer w.closeExecutors()
+	return nil
+}
 
-	// Tasks run under their own context, cancelled only when the shutdown
-	// grace ends, so that in-flight work survives ctx's cancellation.
-	w.taskCtx, w.cancelRun = context.WithCancelCause(context.WithoutCancel(ctx))
-	defer w.cancelRun(nil)
-	w.slots = make(chan struct{}, w.cfg.Concurrency)
-
+// nodeService consumes the node's dispatches and announces the node, only
+// once it consumes, with the models ready by then. Stopping drains the
+// node (shutdown), then stops the heartbeat and deletes it.
+func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke chan struct{}) lifecycle.Service {
 	cons := &jsconsume.Consumer{JS: js, Stream: topology.StreamDispatch, Handle: w.onMessage,
 		Config: jetstream.ConsumerConfig{
 			Durable:       topology.NodeConsumer(w.node),
@@ -281,12 +350,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		// It never has more than Concurrency messages outstanding.
 		Pull: w.cfg.Concurrency, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,
 		Log: w.log.With().Str("consumer", topology.NodeConsumer(w.node)).Logger()}
-	if err := cons.Start(ctx); err != nil {
-		return startErr(ctx, err)
-	}
-
-	// Announce the node only once it consumes, with the models ready by then.
-	w.checkReadiness(ctx)
 	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.announced, unready: w.unready, kick: make(chan struct{}, 1),
 		capacity: w.cfg.Concurrency, inFlight: w.InFlight, queued: w.queued(js, topology.NodeConsumer(w.node)), draining: &w.draining,
 		started: time.Now().UTC(), log: w.log,
@@ -299,28 +362,35 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.watchReadiness(ctx, poke, hb)
 		return nil
 	})
-	for _, s := range []lifecycle.Service{beating, readiness} {
-		if err := s.Start(ctx); err != nil {
-			return startErr(ctx, err)
-		}
+	var g lifecycle.Group
+	return &lifecycle.Func{
+		OnStart: func(ctx context.Context) error {
+			if err := g.Start(ctx, "dispatch consumer", cons); err != nil {
+				return err
+			}
+			w.checkReadiness(ctx)
+			if err := g.Start(ctx, "heartbeat", beating); err != nil {
+				return errors.Join(err, cons.Stop())
+			}
+			if err := g.Start(ctx, "readiness", readiness); err != nil {
+				return errors.Join(err, g.Stop())
+			}
+			return nil
+		},
+		OnStop: func() error {
+			w.shutdown(hb, cons)
+			err := errors.Join(beating.Stop(), readiness.Stop())
+			if err != nil {
+				w.log.Warn().Err(err).Msg("stopping the heartbeat")
+			}
+			dctx, cancel := context.WithTimeout(context.Background(), w.cfg.PublishTimeout)
+			defer cancel()
+			if err := hb.Remove(dctx); err != nil {
+				w.log.Warn().Err(err).Msg("could not delete the node's heartbeat")
+			}
+			return err
+		},
 	}
-	defer func() {
-		if err := errors.Join(beating.Stop(), readiness.Stop()); err != nil {
-			w.log.Warn().Err(err).Msg("stopping the heartbeat")
-		}
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.PublishTimeout)
-		defer cancel()
-		if err := hb.Remove(dctx); err != nil {
-			w.log.Warn().Err(err).Msg("could not delete the node's heartbeat")
-		}
-	}()
-	w.liveConn.Store(&conns{nc: nc, js: js})
-	defer w.liveConn.Store(nil)
-	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).Msg("worker started")
-
-	<-ctx.Done()
-	w.shutdown(hb, cons)
-	return nil
 }
 
 // startErr turns a startup failure caused by ctx's end (a shutdown request

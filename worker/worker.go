@@ -129,7 +129,7 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	if !w.specsSet {
 		specs, err := model.LoadFile(cfg.ModelsFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s_MODELS_FILE=%q: %w", config.Prefix, cfg.ModelsFile, err)
 		}
 		w.specs = specs
 	} else if err := model.Validate(w.specs); err != nil {

@@ -23,7 +23,8 @@ func Load(spec any) error {
 	if err := envconfig.Process(Prefix, spec); err != nil {
 		var pe *envconfig.ParseError
 		if asParseError(err, &pe) {
-			return fmt.Errorf("invalid %s_%s=%q: %v", Prefix, pe.KeyName, pe.Value, pe.Err)
+			// KeyName is the whole variable name, prefix included.
+			return fmt.Errorf("invalid %s=%q: %v", pe.KeyName, pe.Value, pe.Err)
 		}
 		return fmt.Errorf("configuration: %w", err)
 	}

@@ -52,11 +52,13 @@ func TestInvalidConfigurationExits2(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"bad number", []string{"MLSCHED_CONCURRENCY=lots", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_CONCURRENCY"},
-		{"bad duration", []string{"MLSCHED_ACK_WAIT=soon", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_ACK_WAIT"},
+		{"bad number", []string{"MLSCHED_CONCURRENCY=lots", "MLSCHED_MODELS_FILE=" + good}, `invalid MLSCHED_CONCURRENCY="lots"`},
+		{"zero concurrency", []string{"MLSCHED_CONCURRENCY=-2", "MLSCHED_MODELS_FILE=" + good}, "invalid MLSCHED_CONCURRENCY=-2"},
+		{"negative ack wait", []string{"MLSCHED_ACK_WAIT=-1s", "MLSCHED_MODELS_FILE=" + good}, "invalid MLSCHED_ACK_WAIT=-1s: must be positive"},
+		{"bad duration", []string{"MLSCHED_ACK_WAIT=soon", "MLSCHED_MODELS_FILE=" + good}, `invalid MLSCHED_ACK_WAIT="soon"`},
 		{"bad node id", []string{"MLSCHED_NODE_ID=a.b", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_NODE_ID"},
 		{"bad log level", []string{"MLSCHED_LOG_LEVEL=loud", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_LOG_LEVEL"},
-		{"missing models file", []string{"MLSCHED_MODELS_FILE=/nonexistent/models.yaml"}, "/nonexistent/models.yaml"},
+		{"missing models file", []string{"MLSCHED_MODELS_FILE=/nonexistent/models.yaml"}, `MLSCHED_MODELS_FILE="/nonexistent/models.yaml"`},
 		{"bad models file", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m1, types: [t], executor: gpu}]")}, `model "m1": executor`},
 		{"http model without url", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m3, types: [t], executor: http, http: {mode: oip}}]")}, `model "m3": http.url: missing`},
 		{"http bad mode", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m4, types: [t], executor: http, http: {url: \"http://h\", mode: grpc}}]")}, `model "m4": http.mode: "grpc"`},

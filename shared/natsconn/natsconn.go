@@ -15,10 +15,12 @@ package natsconn
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
@@ -91,6 +93,30 @@ func (c Config) Servers() []string {
 		out = []string{DefaultURL}
 	}
 	return out
+}
+
+// EnvPrefix is the prefix of the variables Config is read from.
+const EnvPrefix = "MLSCHED_NATS"
+
+// WithEnv returns c with every field left empty taken from its MLSCHED_NATS_*
+// variable (MLSCHED_NATS_URL, MLSCHED_NATS_NKEY, ...), so that a program
+// building a Config in code, e.g. client.Dial(natsconn.Config{}), honours
+// the same environment as the binaries; a field set in code wins.
+func (c Config) WithEnv() (Config, error) {
+	var env Config
+	if err := envconfig.Process(EnvPrefix, &env); err != nil {
+		return c, fmt.Errorf("%s_*: %w", EnvPrefix, err)
+	}
+	if c.URL == "" && env.URL == DefaultURL {
+		env.URL = "" // the default tag, not the environment: leave Servers its default
+	}
+	v, e := reflect.ValueOf(&c).Elem(), reflect.ValueOf(env)
+	for i := 0; i < v.NumField(); i++ {
+		if f := v.Field(i); f.Kind() == reflect.String && f.String() == "" {
+			f.SetString(e.Field(i).String())
+		}
+	}
+	return c, nil
 }
 
 // Redacted returns the server list with credentials masked, for logs.

@@ -350,10 +350,15 @@ func originalType(dl protocol.DeadLetter) string {
 	return ""
 }
 
+// oneLine folds s onto one line of at most about n bytes. A longer text
+// loses its middle, not its end: a reason ends with what matters most (the
+// last attempt's error: "…ended model_error: simulated model failure").
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return strings.ToValidUTF8(s[:n], "") + "…"
+	if len(s) <= n {
+		return s
 	}
-	return s
+	head := n / 3
+	tail := n - head - 1
+	return strings.ToValidUTF8(s[:head], "") + "…" + strings.ToValidUTF8(s[len(s)-tail:], "")
 }

@@ -4,7 +4,9 @@
 // The local demo is `make run` (e2e/cmd/mlsched-demo).
 //
 // Exit codes: 0 success; 1 an operation failed (connection, I/O, no result);
-// 2 usage error; 3 partial: some task did not succeed (or was not submitted
+// 2 usage error (a bad flag or flag value: an id, a type, a timeout); 3
+// partial: some task did not succeed (`result`, `wait` and `submit -wait`
+// alike), or was not submitted
 // because its line was bad, or a dead letter could not be replayed); 4 cancel
 // found no such task; 5 cancel found the task already finished.
 package main

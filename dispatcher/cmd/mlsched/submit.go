@@ -44,13 +44,15 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 	models := fs.String("models", "", "comma-separated allow-list of models")
 	timeoutMs := fs.Int64("timeout-ms", 0, "per-attempt timeout in ms (0: the dispatcher's default)")
 	maxAttempts := fs.Int("max-attempts", 0, "attempts before the task fails (0: the dispatcher's default)")
-	maxLatency := fs.Int64("max-latency-ms", 0, "latency budget: prefer models whose p95 fits it (0: none)")
+	maxLatency := fs.Int64("max-latency-ms", 0, "latency budget: only models whose p95 fits it; the task is rejected when none does (0: none)")
 	minRate := fs.Float64("min-success-rate", 0, "exclude models below this success rate (0: none)")
 	wait := fs.Bool("wait", false, "wait for every result, print each as a JSON line, then a summary; exit 3 unless all succeeded")
 	waitTimeout := fs.Duration("wait-timeout", 0, "give up waiting after this long (0: wait until interrupted)")
 	window := fs.Int("window", 256, "submissions awaiting their acknowledgement at once")
 	progressEvery := fs.Duration("progress", time.Second, "with -f: progress on stderr this often (a bar on a terminal, plain lines otherwise; 0: none)")
-	if err := a.parseAndConnect(fs, args); err != nil {
+	// Flags are checked, and a task given by flags validated, before
+	// connecting: a usage error needs no server and exits 2.
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -77,6 +79,9 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 			}
 			in = f
 		}
+		if err := a.connect(); err != nil {
+			return err
+		}
 		return a.submitStream(ctx, in, size, *window, *wait, *waitTimeout, *progressEvery)
 	case *typ != "":
 		t := protocol.Task{ID: *id, Type: *typ, TimeoutMs: *timeoutMs, MaxAttempts: *maxAttempts,
@@ -95,6 +100,10 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 			t.ID = newID()
 		}
 		if err := t.Validate(a.limits()); err != nil {
+			fmt.Fprintln(a.stderr, "mlsched submit:", err)
+			return errUsage // a bad flag value: -id, -type, -timeout-ms, -models ...
+		}
+		if err := a.connect(); err != nil {
 			return err
 		}
 		tasks = []submitLine{{task: t}}

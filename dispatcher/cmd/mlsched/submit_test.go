@@ -123,8 +123,17 @@ func TestSubmitFlags(t *testing.T) {
 		t.Errorf("task %+v", task)
 	}
 	// Invalid flags are refused before anything is published.
-	if code, _, errs := cli(t, srv.URL, "", "submit", "-type", "ocr", "-id", "bad id"); code != exitFailed || !strings.Contains(errs, "invalid_id") {
-		t.Errorf("bad id: code %d, stderr %q", code, errs)
+	// Every bad flag value is a usage error, exit 2, as the README's table
+	// says (issue 22: -id, -timeout-ms and -type exited 1).
+	for _, bad := range [][]string{
+		{"-type", "ocr", "-id", "bad id"},
+		{"-type", "ocr", "-timeout-ms", "999999999"},
+		{"-type", "bad.type"},
+		{"-type", "ocr", "-max-attempts", "1000"},
+	} {
+		if code, _, errs := cli(t, srv.URL, "", append([]string{"submit"}, bad...)...); code != exitUsage || !strings.Contains(errs, "invalid") {
+			t.Errorf("submit %q: code %d, stderr %q, want %d", bad, code, errs, exitUsage)
+		}
 	}
 	if code, _, _ := cli(t, srv.URL, "", "submit", "-type", "ocr", "-payload", "{nope"); code != exitUsage {
 		t.Errorf("bad payload: code %d", code)
@@ -213,6 +222,13 @@ func TestResultAndWaitCommands(t *testing.T) {
 	var r protocol.Result
 	if code != exitOK || json.Unmarshal([]byte(out), &r) != nil || r.ID != "r1" || string(r.Output) != `{"ok":true}` {
 		t.Fatalf("result: code %d, out %q", code, out)
+	}
+	// A task that did not succeed exits 3, as submit -wait and wait do.
+	if code, out, _ := cli(t, srv.URL, "", "result", "r2"); code != exitPartial || !strings.Contains(out, `"status":"rejected"`) {
+		t.Fatalf("result of a rejected task: code %d, out %q, want %d", code, out, exitPartial)
+	}
+	if code, _, errs := cli(t, srv.URL, "", "result", "a b"); code != exitUsage {
+		t.Fatalf("result with a bad id: code %d, stderr %q, want %d", code, errs, exitUsage)
 	}
 	code, out, errs = cli(t, srv.URL, "", "wait", "r1", "r2")
 	if code != exitPartial || strings.Count(out, "\n") != 2 || !strings.Contains(errs, "summary: results=2 succeeded=1 failed=0 rejected=1") {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 func runWait(ctx context.Context, a *app, args []string) error {
@@ -17,6 +18,12 @@ func runWait(ctx context.Context, a *app, args []string) error {
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return errUsage
+	}
+	for _, id := range fs.Args() {
+		if err := protocol.ValidToken(id, protocol.DefaultLimits.MaxIDLen); err != nil {
+			fmt.Fprintf(a.stderr, "mlsched wait: invalid_id: id %q: %v\n", id, err)
+			return errUsage
+		}
 	}
 	var sum summary
 	err := a.waitAndPrint(ctx, fs.Args(), *timeout, &sum)
@@ -45,9 +52,16 @@ func runResult(ctx context.Context, a *app, args []string) error {
 	if errors.Is(err, client.ErrNoResult) {
 		return fmt.Errorf("task %s has no result yet", fs.Arg(0))
 	}
+	if protocol.CodeOf(err) == protocol.CodeInvalidID {
+		fmt.Fprintln(a.stderr, "mlsched result:", err)
+		return errUsage
+	}
 	if err != nil {
 		return err
 	}
 	writeJSON(a.stdout, r)
+	if r.Status != protocol.StatusSucceeded {
+		return errPartial // as submit -wait and wait: the task did not succeed
+	}
 	return nil
 }

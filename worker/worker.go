@@ -312,7 +312,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	w.liveConn.Store(&conns{nc: nc, js: js})
 	defer w.liveConn.Store(nil)
-	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).Msg("worker started")
+	ev := w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs))
+	if un := w.unready(); len(un) > 0 {
+		names := make([]string, len(un))
+		for i, u := range un {
+			names[i] = u.Name
+		}
+		ev = w.log.Warn().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).
+			Int("ready", len(w.specs)-len(un)).Strs("unready", names)
+	}
+	ev.Msg("worker started")
 
 	<-ctx.Done()
 	w.shutdown(hb, cons)

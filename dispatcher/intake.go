@@ -97,8 +97,11 @@ func (d *Dispatcher) dispatch(a attemptSpec, msg jetstream.Msg) {
 	if err != nil {
 		code := protocol.CodeOf(err)
 		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
-			// Nodes may be starting or restarting: wait, bounded, then reject.
-			if time.Since(a.submitted) >= d.cfg.NoNodeWait {
+			// Nodes may be starting or restarting: wait, bounded, then
+			// reject; at once when the only candidates are unready models.
+			if why := unreadyOnly(d.reg.Live(), t.Type, t.Models); why != "" {
+				err = protocol.Errorf(code, "%s: %s", err.(*protocol.Error).Msg, why)
+			} else if time.Since(a.submitted) >= d.cfg.NoNodeWait {
 				err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, d.cfg.NoNodeWait)
 			} else if err = d.waitForNode(a, msg, err); err == nil {
 				return // bounded, so that no type stalls the others (unserved.go)

@@ -106,7 +106,9 @@ func (w *Worker) unready() []protocol.UnreadyModel {
 	for _, s := range w.specs {
 		if h := w.models[s.Name]; h != nil {
 			if g, ok := h.exec.(*gate); ok && !g.ready.Load() {
-				out = append(out, protocol.UnreadyModel{Name: s.Name, Reason: *g.why.Load()})
+				why := *g.why.Load()
+				out = append(out, protocol.UnreadyModel{Name: s.Name, Reason: why, Types: s.Types,
+					Transient: strings.HasPrefix(why, "cooling down")}) // executor.HTTP.Ready's cooldown text
 			}
 		}
 	}

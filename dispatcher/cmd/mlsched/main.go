@@ -78,6 +78,11 @@ type app struct {
 	client         *client.Client
 	timeout        time.Duration // per request
 	inbox          string        // the role's inbox prefix: admin or producer
+	// progressEvery: how often a wait reports on stderr (0: never);
+	// waiting is the one task waited for, when there is one, to say why
+	// it may wait.
+	progressEvery time.Duration
+	waiting       *protocol.Task
 }
 
 type command struct {
@@ -155,7 +160,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		usage(stderr, fs)
 		return exitUsage
 	}
-	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout, inbox: natsconn.InboxProducer}
+	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout, inbox: natsconn.InboxProducer,
+		progressEvery: time.Second}
 	if cmd.admin {
 		a.inbox = natsconn.InboxAdmin
 	}

@@ -289,3 +289,22 @@ func TestSubmitFileStreamsWithProgress(t *testing.T) {
 }
 
 func n2s(n int) string { return fmt.Sprint(n) }
+
+// No wait is silent (issue 22): submit -f -wait reports the results as
+// they come (done, succeeded, failed, rate, ETA), and a single task that
+// has no result says so after a progress interval, and why, from the
+// live nodes: none announces a model for its type.
+func TestSubmitWaitReportsProgress(t *testing.T) {
+	t.Parallel()
+	srv := cluster(t)
+	in := "{\"id\":\"p1\",\"type\":\"nobody\"}\n{\"id\":\"p2\",\"type\":\"nobody\"}\n"
+	code, _, errs := cli(t, srv.URL, in, "submit", "-f", "-", "-wait", "-wait-timeout", "800ms", "-progress", "100ms")
+	if code != exitFailed || !strings.Contains(errs, "results: 0 of 2 (0 succeeded, 0 failed, 0 rejected)") || !strings.Contains(errs, "ETA") {
+		t.Errorf("-f -wait: code %d, stderr %q: want result progress", code, errs)
+	}
+	code, _, errs = cli(t, srv.URL, "", "submit", "-type", "nobody", "-id", "p3", "-models", "nosuch", "-wait", "-wait-timeout", "800ms", "-progress", "100ms")
+	if code != exitFailed || !strings.Contains(errs, "waiting for p3: no result after") ||
+		!strings.Contains(errs, `no live node announces a model for type "nobody" with models nosuch`) {
+		t.Errorf("single -wait: code %d, stderr %q: want it to say why it waits", code, errs)
+	}
+}

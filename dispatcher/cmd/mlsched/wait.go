@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -12,9 +13,11 @@ import (
 func runWait(ctx context.Context, a *app, args []string) error {
 	fs := a.newFlags("wait", "wait [-wait-timeout D] ID...")
 	timeout := fs.Duration("wait-timeout", 0, "give up after this long (0: wait until interrupted)")
+	every := fs.Duration("progress", time.Second, "progress of the results on stderr this often (0: none)")
 	if err := a.parseAndConnect(fs, args); err != nil {
 		return err
 	}
+	a.progressEvery = *every
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return errUsage

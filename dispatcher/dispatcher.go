@@ -177,7 +177,7 @@ func hostname() string {
 
 func (d *Dispatcher) connect(ctx context.Context) error {
 	if d.nc == nil {
-		nc, err := natsconn.Connect(d.cfg.NATS, natsconn.Conn{
+		nc, err := natsconn.ConnectContext(ctx, d.cfg.NATS, natsconn.Conn{ // waits for a server at start
 			Name: "mlsched-dispatcher-" + d.cfg.Name, Inbox: natsconn.InboxDispatcher, Log: &d.log, Retry: true,
 		})
 		if err != nil {

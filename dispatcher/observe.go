@@ -65,7 +65,12 @@ func (d *Dispatcher) startHTTP() (stop func(), err error) {
 	}
 	d.httpHandlers = nil
 	d.httpMu.Unlock()
-	d.log.Info().Str("addr", s.Addr().String()).Msg("http listening: /metrics /healthz /readyz")
+	if d.cfg.DashboardRefresh > 0 {
+		d.log.Info().Str("addr", s.Addr().String()).Str("dashboard", dashboardURL(s.Addr())).
+			Msg("http listening: the dashboard at /, /metrics /healthz /readyz")
+	} else {
+		d.log.Info().Str("addr", s.Addr().String()).Msg("http listening: /metrics /healthz /readyz (no dashboard: MLSCHED_DASHBOARD_REFRESH=0)")
+	}
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -180,4 +185,16 @@ func (d *Dispatcher) runDashboard(ctx context.Context) {
 		d.HandleHTTP(p, dash)
 	}
 	dash.Run(ctx)
+}
+
+// dashboardURL is where a browser on this host finds the dashboard.
+func dashboardURL(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return "http://" + a.String() + "/"
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
 }

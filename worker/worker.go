@@ -200,7 +200,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	nc := w.nc
 	if nc == nil {
 		var err error
-		nc, err = natsconn.Connect(w.cfg.NATS, natsconn.Conn{
+		nc, err = natsconn.ConnectContext(ctx, w.cfg.NATS, natsconn.Conn{ // waits for a server at start
 			Name: "mlsched-worker-" + w.node, Inbox: natsconn.InboxNode(w.node), Log: &w.log, Retry: true,
 		}, nats.ReconnectWait(500*time.Millisecond))
 		if err != nil {

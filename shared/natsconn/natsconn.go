@@ -13,6 +13,7 @@
 package natsconn
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -145,6 +146,21 @@ func (c Config) Validate() error {
 	case c.InboxPrefix != "" && (strings.ContainsAny(c.InboxPrefix, "*> \t") || strings.HasSuffix(c.InboxPrefix, ".")):
 		return fmt.Errorf("invalid MLSCHED_NATS_INBOX_PREFIX=%q: no wildcards, spaces or trailing dot", c.InboxPrefix)
 	}
+	for _, u := range c.Servers() {
+		scheme, _, found := strings.Cut(u, "://")
+		if !found {
+			continue // host:port
+		}
+		switch strings.ToLower(scheme) {
+		case "nats", "tls", "ws", "wss":
+		case "http", "https":
+			// nats.go would dial it and report only EOF.
+			return fmt.Errorf("invalid MLSCHED_NATS_URL=%q: %s:// is not a NATS URL; use nats://host:4222 (the client port; 8222 is the monitoring port)",
+				secret.URL(u), scheme)
+		default:
+			return fmt.Errorf("invalid MLSCHED_NATS_URL=%q: unknown scheme %s://; use nats:// or tls://", secret.URL(u), scheme)
+		}
+	}
 	return nil
 }
 
@@ -258,6 +274,34 @@ func Connect(c Config, how Conn, extra ...nats.Option) (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", c.Redacted(), secret.Error(err))
 	}
 	return nc, nil
+}
+
+// startRetry is how often ConnectContext tries again while no server
+// answers at start.
+const startRetry = time.Second
+
+// ConnectContext is Connect for a long-running process (how.Retry): when no
+// server answers at start it keeps trying, every second, until ctx ends,
+// logging a warning on how.Log (the first failure, then every tenth), as it
+// reconnects for ever once connected; processes may start before NATS
+// (compose, systemd). A refused credential or a bad configuration is not
+// retried. Without how.Retry it is Connect.
+func ConnectContext(ctx context.Context, c Config, how Conn, extra ...nats.Option) (*nats.Conn, error) {
+	for attempt := 1; ; attempt++ {
+		nc, err := Connect(c, how, extra...)
+		if err == nil || !how.Retry || IsAuthError(err) || !errors.Is(err, nats.ErrNoServers) {
+			return nc, err
+		}
+		if how.Log != nil && attempt%10 == 1 {
+			how.Log.Warn().Err(err).Int("attempt", attempt).Dur("retry_every", startRetry).
+				Msg("NATS does not answer at start: retrying until it does")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (gave up: %w)", err, context.Cause(ctx))
+		case <-time.After(startRetry):
+		}
+	}
 }
 
 // IsAuthError reports whether err is the server refusing the credentials

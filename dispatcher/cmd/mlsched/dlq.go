@@ -285,7 +285,8 @@ func (a *app) dlqReplay(ctx context.Context, args []string) error {
 			fmt.Fprintf(a.stderr, "dead letter %d: %v\n", e.Seq, err)
 			continue
 		}
-		fmt.Fprintf(a.stdout, "replayed dead letter %d as task %s (task seq %d)\n", e.Seq, e.DL.TaskID, ack)
+		fmt.Fprintf(a.stdout, "replayed dead letter %d as task %s (task seq %d); its previous result was removed and the replay's result replaces it\n",
+			e.Seq, e.DL.TaskID, ack)
 	}
 	if failed > 0 {
 		return errPartial

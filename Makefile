@@ -30,8 +30,14 @@ build: ## build bin/dispatcher, bin/worker, bin/mlsched and bin/nats-server
 	cd e2e && $(GO) build -o ../$(BIN)/nats-server github.com/nats-io/nats-server/v2
 
 .PHONY: run
-run: ## the demo: embedded NATS, 1 dispatcher, 3 workers, a producer, a live table (Redis if MLSCHED_REDIS_URL is set)
-	$(GO) run ./e2e/cmd/mlsched-demo
+# Built, then run (not `go run`, which exits 1 when Ctrl-C reaches it, so
+# make reported an error after the demo's clean stop). DEMO_FLAGS, e.g.
+# DEMO_FLAGS='-duration 30s -rate 200'.
+DEMO_FLAGS ?=
+run: ## the demo: embedded NATS, 1 dispatcher, 3 workers, a producer, a live table, the dashboard on :9090 (Redis if MLSCHED_REDIS_URL is set)
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/mlsched-demo ./e2e/cmd/mlsched-demo
+	$(BIN)/mlsched-demo $(DEMO_FLAGS)
 
 # The tests start their own redis-server (and, for the Sentinel tests,
 # redis-sentinel) on free ports; they must be installed. As root (CI) we

@@ -182,6 +182,18 @@ func (c Config) Validate() error {
 		return bad("STATS_FORGET_AFTER", c.StatsForgetAfter, "must be 0 (never) or at least the window")
 	case c.SnapshotInterval <= 0:
 		return bad("SNAPSHOT_INTERVAL", c.SnapshotInterval, "must be positive")
+	case c.AckWait <= 0:
+		return bad("ACK_WAIT", c.AckWait, "must be positive")
+	case c.SweepInterval <= 0:
+		return bad("SWEEP_INTERVAL", c.SweepInterval, "must be positive")
+	case c.NoNodeWait < 0:
+		return bad("NO_NODE_WAIT", c.NoNodeWait, "must not be negative")
+	case c.DeadlineSlack < 0:
+		return bad("DEADLINE_SLACK", c.DeadlineSlack, "must not be negative")
+	case c.RetryBackoff < 0:
+		return bad("RETRY_BACKOFF", c.RetryBackoff, "must not be negative")
+	case c.BreakerCooldown <= 0:
+		return bad("BREAKER_COOLDOWN", c.BreakerCooldown, "must be positive")
 	case c.TaskTimeout <= 0:
 		return bad("TASK_TIMEOUT", c.TaskTimeout, "must be positive")
 	case c.MaxAttempts < 1 || c.MaxAttempts > protocol.DefaultLimits.MaxAttempts:

@@ -137,7 +137,7 @@ func New(cfg Config, opts ...Option) (*Dispatcher, error) {
 		o(d)
 	}
 	d.log = d.log.With().Str("dispatcher", cfg.Name).Logger()
-	d.http = &httpListener{addr: cfg.HTTPAddr, log: d.log}
+	d.http = &httpListener{addr: cfg.HTTPAddr, log: d.log, dashboard: cfg.DashboardRefresh > 0}
 	d.metrics = newMetrics(d)
 	if d.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-dispatcher",
 		Instance: cfg.Name}); err != nil {
@@ -224,7 +224,7 @@ func hostname() string {
 func (d *Dispatcher) connect(ctx context.Context) (nc *nats.Conn, own bool, js jetstream.JetStream, err error) {
 	nc = d.given.nc
 	if nc == nil {
-		if nc, err = natsconn.Connect(d.cfg.NATS, natsconn.Conn{
+		if nc, err = natsconn.ConnectContext(ctx, d.cfg.NATS, natsconn.Conn{ // waits for a server at start
 			Name: "mlsched-dispatcher-" + d.cfg.Name, Inbox: natsconn.InboxDispatcher, Log: &d.log, Retry: true,
 		}); err != nil {
 			return nil, false, nil, err

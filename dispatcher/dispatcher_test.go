@@ -457,10 +457,16 @@ func TestBadInputIsRejectedOrDeadLettered(t *testing.T) {
 		if res.Status != protocol.StatusRejected || res.ErrorCode != c.code || res.Error == "" {
 			t.Errorf("%s: result = %+v, want rejected with %s", c.name, res, c.code)
 		}
+		if strings.HasPrefix(res.Error, string(c.code)) { // the code has its own field
+			t.Errorf("%s: error %q repeats its code", c.name, res.Error)
+		}
 	}
 	e.waitFor("dead letters of unkeyable messages", func() bool {
 		got := map[protocol.Code]int{}
 		for _, dl := range e.deadLetters() {
+			if strings.HasPrefix(dl.Reason, string(dl.Code)+":") {
+				t.Errorf("dead letter reason %q repeats its code", dl.Reason)
+			}
 			got[dl.Code]++
 		}
 		for _, c := range cases {

@@ -45,14 +45,17 @@
 // task, is the runnable example in e2e/example (it lives in the e2e module,
 // since this module does not depend on the worker's):
 //
-//	d, _ := dispatcher.New(cfg) // cfg := dispatcher.DefaultConfig(), with NATS set
-//	w, _ := worker.New(worker.Config{NATS: nats, NodeID: "node-1"},
+//	conn := natsconn.Config{URL: "nats://127.0.0.1:4222"} // shared/natsconn
+//	cfg := dispatcher.DefaultConfig()
+//	cfg.NATS = conn
+//	d, _ := dispatcher.New(cfg)
+//	w, _ := worker.New(worker.Config{NATS: conn, NodeID: "node-1"},
 //		worker.WithHandler("upper", upper),
 //		worker.WithModels([]worker.ModelSpec{{Name: "upper-v1", Types: []string{"text"},
 //			Executor: model.ExecutorGo, Go: &model.GoSpec{Handler: "upper"}}}))
 //	go d.Run(ctx)
 //	go w.Run(ctx)
-//	c, _ := client.Dial(nats)
+//	c, _ := client.Dial(conn) // or natsconn.Config{}: MLSCHED_NATS_URL, as the binaries
 //	c.Submit(ctx, protocol.Task{ID: "t-1", Type: "text", Payload: json.RawMessage(`"hello"`)})
 //	res, _ := c.Wait(ctx, "t-1") // succeeded upper-v1 node-1 "HELLO"
 package dispatcher

@@ -150,8 +150,11 @@ func (in *intake) dispatch(a attemptSpec, msg jspub.Msg) {
 	if err != nil {
 		code := protocol.CodeOf(err)
 		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
-			// Nodes may be starting or restarting: wait, bounded, then reject.
-			if time.Since(a.submitted) >= in.cfg.NoNodeWait {
+			// Nodes may be starting or restarting: wait, bounded, then
+			// reject; at once when the only candidates are unready models.
+			if why := unreadyOnly(in.reg.Live(), t.Type, t.Models); why != "" {
+				err = protocol.Errorf(code, "%s: %s", err.(*protocol.Error).Msg, why)
+			} else if time.Since(a.submitted) >= in.cfg.NoNodeWait {
 				err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, in.cfg.NoNodeWait)
 			} else if err = in.waitForNode(a, msg, err); err == nil {
 				return // bounded, so that no type stalls the others (unserved.go)

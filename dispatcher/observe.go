@@ -26,6 +26,8 @@ import (
 type httpListener struct {
 	addr string
 	log  zerolog.Logger
+	// dashboard says whether the dashboard is served at / (for the start log).
+	dashboard bool
 
 	mu       sync.Mutex
 	srv      *opshttp.Server
@@ -73,7 +75,12 @@ func (l *httpListener) start(g prometheus.Gatherer, ready func(context.Context) 
 	}
 	l.handlers = nil
 	l.mu.Unlock()
-	l.log.Info().Str("addr", s.Addr().String()).Msg("http listening: /metrics /healthz /readyz")
+	if l.dashboard {
+		l.log.Info().Str("addr", s.Addr().String()).Str("dashboard", dashboardURL(s.Addr())).
+			Msg("http listening: the dashboard at /, /metrics /healthz /readyz")
+	} else {
+		l.log.Info().Str("addr", s.Addr().String()).Msg("http listening: /metrics /healthz /readyz (no dashboard: MLSCHED_DASHBOARD_REFRESH=0)")
+	}
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -177,4 +184,16 @@ func (b *backlogSampler) get() map[string]int64 {
 		return *s
 	}
 	return nil
+}
+
+// dashboardURL is where a browser on this host finds the dashboard.
+func dashboardURL(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return "http://" + a.String() + "/"
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
 }

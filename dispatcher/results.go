@@ -194,11 +194,11 @@ type ending struct {
 func (f *finisher) reject(msg jspub.Msg, e ending) {
 	code := protocol.CodeOf(e.err)
 	if e.task.ID == "" {
-		f.deadLetter(msg, "invalid", protocol.DeadLetter{Reason: e.err.Error(), Code: code, Subject: e.subject, Original: e.data})
+		f.deadLetter(msg, "invalid", protocol.DeadLetter{Reason: protocol.Message(e.err), Code: code, Subject: e.subject, Original: e.data})
 		return
 	}
 	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
-		Error: e.err.Error(), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
+		Error: protocol.Message(e.err), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
 	if e.status == protocol.StatusFailed && (code == protocol.CodeAttemptsExhausted || code == protocol.CodeSaturated) {
 		f.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
 			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, e.traceparent)

@@ -86,6 +86,25 @@ func (c Config) validate() error {
 	if err := opshttp.ValidateAddr(c.HTTPAddr); err != nil {
 		return err
 	}
+	bad := func(name string, v any, why string) error {
+		return fmt.Errorf("invalid %s_%s=%v: %s", config.Prefix, name, v, why)
+	}
+	switch {
+	case c.Concurrency < 1:
+		return bad("CONCURRENCY", c.Concurrency, "must be at least 1")
+	case c.AckWait <= 0:
+		return bad("ACK_WAIT", c.AckWait, "must be positive")
+	case c.HeartbeatInterval <= 0:
+		return bad("HEARTBEAT_INTERVAL", c.HeartbeatInterval, "must be positive")
+	case c.ReadyInterval <= 0:
+		return bad("READY_INTERVAL", c.ReadyInterval, "must be positive")
+	case c.ShutdownGrace < 0:
+		return bad("SHUTDOWN_GRACE", c.ShutdownGrace, "must not be negative")
+	case c.DefaultTimeout <= 0:
+		return bad("DEFAULT_TIMEOUT", c.DefaultTimeout, "must be positive")
+	case c.PublishTimeout <= 0:
+		return bad("PUBLISH_TIMEOUT", c.PublishTimeout, "must be positive")
+	}
 	if c.HeartbeatInterval >= c.NodeTTL {
 		return fmt.Errorf("invalid %s_HEARTBEAT_INTERVAL=%v: must be shorter than %s_NODE_TTL=%v",
 			config.Prefix, c.HeartbeatInterval, config.Prefix, c.NodeTTL)

@@ -28,6 +28,9 @@ type gate struct {
 	readier executor.Readier
 	ready   atomic.Bool
 	why     atomic.Pointer[string]
+	// checked: the first check is done (an unready model is logged then,
+	// not only when it later changes).
+	checked atomic.Bool
 	// changed is called when a task's error says readiness has changed (a
 	// 429 cooldown, a crashed process), to check and announce it at once.
 	changed func()
@@ -67,11 +70,14 @@ func (g *gate) check(ctx context.Context, log zerolog.Logger) bool {
 		g.why.Store(&why)
 	}
 	g.ready.Store(err == nil)
+	first := !g.checked.Swap(true)
 	switch {
 	case err == nil && !was:
 		log.Info().Msg("model ready: announced")
 	case err != nil && was:
 		log.Warn().Err(err).Msg("model not ready: withdrawn from the heartbeat")
+	case err != nil && first:
+		log.Warn().Err(err).Msg("model not ready at start: not announced until it is (tasks of its types go to other models or wait)")
 	}
 	return (err == nil) != was
 }
@@ -100,7 +106,9 @@ func (w *Worker) unready() []protocol.UnreadyModel {
 	for _, s := range w.specs {
 		if h := w.models[s.Name]; h != nil {
 			if g, ok := h.exec.(*gate); ok && !g.ready.Load() {
-				out = append(out, protocol.UnreadyModel{Name: s.Name, Reason: *g.why.Load()})
+				why := *g.why.Load()
+				out = append(out, protocol.UnreadyModel{Name: s.Name, Reason: why, Types: s.Types,
+					Transient: strings.HasPrefix(why, "cooling down")}) // executor.HTTP.Ready's cooldown text
 			}
 		}
 	}

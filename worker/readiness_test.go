@@ -1,15 +1,19 @@
 package worker
 
 import (
+	"bytes"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/worker/executor"
@@ -134,5 +138,61 @@ func TestExecModelAnnouncedWhenReady(t *testing.T) {
 	h.dispatch("after", "py", dispatchOpts{payload: `"alive"`})
 	if o := h.next(20 * time.Second); o.Status != protocol.OutcomeSuccess || string(o.Output) != `"alive"` {
 		t.Fatalf("after the restart: %s %s %q", o.Status, o.Output, o.Error)
+	}
+}
+
+// syncBuf is a log sink safe for the worker's goroutines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A model unready from the start is visible at once (issue 22: the start
+// log said "models=5" and nothing else): logged at start naming it, in the
+// "worker started" line, and /readyz is degraded naming it.
+func TestUnreadyAtStartIsLoggedAndDegraded(t *testing.T) {
+	t.Parallel()
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer down.Close()
+	var logs syncBuf
+	h := newHarness(t, "n-unready")
+	cfg := h.config()
+	r := h.start(cfg, WithLogger(zerolog.New(&logs)), WithModels([]ModelSpec{
+		goModel("always", "echo"),
+		{Name: "remote", Types: []string{"classify"}, Executor: model.ExecutorHTTP,
+			HTTP: &model.HTTPSpec{URL: down.URL, Mode: model.HTTPPassthrough, ReadyURL: down.URL + "/healthz"}},
+	}))
+	h.waitAnnounced("always", true, 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), `"message":"worker started"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no start log; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	out := logs.String()
+	if !strings.Contains(out, `"model":"remote"`) || !strings.Contains(out, "model not ready at start") {
+		t.Errorf("the unready model is not logged at start:\n%s", out)
+	}
+	if !strings.Contains(out, `"unready":["remote"]`) {
+		t.Errorf("the start line does not name the unready model:\n%s", out)
+	}
+	st := r.w.Ready(t.Context())
+	if !strings.Contains(st.Degraded, "remote") {
+		t.Errorf("readiness degraded %q does not name the unready model", st.Degraded)
 	}
 }

@@ -132,7 +132,7 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	if !w.specsSet {
 		specs, err := model.LoadFile(cfg.ModelsFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s_MODELS_FILE=%q: %w", config.Prefix, cfg.ModelsFile, err)
 		}
 		w.specs = specs
 	} else if err := model.Validate(w.specs); err != nil {
@@ -221,7 +221,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			nc = w.nc
 			own := nc == nil
 			if own {
-				if nc, err = natsconn.Connect(w.cfg.NATS, natsconn.Conn{
+				if nc, err = natsconn.ConnectContext(ctx, w.cfg.NATS, natsconn.Conn{ // waits for a server at start
 					Name: "mlsched-worker-" + w.node, Inbox: natsconn.InboxNode(w.node), Log: &w.log, Retry: true,
 				}, nats.ReconnectWait(500*time.Millisecond)); err != nil {
 					return err
@@ -300,7 +300,16 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	w.liveConn.Store(&conns{nc: nc, js: js})
-	w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).Msg("worker started")
+	ev := w.log.Info().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs))
+	if un := w.unready(); len(un) > 0 {
+		names := make([]string, len(un))
+		for i, u := range un {
+			names[i] = u.Name
+		}
+		ev = w.log.Warn().Int("concurrency", w.cfg.Concurrency).Int("models", len(w.specs)).
+			Int("ready", len(w.specs)-len(un)).Strs("unready", names)
+	}
+	ev.Msg("worker started")
 
 	<-ctx.Done()
 	w.liveConn.Store(nil)

@@ -66,6 +66,9 @@ type Node struct {
 	Load     float64   `json:"load"`
 	Draining bool      `json:"draining,omitempty"`
 	SentAt   time.Time `json:"sent_at"`
+	// Unready are the models the node hosts but does not announce now
+	// (a model server down, an exec process not started), and why.
+	Unready []protocol.UnreadyModel `json:"unready,omitempty"`
 }
 
 // DeadLetter is one recent entry of MLSCHED_DLQ, without its bytes.
@@ -213,7 +216,8 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 		}
 	}
 	for _, hb := range nodes {
-		n := Node{Name: hb.Node, Capacity: hb.Capacity, InFlight: hb.InFlight, Draining: hb.Draining, SentAt: hb.SentAt}
+		n := Node{Name: hb.Node, Capacity: hb.Capacity, InFlight: hb.InFlight, Draining: hb.Draining, SentAt: hb.SentAt,
+			Unready: hb.Unready}
 		for _, m := range hb.Models {
 			n.Models = append(n.Models, m.Name)
 		}
@@ -225,6 +229,37 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 	}
 	sort.Slice(v.Nodes, func(i, j int) bool { return v.Nodes[i].Name < v.Nodes[j].Name })
 	return v
+}
+
+// UnreadyModel is a model a node hosts but does not announce.
+type UnreadyModel struct {
+	Model, Node, Reason string
+}
+
+// Unready lists every hosted model not ready now, node by node: tasks
+// cannot go there, and a type whose only models are unready is rejected.
+func (v *View) Unready() []UnreadyModel {
+	var out []UnreadyModel
+	for _, n := range v.Nodes {
+		for _, u := range n.Unready {
+			out = append(out, UnreadyModel{Model: u.Name, Node: n.Name, Reason: u.Reason})
+		}
+	}
+	return out
+}
+
+// UnreadyNames are the unready models' names, each once, sorted.
+func (v *View) UnreadyNames() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, u := range v.Unready() {
+		if !seen[u.Model] {
+			seen[u.Model] = true
+			out = append(out, u.Model)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Degraded lists the replicas in degraded mode.

@@ -76,10 +76,15 @@ func New(js jetstream.JetStream, opts ...Option) *Client {
 }
 
 // Dial connects to NATS as a producer, with the credentials, TLS and
-// servers of cfg (MLSCHED_NATS_* when loaded with config.Load) and the
-// producer role's inbox prefix unless cfg names one, and returns a client
-// that Close disconnects.
+// servers of cfg and the producer role's inbox prefix unless cfg names one,
+// and returns a client that Close disconnects. Every field cfg leaves empty
+// is read from its MLSCHED_NATS_* variable, as the binaries do: with
+// MLSCHED_NATS_URL set, Dial(natsconn.Config{}) dials it.
 func Dial(cfg natsconn.Config, opts ...Option) (*Client, error) {
+	cfg, err := cfg.WithEnv()
+	if err != nil {
+		return nil, err
+	}
 	nc, err := natsconn.Connect(cfg, natsconn.Conn{Name: "mlsched-producer", Inbox: natsconn.InboxProducer})
 	if err != nil {
 		return nil, err

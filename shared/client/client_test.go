@@ -382,3 +382,25 @@ func TestDialSubmitsWithProducerInbox(t *testing.T) {
 		t.Fatal("Dial accepted a user without a password file")
 	}
 }
+
+// Dial reads MLSCHED_NATS_* for what the Config leaves empty, as the
+// binaries do (issue 22: Dial(natsconn.Config{}) ignored MLSCHED_NATS_URL
+// and dialled 127.0.0.1:4222); a field set in code wins.
+func TestDialReadsTheEnvironment(t *testing.T) {
+	srv := natstest.New(t)
+	t.Setenv("MLSCHED_NATS_URL", srv.URL)
+	c, err := client.Dial(natsconn.Config{})
+	if err != nil {
+		t.Fatalf("Dial(Config{}) with MLSCHED_NATS_URL=%s: %v", srv.URL, err)
+	}
+	defer c.Close()
+	if ack, err := c.Submit(ctx(t), protocol.Task{ID: "env-1", Type: "t"}); err != nil || ack.Seq == 0 {
+		t.Fatalf("Submit = %+v, %v", ack, err)
+	}
+	t.Setenv("MLSCHED_NATS_URL", "nats://127.0.0.1:1")
+	c2, err := client.Dial(natsconn.Config{URL: srv.URL})
+	if err != nil {
+		t.Fatalf("a URL set in code lost to the environment: %v", err)
+	}
+	c2.Close()
+}

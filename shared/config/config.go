@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
@@ -23,16 +24,22 @@ func Load(spec any) error {
 	if err := envconfig.Process(Prefix, spec); err != nil {
 		var pe *envconfig.ParseError
 		if asParseError(err, &pe) {
-			return fmt.Errorf("invalid %s_%s=%q: %v", Prefix, pe.KeyName, pe.Value, pe.Err)
+			// KeyName is the whole variable name, prefix included.
+			return fmt.Errorf("invalid %s=%q: %v", pe.KeyName, pe.Value, pe.Err)
 		}
 		return fmt.Errorf("configuration: %w", err)
 	}
 	return nil
 }
 
-// Usage writes the variables of spec with their defaults, for -help output.
+// Usage writes the variables of spec, aligned in columns, with their
+// defaults (none said for a variable without one), for -help output.
 func Usage(w io.Writer, spec any) error {
-	return envconfig.Usagef(Prefix, spec, w, "{{range .}}{{usage_key .}}\t(default {{usage_default .}})\t{{usage_description .}}\n{{end}}")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if err := envconfig.Usagef(Prefix, spec, tw, "{{range .}}  {{usage_key .}}\t{{with usage_default .}}default {{.}}{{else}}-{{end}}\t{{usage_description .}}\n{{end}}"); err != nil {
+		return err
+	}
+	return tw.Flush()
 }
 
 // Log is the logging configuration shared by every process.
@@ -58,7 +65,8 @@ func (l Log) Logger(component string) (zerolog.Logger, error) {
 	case "json", "":
 		w = os.Stderr
 	case "console":
-		w = zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly}
+		// Colours only on a terminal: a log file or a pipe gets plain text.
+		w = zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly, NoColor: !isTerminal(os.Stderr)}
 	default:
 		return zerolog.Nop(), fmt.Errorf("invalid %s_LOG_FORMAT=%q: want json or console", Prefix, l.Format)
 	}
@@ -104,4 +112,10 @@ func fillZero(v, def reflect.Value) {
 			v.Field(i).Set(def.Field(i))
 		}
 	}
+}
+
+// isTerminal reports whether f is a character device (a terminal).
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

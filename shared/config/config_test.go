@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -41,5 +42,24 @@ func TestFillZero(t *testing.T) {
 	want := spec{Wait: 5 * time.Second, N: 7, Inner: inner{Level: "info"}, Shared: inner{Level: "info"}}
 	if c != want {
 		t.Fatalf("got %+v, want %+v", c, want)
+	}
+}
+
+// An unreadable value is reported under the variable's own name, once
+// prefixed (issue 22: it said MLSCHED_MLSCHED_CONCURRENCY).
+func TestLoadNamesTheVariable(t *testing.T) {
+	var spec struct {
+		Concurrency int           `envconfig:"CONCURRENCY" default:"8"`
+		AckWait     time.Duration `envconfig:"ACK_WAIT" default:"30s"`
+	}
+	for name, value := range map[string]string{"MLSCHED_CONCURRENCY": "abc", "MLSCHED_ACK_WAIT": "soon"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, value)
+			err := config.Load(&spec)
+			want := "invalid " + name + `="` + value + `"`
+			if err == nil || !strings.HasPrefix(err.Error(), want) {
+				t.Fatalf("error %v, want one starting %s", err, want)
+			}
+		})
 	}
 }

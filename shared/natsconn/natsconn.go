@@ -13,12 +13,15 @@
 package natsconn
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
@@ -93,6 +96,30 @@ func (c Config) Servers() []string {
 	return out
 }
 
+// EnvPrefix is the prefix of the variables Config is read from.
+const EnvPrefix = "MLSCHED_NATS"
+
+// WithEnv returns c with every field left empty taken from its MLSCHED_NATS_*
+// variable (MLSCHED_NATS_URL, MLSCHED_NATS_NKEY, ...), so that a program
+// building a Config in code, e.g. client.Dial(natsconn.Config{}), honours
+// the same environment as the binaries; a field set in code wins.
+func (c Config) WithEnv() (Config, error) {
+	var env Config
+	if err := envconfig.Process(EnvPrefix, &env); err != nil {
+		return c, fmt.Errorf("%s_*: %w", EnvPrefix, err)
+	}
+	if c.URL == "" && env.URL == DefaultURL {
+		env.URL = "" // the default tag, not the environment: leave Servers its default
+	}
+	v, e := reflect.ValueOf(&c).Elem(), reflect.ValueOf(env)
+	for i := 0; i < v.NumField(); i++ {
+		if f := v.Field(i); f.Kind() == reflect.String && f.String() == "" {
+			f.SetString(e.Field(i).String())
+		}
+	}
+	return c, nil
+}
+
 // Redacted returns the server list with credentials masked, for logs.
 func (c Config) Redacted() string { return secret.URL(strings.Join(c.Servers(), ",")) }
 
@@ -118,6 +145,21 @@ func (c Config) Validate() error {
 		return errors.New("MLSCHED_NATS_CERT and MLSCHED_NATS_KEY go together")
 	case c.InboxPrefix != "" && (strings.ContainsAny(c.InboxPrefix, "*> \t") || strings.HasSuffix(c.InboxPrefix, ".")):
 		return fmt.Errorf("invalid MLSCHED_NATS_INBOX_PREFIX=%q: no wildcards, spaces or trailing dot", c.InboxPrefix)
+	}
+	for _, u := range c.Servers() {
+		scheme, _, found := strings.Cut(u, "://")
+		if !found {
+			continue // host:port
+		}
+		switch strings.ToLower(scheme) {
+		case "nats", "tls", "ws", "wss":
+		case "http", "https":
+			// nats.go would dial it and report only EOF.
+			return fmt.Errorf("invalid MLSCHED_NATS_URL=%q: %s:// is not a NATS URL; use nats://host:4222 (the client port; 8222 is the monitoring port)",
+				secret.URL(u), scheme)
+		default:
+			return fmt.Errorf("invalid MLSCHED_NATS_URL=%q: unknown scheme %s://; use nats:// or tls://", secret.URL(u), scheme)
+		}
 	}
 	return nil
 }
@@ -232,6 +274,34 @@ func Connect(c Config, how Conn, extra ...nats.Option) (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", c.Redacted(), secret.Error(err))
 	}
 	return nc, nil
+}
+
+// startRetry is how often ConnectContext tries again while no server
+// answers at start.
+const startRetry = time.Second
+
+// ConnectContext is Connect for a long-running process (how.Retry): when no
+// server answers at start it keeps trying, every second, until ctx ends,
+// logging a warning on how.Log (the first failure, then every tenth), as it
+// reconnects for ever once connected; processes may start before NATS
+// (compose, systemd). A refused credential or a bad configuration is not
+// retried. Without how.Retry it is Connect.
+func ConnectContext(ctx context.Context, c Config, how Conn, extra ...nats.Option) (*nats.Conn, error) {
+	for attempt := 1; ; attempt++ {
+		nc, err := Connect(c, how, extra...)
+		if err == nil || !how.Retry || IsAuthError(err) || !errors.Is(err, nats.ErrNoServers) {
+			return nc, err
+		}
+		if how.Log != nil && attempt%10 == 1 {
+			how.Log.Warn().Err(err).Int("attempt", attempt).Dur("retry_every", startRetry).
+				Msg("NATS does not answer at start: retrying until it does")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (gave up: %w)", err, context.Cause(ctx))
+		case <-time.After(startRetry):
+		}
+	}
 }
 
 // IsAuthError reports whether err is the server refusing the credentials

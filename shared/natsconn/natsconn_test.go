@@ -2,6 +2,7 @@ package natsconn_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -248,5 +249,76 @@ func TestEnvconfig(t *testing.T) {
 		if !strings.Contains(usage.String(), v) {
 			t.Errorf("usage lacks %s:\n%s", v, usage.String())
 		}
+	}
+}
+
+// An http:// URL is refused with a message saying what to use (issue 22:
+// nats.go said only EOF); nats://, tls:// and a bare host:port pass.
+func TestValidateRefusesHTTPURLs(t *testing.T) {
+	for _, u := range []string{"http://127.0.0.1:8222", "nats://a:4222,https://b:443", "redis://x:6379"} {
+		err := natsconn.Config{URL: u}.Validate()
+		if err == nil || !strings.Contains(err.Error(), "invalid MLSCHED_NATS_URL=") || !strings.Contains(err.Error(), "nats://") {
+			t.Errorf("URL %q: error %v, want one naming MLSCHED_NATS_URL and saying to use nats://", u, err)
+		}
+	}
+	for _, u := range []string{"", "nats://127.0.0.1:4222", "tls://h:4222,nats://g:4222", "127.0.0.1:4222"} {
+		if err := (natsconn.Config{URL: u}).Validate(); err != nil {
+			t.Errorf("URL %q refused: %v", u, err)
+		}
+	}
+}
+
+// A long-running process started before NATS waits for it, saying so,
+// instead of exiting (issue 22); it gives up when its context ends.
+func TestConnectContextWaitsForTheServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close() // free now; the server starts on it later
+	var buf syncBuf
+	log := zerolog.New(&buf)
+	c := natsconn.Config{URL: fmt.Sprintf("nats://127.0.0.1:%d", port)}
+	type res struct {
+		nc  *nats.Conn
+		err error
+	}
+	got := make(chan res, 1)
+	go func() {
+		nc, err := natsconn.ConnectContext(t.Context(), c, natsconn.Conn{Log: &log, Retry: true})
+		got <- res{nc, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(buf.String(), "NATS does not answer at start: retrying") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning while NATS is down; log: %s", buf.String())
+		}
+		time.Sleep(10 * time.Millisecond) // polling interval
+	}
+	opts := &server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("ConnectContext: %v", r.err)
+		}
+		r.nc.Close()
+	case <-time.After(20 * time.Second):
+		t.Fatal("still not connected 20s after the server started")
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := natsconn.ConnectContext(ctx, natsconn.Config{URL: "nats://127.0.0.1:1"}, natsconn.Conn{Retry: true}); err == nil || !strings.Contains(err.Error(), "gave up") {
+		t.Fatalf("with the context over: %v, want it to give up", err)
+	}
+	if _, err := natsconn.ConnectContext(t.Context(), natsconn.Config{URL: "nats://127.0.0.1:1"}, natsconn.Conn{}); err == nil {
+		t.Fatal("without Retry it retried or connected")
 	}
 }

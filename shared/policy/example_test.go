@@ -59,6 +59,6 @@ func Example() {
 	// Output:
 	// reliability → gpt-small on gpu-1
 	// retry → gpt-tiny
-	// constraints_unsatisfied: no model for type "summarize" meets max_latency_ms=10 min_success_rate=0.9: gpt-small: p95 43ms exceeds max_latency_ms 10; gpt-tiny: success rate 0.800 (3/3) below min_success_rate 0.9
+	// constraints_unsatisfied: no model for type "summarize" meets max_latency_ms=10 min_success_rate=0.9: gpt-small: p95 42ms exceeds max_latency_ms 10; gpt-tiny: success rate 0.800 (3/3) below min_success_rate 0.9
 	// 0 transitions
 }

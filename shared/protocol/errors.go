@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Code names a class of error that producers and operators can match on.
@@ -86,3 +87,19 @@ var (
 )
 
 func asType[T any](err error, target *T) bool { return errors.As(err, target) }
+
+// Message is err's text without its leading error code: what goes in a
+// result's "error" or a dead letter's "reason", next to the code in its own
+// field, so that nothing shows "attempts_exhausted: attempts_exhausted: …".
+func Message(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := err.Error()
+	if c := CodeOf(err); c != "" {
+		if rest, ok := strings.CutPrefix(s, string(c)+": "); ok {
+			return rest
+		}
+	}
+	return s
+}

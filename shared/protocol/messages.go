@@ -125,6 +125,14 @@ type ModelInfo struct {
 type UnreadyModel struct {
 	Name   string `json:"name"`
 	Reason string `json:"reason"`
+	// Types are the task types the model serves once ready, so that a
+	// dispatcher can tell a task whose only candidates are unready (it is
+	// rejected at once, naming them) from one of a type nobody hosts.
+	Types []string `json:"types,omitempty"`
+	// Transient: the model withdrew itself for a short while (a model
+	// server's 429 Retry-After cooldown) and is expected back by itself;
+	// its tasks wait for it as for a starting node.
+	Transient bool `json:"transient,omitempty"`
 }
 
 // Heartbeat is what a worker node announces, every heartbeat interval, in

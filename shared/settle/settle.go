@@ -130,7 +130,7 @@ func Settle(r Rules, d protocol.Dispatch, o protocol.Outcome, s State) Decision 
 		err = protocol.Errorf(protocol.CodeAttemptsExhausted, "attempt %d on model %s node %s ended %s (%s) and cannot be retried: %v",
 			d.Attempt, o.Model, o.Node, o.Status, o.Error, s.TaskErr)
 	}
-	dec.Action, dec.Status, dec.Code, dec.Error = DeadLetter, protocol.StatusFailed, err.Code, err.Error()
+	dec.Action, dec.Status, dec.Code, dec.Error = DeadLetter, protocol.StatusFailed, err.Code, err.Msg // the code has its own field
 	return dec
 }
 

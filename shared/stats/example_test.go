@@ -25,7 +25,7 @@ func ExampleMemory() {
 	snap, _ := m.Snapshot(ctx)
 	llama := snap.Models["llama"]
 	fmt.Println("judged", llama.Judged(), "failures", llama.Failures(), "in flight", llama.InFlight)
-	fmt.Println("p50 <=", llama.Latency.Quantile(0.5), "consecutive failures", llama.Nodes["gpu-1"].ConsecutiveFailures)
+	fmt.Println("p50", llama.Latency.Quantile(0.5), "consecutive failures", llama.Nodes["gpu-1"].ConsecutiveFailures)
 
 	now = now.Add(time.Minute) // the bucket leaves the window; the gauges stay
 	snap, _ = m.Snapshot(ctx)
@@ -33,7 +33,7 @@ func ExampleMemory() {
 	fmt.Println("judged", llama.Judged(), "consecutive failures", llama.ConsecutiveFailures)
 	// Output:
 	// judged 2 failures 1 in flight 0
-	// p50 <= 147.789188ms consecutive failures 1
+	// p50 120.669366ms consecutive failures 1
 	// judged 0 consecutive failures 1
 }
 

@@ -73,8 +73,8 @@ const NumLatencyBuckets = 40
 
 // latencyBounds[i] is the upper bound of bucket i, in microseconds: a
 // geometric series from 100µs growing by 1.5x (the last bucket is +Inf).
-// Quantiles are therefore accurate to within one 1.5x step, good enough for
-// p50/p95 decisions.
+// Quantile interpolates within a bucket, so its estimates are accurate to
+// well within one 1.5x step (see Quantile).
 var latencyBounds = func() [NumLatencyBuckets]float64 {
 	var b [NumLatencyBuckets]float64
 	v := 100.0
@@ -132,25 +132,68 @@ func (h *Histogram) Count() int64 {
 	return n
 }
 
-// Quantile returns the upper bound of the bucket holding quantile q (0..1),
-// or 0 when the histogram is empty.
+// Quantile estimates quantile q (0..1) of the observed latencies, or 0 when
+// the histogram is empty. It finds the bucket holding rank q·n and
+// interpolates within it: the bucket's observations are spread over it
+// with a density that slopes as its neighbours' counts do (more towards the
+// fuller neighbour; flat when they are alike), on a log scale since the
+// bounds grow by 1.5x, linearly from 0 in the first bucket. The bucket's
+// upper bound alone, as before, overstated a latency by up to 50% (a 30 ms
+// model read 43.8 ms) and gave every latency under 100 µs as 0.100 ms; this
+// estimate is within a few percent for smooth distributions and never
+// leaves the bucket. The overflow bucket answers its lower bound.
 func (h *Histogram) Quantile(q float64) time.Duration {
 	n := h.Count()
 	if n == 0 {
 		return 0
 	}
-	rank := int64(math.Ceil(q * float64(n)))
-	if rank < 1 {
-		rank = 1
-	}
+	q = min(max(q, 0), 1)
+	rank := q * float64(n)
 	var seen int64
 	for i, v := range h {
-		seen += v
-		if seen >= rank {
-			return BucketBound(i)
+		if v == 0 {
+			continue
 		}
+		if float64(seen+v) < rank {
+			seen += v
+			continue
+		}
+		x := h.within(i, (rank-float64(seen))/float64(v))
+		hi := latencyBounds[i]
+		if i == 0 {
+			return time.Duration(x * hi * float64(time.Microsecond))
+		}
+		lo := latencyBounds[i-1]
+		if math.IsInf(hi, 1) {
+			return time.Duration(lo * float64(time.Microsecond))
+		}
+		return time.Duration(lo * math.Pow(hi/lo, x) * float64(time.Microsecond))
 	}
 	return BucketBound(NumLatencyBuckets - 1)
+}
+
+// within is where, from 0 to 1 across bucket i, the fraction frac of its
+// observations is reached when their density is linear across the bucket,
+// d + s·(x − ½), with d its count and s the slope its neighbours' counts
+// give (kept so that the density stays positive).
+func (h *Histogram) within(i int, frac float64) float64 {
+	d := float64(h[i])
+	var left, right float64
+	if i > 0 {
+		left = float64(h[i-1])
+	}
+	if i < NumLatencyBuckets-1 {
+		right = float64(h[i+1])
+	}
+	slope := (right - left) / 2
+	slope = min(max(slope, -2*d), 2*d)
+	if math.Abs(slope) < 1e-9*d {
+		return frac
+	}
+	// Solve d·x + slope·(x² − x)/2 = frac·d for x in [0, 1].
+	a, b, c := slope/2, d-slope/2, -frac*d
+	x := (-b + math.Sqrt(b*b-4*a*c)) / (2 * a)
+	return min(max(x, 0), 1)
 }
 
 // BreakerState is a circuit breaker's state.

@@ -285,7 +285,8 @@ func (a *app) dlqReplay(ctx context.Context, args []string) error {
 			fmt.Fprintf(a.stderr, "dead letter %d: %v\n", e.Seq, err)
 			continue
 		}
-		fmt.Fprintf(a.stdout, "replayed dead letter %d as task %s (task seq %d)\n", e.Seq, e.DL.TaskID, ack)
+		fmt.Fprintf(a.stdout, "replayed dead letter %d as task %s (task seq %d); its previous result was removed and the replay's result replaces it\n",
+			e.Seq, e.DL.TaskID, ack)
 	}
 	if failed > 0 {
 		return errPartial
@@ -350,10 +351,15 @@ func originalType(dl protocol.DeadLetter) string {
 	return ""
 }
 
+// oneLine folds s onto one line of at most about n bytes. A longer text
+// loses its middle, not its end: a reason ends with what matters most (the
+// last attempt's error: "…ended model_error: simulated model failure").
 func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return strings.ToValidUTF8(s[:n], "") + "…"
+	if len(s) <= n {
+		return s
 	}
-	return s
+	head := n / 3
+	tail := n - head - 1
+	return strings.ToValidUTF8(s[:head], "") + "…" + strings.ToValidUTF8(s[len(s)-tail:], "")
 }

@@ -79,7 +79,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	}
 	// At once: the old result is purged and the task resubmitted.
 	code, out, errs := cli(t, srv.URL, "", "dlq", "replay", "1")
-	if code != exitOK || !strings.Contains(out, "replayed dead letter 1 as task t1") {
+	if code != exitOK || !strings.Contains(out, "replayed dead letter 1 as task t1") || !strings.Contains(out, "the replay's result replaces it") {
 		t.Fatalf("replay 1: code %d, out %q, err %q", code, out, errs)
 	}
 	c := client.New(srv.JS)

@@ -4,7 +4,9 @@
 // The local demo is `make run` (e2e/cmd/mlsched-demo).
 //
 // Exit codes: 0 success; 1 an operation failed (connection, I/O, no result);
-// 2 usage error; 3 partial: some task did not succeed (or was not submitted
+// 2 usage error (a bad flag or flag value: an id, a type, a timeout); 3
+// partial: some task did not succeed (`result`, `wait` and `submit -wait`
+// alike), or was not submitted
 // because its line was bad, or a dead letter could not be replayed); 4 cancel
 // found no such task; 5 cancel found the task already finished.
 package main
@@ -76,6 +78,11 @@ type app struct {
 	client         *client.Client
 	timeout        time.Duration // per request
 	inbox          string        // the role's inbox prefix: admin or producer
+	// progressEvery: how often a wait reports on stderr (0: never);
+	// waiting is the one task waited for, when there is one, to say why
+	// it may wait.
+	progressEvery time.Duration
+	waiting       *protocol.Task
 }
 
 type command struct {
@@ -153,7 +160,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		usage(stderr, fs)
 		return exitUsage
 	}
-	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout, inbox: natsconn.InboxProducer}
+	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, timeout: *timeout, inbox: natsconn.InboxProducer,
+		progressEvery: time.Second}
 	if cmd.admin {
 		a.inbox = natsconn.InboxAdmin
 	}

@@ -130,6 +130,11 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 	if len(models) == 0 {
 		fmt.Fprintln(w, "(no model statistics yet)")
 	}
+	for _, n := range r.Nodes {
+		for _, u := range n.Unready {
+			fmt.Fprintf(w, "unready %s on %s: %s (not announced: no task goes there)\n", u.Name, n.Node, oneLine(u.Reason, 100))
+		}
+	}
 	if r.Backlog != nil {
 		fmt.Fprintln(w, backlogLine(r.Backlog))
 	}

@@ -33,7 +33,8 @@ var sampleReport = protocol.StatsReport{
 		{Name: "tesseract", Dispatched: 900, Successes: 880, SuccessRate: 0.9777, P50Ms: 42, P95Ms: 1250, InFlight: 7, Breaker: "closed", TrafficShare: 0.75},
 		{Name: "flaky", Dispatched: 300, SuccessRate: 0.4, P50Ms: 0.25, P95Ms: 120, Breaker: "open", TrafficShare: 0.25},
 	},
-	Nodes:    []protocol.Heartbeat{{Node: "n1"}, {Node: "n2"}},
+	Nodes: []protocol.Heartbeat{{Node: "n1"}, {Node: "n2", Unready: []protocol.UnreadyModel{
+		{Name: "remote", Types: []string{"classify"}, Reason: "GET http://127.0.0.1:9000/healthz: connection refused"}}}},
 	Counters: map[string]int64{"suppressed": 4, "late": 1, "panic": 0},
 }
 
@@ -49,6 +50,7 @@ func TestStatsTable(t *testing.T) {
 	for _, want := range []string{
 		"dispatcher disp-a", "store=redis", "mode=DEGRADED (redis: connection refused)", "buffered=12", "dropped=3",
 		"nodes=2", "policies=*:reliability,ocr:latency", "window=5m0s",
+		"unready remote on n2: GET http://127.0.0.1:9000/healthz: connection refused",
 		"MODEL", "BREAKER", "TIMEOUTS", "LATE", "tesseract", "97.8%", "since start: late=1 panic=0 suppressed=4", "42.0ms", "1.25s", "0.250ms", "75.0%", "open", "40.0%",
 	} {
 		if !strings.Contains(out, want) {

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -44,15 +46,18 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 	models := fs.String("models", "", "comma-separated allow-list of models")
 	timeoutMs := fs.Int64("timeout-ms", 0, "per-attempt timeout in ms (0: the dispatcher's default)")
 	maxAttempts := fs.Int("max-attempts", 0, "attempts before the task fails (0: the dispatcher's default)")
-	maxLatency := fs.Int64("max-latency-ms", 0, "latency budget: prefer models whose p95 fits it (0: none)")
+	maxLatency := fs.Int64("max-latency-ms", 0, "latency budget: only models whose p95 fits it; the task is rejected when none does (0: none)")
 	minRate := fs.Float64("min-success-rate", 0, "exclude models below this success rate (0: none)")
 	wait := fs.Bool("wait", false, "wait for every result, print each as a JSON line, then a summary; exit 3 unless all succeeded")
 	waitTimeout := fs.Duration("wait-timeout", 0, "give up waiting after this long (0: wait until interrupted)")
 	window := fs.Int("window", 256, "submissions awaiting their acknowledgement at once")
-	progressEvery := fs.Duration("progress", time.Second, "with -f: progress on stderr this often (a bar on a terminal, plain lines otherwise; 0: none)")
-	if err := a.parseAndConnect(fs, args); err != nil {
+	progressEvery := fs.Duration("progress", time.Second, "progress on stderr this often: of the submission with -f, of the results with -wait (a bar on a terminal, plain lines otherwise; 0: none)")
+	// Flags are checked, and a task given by flags validated, before
+	// connecting: a usage error needs no server and exits 2.
+	if err := parse(fs, args); err != nil {
 		return err
 	}
+	a.progressEvery = *progressEvery
 	if fs.NArg() > 0 {
 		fmt.Fprintf(a.stderr, "mlsched submit: unexpected arguments %q\n", fs.Args())
 		return errUsage
@@ -77,6 +82,9 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 			}
 			in = f
 		}
+		if err := a.connect(); err != nil {
+			return err
+		}
 		return a.submitStream(ctx, in, size, *window, *wait, *waitTimeout, *progressEvery)
 	case *typ != "":
 		t := protocol.Task{ID: *id, Type: *typ, TimeoutMs: *timeoutMs, MaxAttempts: *maxAttempts,
@@ -95,9 +103,14 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 			t.ID = newID()
 		}
 		if err := t.Validate(a.limits()); err != nil {
+			fmt.Fprintln(a.stderr, "mlsched submit:", err)
+			return errUsage // a bad flag value: -id, -type, -timeout-ms, -models ...
+		}
+		if err := a.connect(); err != nil {
 			return err
 		}
 		tasks = []submitLine{{task: t}}
+		a.waiting = &tasks[0].task
 	default:
 		fmt.Fprintln(a.stderr, "mlsched submit: give -type or -f")
 		fs.Usage()
@@ -179,13 +192,21 @@ func (a *app) submitAll(ctx context.Context, tasks []submitLine, window int, pri
 }
 
 // waitAndPrint prints each result as a JSON line and counts the statuses.
+// While it waits it reports on stderr, every a.progressEvery (1s; 0: never):
+// results so far, rate and ETA for many tasks; for one task, that it is
+// still waiting and, from the live nodes, why (no node announces its type
+// or its allow-listed models), so no wait is silent.
 func (a *app) waitAndPrint(ctx context.Context, ids []string, timeout time.Duration, sum *summary) error {
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	var mu sync.Mutex
+	stop := a.waitProgress(ctx, len(ids), func() summary { mu.Lock(); defer mu.Unlock(); return *sum })
 	err := a.client.WaitAll(ctx, ids, func(r *protocol.Result) {
+		mu.Lock()
+		defer mu.Unlock()
 		sum.Waited++
 		switch r.Status {
 		case protocol.StatusSucceeded:
@@ -199,10 +220,101 @@ func (a *app) waitAndPrint(ctx context.Context, ids []string, timeout time.Durat
 		}
 		writeJSON(a.stdout, r)
 	})
+	stop()
 	if err != nil {
 		return fmt.Errorf("wait: %w", err)
 	}
 	return nil
+}
+
+// waitProgress reports, until the returned stop is called, how the wait for
+// n results goes; snap reads the counts so far.
+func (a *app) waitProgress(ctx context.Context, n int, snap func() summary) (stop func()) {
+	every := a.progressEvery
+	if every <= 0 {
+		return func() {}
+	}
+	tty := isTerminal(a.stderr)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		drawn := false
+		defer func() {
+			if drawn {
+				fmt.Fprint(a.stderr, "\r\x1b[K")
+			}
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			s := snap()
+			el := time.Since(start)
+			var line string
+			if n == 1 && a.waiting != nil {
+				line = fmt.Sprintf("waiting for %s: no result after %s%s", a.waiting.ID, el.Round(time.Second), a.waitHint(ctx, a.waiting))
+			} else {
+				rate := float64(s.Waited) / max(el.Seconds(), 1e-3)
+				eta := "-"
+				if rate > 0 {
+					eta = (time.Duration(float64(n-s.Waited)/rate) * time.Second).Round(time.Second).String()
+				}
+				line = fmt.Sprintf("results: %d of %d (%d succeeded, %d failed, %d rejected), %.0f/s, ETA %s",
+					s.Waited, n, s.Succeeded, s.Failed, s.Rejected+s.Cancelled, rate, eta)
+			}
+			if tty && n > 1 {
+				fmt.Fprintf(a.stderr, "\r%s\x1b[K", line)
+				drawn = true
+			} else {
+				fmt.Fprintln(a.stderr, line)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// waitHint says why a task may still wait, from the live nodes: none
+// announces a model for its type (or its allow-list), which the dispatcher
+// waits MLSCHED_NO_NODE_WAIT for. Empty when a node serves it, or when the
+// nodes cannot be read (a producer's permissions may not allow it).
+func (a *app) waitHint(ctx context.Context, t *protocol.Task) string {
+	cx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	rows, err := a.listNodes(cx)
+	if err != nil {
+		return ""
+	}
+	var unready []string
+	for _, r := range rows {
+		if r.Heartbeat == nil {
+			continue
+		}
+		for _, m := range r.Heartbeat.Models {
+			if slices.Contains(m.Types, t.Type) && (len(t.Models) == 0 || slices.Contains(t.Models, m.Name)) {
+				return "" // served: it runs, or waits its turn
+			}
+		}
+		for _, u := range r.Heartbeat.Unready {
+			if slices.Contains(u.Types, t.Type) {
+				unready = append(unready, u.Name+" on "+r.Key+" (unready)")
+			}
+		}
+	}
+	what := fmt.Sprintf("type %q", t.Type)
+	if len(t.Models) > 0 {
+		what += " with models " + strings.Join(t.Models, ",")
+	}
+	hint := "; no live node announces a model for " + what
+	if len(unready) > 0 {
+		hint += ": " + strings.Join(unready, ", ")
+	}
+	return hint + "; the dispatcher waits MLSCHED_NO_NODE_WAIT (default 30s) for one, then rejects it"
 }
 
 // printSummary prints the counts on stderr; waitOnly leaves out the

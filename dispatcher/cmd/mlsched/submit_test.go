@@ -123,8 +123,17 @@ func TestSubmitFlags(t *testing.T) {
 		t.Errorf("task %+v", task)
 	}
 	// Invalid flags are refused before anything is published.
-	if code, _, errs := cli(t, srv.URL, "", "submit", "-type", "ocr", "-id", "bad id"); code != exitFailed || !strings.Contains(errs, "invalid_id") {
-		t.Errorf("bad id: code %d, stderr %q", code, errs)
+	// Every bad flag value is a usage error, exit 2, as the README's table
+	// says (issue 22: -id, -timeout-ms and -type exited 1).
+	for _, bad := range [][]string{
+		{"-type", "ocr", "-id", "bad id"},
+		{"-type", "ocr", "-timeout-ms", "999999999"},
+		{"-type", "bad.type"},
+		{"-type", "ocr", "-max-attempts", "1000"},
+	} {
+		if code, _, errs := cli(t, srv.URL, "", append([]string{"submit"}, bad...)...); code != exitUsage || !strings.Contains(errs, "invalid") {
+			t.Errorf("submit %q: code %d, stderr %q, want %d", bad, code, errs, exitUsage)
+		}
 	}
 	if code, _, _ := cli(t, srv.URL, "", "submit", "-type", "ocr", "-payload", "{nope"); code != exitUsage {
 		t.Errorf("bad payload: code %d", code)
@@ -214,6 +223,13 @@ func TestResultAndWaitCommands(t *testing.T) {
 	if code != exitOK || json.Unmarshal([]byte(out), &r) != nil || r.ID != "r1" || string(r.Output) != `{"ok":true}` {
 		t.Fatalf("result: code %d, out %q", code, out)
 	}
+	// A task that did not succeed exits 3, as submit -wait and wait do.
+	if code, out, _ := cli(t, srv.URL, "", "result", "r2"); code != exitPartial || !strings.Contains(out, `"status":"rejected"`) {
+		t.Fatalf("result of a rejected task: code %d, out %q, want %d", code, out, exitPartial)
+	}
+	if code, _, errs := cli(t, srv.URL, "", "result", "a b"); code != exitUsage {
+		t.Fatalf("result with a bad id: code %d, stderr %q, want %d", code, errs, exitUsage)
+	}
 	code, out, errs = cli(t, srv.URL, "", "wait", "r1", "r2")
 	if code != exitPartial || strings.Count(out, "\n") != 2 || !strings.Contains(errs, "summary: results=2 succeeded=1 failed=0 rejected=1") {
 		t.Fatalf("wait: code %d, out %q, err %q", code, out, errs)
@@ -273,3 +289,22 @@ func TestSubmitFileStreamsWithProgress(t *testing.T) {
 }
 
 func n2s(n int) string { return fmt.Sprint(n) }
+
+// No wait is silent (issue 22): submit -f -wait reports the results as
+// they come (done, succeeded, failed, rate, ETA), and a single task that
+// has no result says so after a progress interval, and why, from the
+// live nodes: none announces a model for its type.
+func TestSubmitWaitReportsProgress(t *testing.T) {
+	t.Parallel()
+	srv := cluster(t)
+	in := "{\"id\":\"p1\",\"type\":\"nobody\"}\n{\"id\":\"p2\",\"type\":\"nobody\"}\n"
+	code, _, errs := cli(t, srv.URL, in, "submit", "-f", "-", "-wait", "-wait-timeout", "800ms", "-progress", "100ms")
+	if code != exitFailed || !strings.Contains(errs, "results: 0 of 2 (0 succeeded, 0 failed, 0 rejected)") || !strings.Contains(errs, "ETA") {
+		t.Errorf("-f -wait: code %d, stderr %q: want result progress", code, errs)
+	}
+	code, _, errs = cli(t, srv.URL, "", "submit", "-type", "nobody", "-id", "p3", "-models", "nosuch", "-wait", "-wait-timeout", "800ms", "-progress", "100ms")
+	if code != exitFailed || !strings.Contains(errs, "waiting for p3: no result after") ||
+		!strings.Contains(errs, `no live node announces a model for type "nobody" with models nosuch`) {
+		t.Errorf("single -wait: code %d, stderr %q: want it to say why it waits", code, errs)
+	}
+}

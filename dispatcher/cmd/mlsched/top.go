@@ -85,6 +85,9 @@ func renderView(w io.Writer, v *clusterview.View, now time.Time) {
 			open = append(open, m.Name)
 		}
 	}
+	if un := v.UnreadyNames(); len(un) > 0 {
+		status = "unready: " + strings.Join(un, ",")
+	}
 	if len(open) > 0 {
 		status = "breaker open: " + strings.Join(open, ",")
 	}
@@ -106,6 +109,9 @@ func renderView(w io.Writer, v *clusterview.View, now time.Time) {
 	for _, r := range v.Degraded() {
 		fmt.Fprintf(w, "degraded %s: %s\n", r.Name, r.DegradedReason)
 	}
+	for _, u := range v.Unready() {
+		fmt.Fprintf(w, "unready %s on %s: %s\n", u.Model, u.Node, oneLine(u.Reason, 100))
+	}
 
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -125,13 +131,18 @@ func renderView(w io.Writer, v *clusterview.View, now time.Time) {
 
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tLOAD\tIN-FLIGHT\tMODELS")
+	fmt.Fprintln(tw, "NODE\tLOAD\tIN-FLIGHT\tHEARTBEAT\tMODELS")
 	for _, n := range v.Nodes {
 		name := n.Name
 		if n.Draining {
 			name += " (draining)"
 		}
-		fmt.Fprintf(tw, "%s\t%s %3.0f%%\t%d/%d\t%s\n", name, bar(n.Load, 10), 100*n.Load, n.InFlight, n.Capacity, strings.Join(n.Models, ","))
+		models := strings.Join(n.Models, ",")
+		for _, u := range n.Unready {
+			models += " " + u.Name + "(unready)"
+		}
+		fmt.Fprintf(tw, "%s\t%s %3.0f%%\t%d/%d\t%s ago\t%s\n", name, bar(n.Load, 10), 100*n.Load, n.InFlight, n.Capacity,
+			now.Sub(n.SentAt).Round(100*time.Millisecond), models)
 	}
 	tw.Flush()
 	if len(v.Nodes) == 0 {

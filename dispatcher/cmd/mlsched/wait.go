@@ -4,19 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 func runWait(ctx context.Context, a *app, args []string) error {
 	fs := a.newFlags("wait", "wait [-wait-timeout D] ID...")
 	timeout := fs.Duration("wait-timeout", 0, "give up after this long (0: wait until interrupted)")
+	every := fs.Duration("progress", time.Second, "progress of the results on stderr this often (0: none)")
 	if err := a.parseAndConnect(fs, args); err != nil {
 		return err
 	}
+	a.progressEvery = *every
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return errUsage
+	}
+	for _, id := range fs.Args() {
+		if err := protocol.ValidToken(id, protocol.DefaultLimits.MaxIDLen); err != nil {
+			fmt.Fprintf(a.stderr, "mlsched wait: invalid_id: id %q: %v\n", id, err)
+			return errUsage
+		}
 	}
 	var sum summary
 	err := a.waitAndPrint(ctx, fs.Args(), *timeout, &sum)
@@ -45,9 +55,16 @@ func runResult(ctx context.Context, a *app, args []string) error {
 	if errors.Is(err, client.ErrNoResult) {
 		return fmt.Errorf("task %s has no result yet", fs.Arg(0))
 	}
+	if protocol.CodeOf(err) == protocol.CodeInvalidID {
+		fmt.Fprintln(a.stderr, "mlsched result:", err)
+		return errUsage
+	}
 	if err != nil {
 		return err
 	}
 	writeJSON(a.stdout, r)
+	if r.Status != protocol.StatusSucceeded {
+		return errPartial // as submit -wait and wait: the task did not succeed
+	}
 	return nil
 }

@@ -55,9 +55,13 @@ function render() {
   if (!v) return;
   const degraded = (v.replicas || []).filter(r => r.degraded);
   const open = (v.models || []).filter(m => m.breaker === "open");
+  const unready = [];
+  for (const n of v.nodes || []) for (const u of n.unready || []) unready.push({ model: u.name, node: n.name, reason: u.reason });
+  const unreadyNames = [...new Set(unready.map(u => u.model))].sort();
   const status = document.getElementById("status");
   if (degraded.length) { status.textContent = "degraded"; status.className = "badge bad"; }
   else if (open.length) { status.textContent = open.length + " breaker(s) open"; status.className = "badge warn"; }
+  else if (unready.length) { status.textContent = "unready: " + unreadyNames.join(", "); status.className = "badge warn"; }
   else { status.textContent = "healthy"; status.className = "badge ok"; }
   document.getElementById("replicas").textContent = (v.replicas || []).length + " dispatcher replica(s)";
   state.updates++;
@@ -67,7 +71,8 @@ function render() {
   document.getElementById("window").textContent = v.window_ns ? "(statistics window " + duration(v.window_ns) + ")" : "";
 
   const probs = document.getElementById("problems");
-  const problems = (v.problems || []).concat(degraded.map(r => r.name + ": " + (r.degraded_reason || "degraded")));
+  const problems = (v.problems || []).concat(degraded.map(r => r.name + ": " + (r.degraded_reason || "degraded")),
+    unready.map(u => "model " + u.model + " unready on " + u.node + ": " + u.reason));
   probs.hidden = problems.length === 0;
   probs.replaceChildren(...problems.map(p => el("div", {}, p)));
 
@@ -100,10 +105,11 @@ function render() {
 
   fillBody("#nodes", (v.nodes || []).map(n => {
     const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));
+    const models = (n.models || []).join(", ") + (n.unready || []).map(u => (n.models && n.models.length ? ", " : "") + u.name + " (unready)").join("");
     return el("tr", { "data-node": n.name }, el("td", {}, n.name + (n.draining ? " (draining)" : "")),
-      el("td", { class: "models" }, (n.models || []).join(", ")), el("td", {}, bar, pct(n.load)),
-      el("td", {}, n.in_flight + " / " + n.capacity));
-  }), "no live node", 4);
+      el("td", { class: "models" }, models), el("td", {}, bar, pct(n.load)),
+      el("td", {}, n.in_flight + " / " + n.capacity), el("td", { class: "heartbeat" }, ago(n.sent_at)));
+  }), "no live node", 5);
 
   const types = Object.keys(v.backlog || {}).filter(t => v.backlog[t] > 0).sort();
   const most = Math.max(1, ...types.map(t => v.backlog[t]));

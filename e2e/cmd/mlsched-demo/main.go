@@ -10,6 +10,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -64,10 +66,11 @@ func runDemo(args []string) error {
 		ctx, cancel = context.WithTimeout(ctx, *duration)
 		defer cancel()
 	}
-	return demo(ctx, os.Stdout, demoOptions{rate: *rate, every: *every, policy: *policy, redisURL: os.Getenv("MLSCHED_REDIS_URL")})
+	return demo(ctx, os.Stdout, demoOptions{httpAddr: os.Getenv("MLSCHED_HTTP_ADDR"), rate: *rate, every: *every, policy: *policy, redisURL: os.Getenv("MLSCHED_REDIS_URL")})
 }
 
 type demoOptions struct {
+	httpAddr string // the dispatcher's listener ("": localhost:9090 or a free port; "off": none)
 	rate     int
 	every    time.Duration
 	policy   string
@@ -115,7 +118,18 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 	cfg := dispatcher.DefaultConfig()
 	cfg.NATS.URL, cfg.RedisURL, cfg.Name, cfg.Policy = srv.ClientURL(), o.redisURL, "demo", o.policy
 	cfg.StatsWindow, cfg.StatsBucket = time.Minute, 2*time.Second
-	cfg.HTTPAddr = os.Getenv("MLSCHED_HTTP_ADDR") // empty: no listener unless asked for
+	// The dashboard is served by default, on localhost:9090 (or
+	// MLSCHED_HTTP_ADDR; "off" for none), or any free port if 9090 is taken.
+	cfg.HTTPAddr = o.httpAddr
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = "127.0.0.1:9090"
+		if l, err := net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			cfg.HTTPAddr = "127.0.0.1:0"
+		} else {
+			l.Close()
+		}
+	}
+	cfg.DashboardRefresh = time.Second
 	d, err := dispatcher.New(cfg, dispatcher.WithLogger(quiet.With().Str("component", "dispatcher").Logger()))
 	if err != nil {
 		return err
@@ -168,6 +182,11 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 	c := client.New(js)
 	fmt.Fprintf(out, "mlsched demo: 3 nodes, models fast-flaky (5ms, 25%% failures), balanced (15ms, 6%%), steady (30ms, 1%%) "+
 		"and digits-go (a digit classifier trained at start); policy %s; %d tasks/s. Ctrl-C to stop.\n", o.policy, o.rate)
+	if cfg.HTTPAddr != "off" {
+		if url := dashboardURL(d); url != "" {
+			fmt.Fprintf(out, "dashboard: %s\n", url)
+		}
+	}
 	var submitted int64
 	tick := time.NewTicker(time.Second / time.Duration(max(o.rate, 1)))
 	defer tick.Stop()
@@ -203,8 +222,10 @@ loop:
 		time.Sleep(50 * time.Millisecond)
 	}
 	fmt.Fprintln(out, "\nsummary")
-	printDemoTable(out, d.Report(), submitted, finished.Load(), &counts, time.Since(started))
+	rep := d.Report()
+	printDemoTable(out, rep, submitted, finished.Load(), &counts, time.Since(started))
 	dg.print(out)
+	explain(out, rep, o.policy)
 	stopAll()
 	wg.Wait()
 	return nil
@@ -230,6 +251,58 @@ func printDemoTable(out io.Writer, r *protocol.StatsReport, submitted, finished 
 	if r.Degraded {
 		fmt.Fprintln(out, "DEGRADED:", strings.TrimSpace(r.DegradedReason))
 	}
+}
+
+// dashboardURL waits, up to 10 s, for the dispatcher to serve its
+// dashboard (the listener binds as Run starts, the page once connected),
+// and returns its URL ("" if it does not come up).
+func dashboardURL(d *dispatcher.Dispatcher) string {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		a := d.HTTPAddr()
+		if a == nil {
+			continue
+		}
+		url := "http://" + a.String() + "/"
+		if resp, err := http.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return url
+			}
+		}
+	}
+	return ""
+}
+
+// explain says, under the summary's table, what the table shows: which
+// classify model got the traffic, and how little the fastest one got when
+// it is the least reliable — the point of the demo.
+func explain(out io.Writer, r *protocol.StatsReport, policy string) {
+	var classify []protocol.ModelReport
+	for _, m := range r.Models {
+		if m.Name != "digits-go" && m.Dispatched > 0 {
+			classify = append(classify, m)
+		}
+	}
+	if len(classify) < 2 {
+		return
+	}
+	fastest, most := classify[0], classify[0]
+	for _, m := range classify {
+		if m.P50Ms > 0 && (fastest.P50Ms <= 0 || m.P50Ms < fastest.P50Ms) {
+			fastest = m
+		}
+		if m.TrafficShare > most.TrafficShare {
+			most = m
+		}
+	}
+	fmt.Fprintf(out, "\nWhat this shows: the %s policy sent the most classify tasks (%.1f%% of all tasks) to %s, "+
+		"which succeeded %.1f%% of the time at p50 %.1f ms.", policy, 100*most.TrafficShare, most.Name, 100*most.SuccessRate, most.P50Ms)
+	if fastest.Name != most.Name {
+		fmt.Fprintf(out, " The fastest model, %s (p50 %.1f ms), succeeded only %.1f%% of the time and got %.1f%% of the traffic: "+
+			"a scheduler that picks the fastest answer would have sent it everything.", fastest.Name, fastest.P50Ms,
+			100*fastest.SuccessRate, 100*fastest.TrafficShare)
+	}
+	fmt.Fprintln(out, " digits-go serves the digit images (every fifth task).")
 }
 
 // digitScore counts the digit classifier's answers against the labels.

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/config"
@@ -28,9 +27,7 @@ func run() int {
 	if len(os.Args) > 1 && (os.Args[1] == "-h" || os.Args[1] == "-help" || os.Args[1] == "--help") {
 		fmt.Fprintln(os.Stderr, "usage: worker              run a node (configured by environment variables)")
 		fmt.Fprintln(os.Stderr, "       worker healthcheck  exit 0 when the local /readyz answers 2xx (container health check)")
-		tw := tabwriter.NewWriter(os.Stderr, 0, 4, 2, ' ', 0)
-		_ = config.Usage(tw, &cfg)
-		_ = tw.Flush()
+		_ = config.Usage(os.Stderr, &cfg)
 		return 0
 	}
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
@@ -46,7 +43,12 @@ func run() int {
 			fmt.Fprintln(os.Stderr, "worker: pprof server stopped:", http.ListenAndServe(cfg.PprofAddr, nil))
 		}()
 	}
-	w, err := worker.New(cfg)
+	log, err := cfg.Log.Logger("worker")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	w, err := worker.New(cfg, worker.WithLogger(log))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2 // New fails only on configuration: variables or models file
@@ -54,7 +56,8 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := w.Run(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
+		// In the configured log format, as the dispatcher reports its own.
+		log.Error().Err(err).Msg("worker failed")
 		return 1
 	}
 	return 0

@@ -52,11 +52,14 @@ func TestInvalidConfigurationExits2(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"bad number", []string{"MLSCHED_CONCURRENCY=lots", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_CONCURRENCY"},
-		{"bad duration", []string{"MLSCHED_ACK_WAIT=soon", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_ACK_WAIT"},
+		{"bad number", []string{"MLSCHED_CONCURRENCY=lots", "MLSCHED_MODELS_FILE=" + good}, `invalid MLSCHED_CONCURRENCY="lots"`},
+		{"zero concurrency", []string{"MLSCHED_CONCURRENCY=-2", "MLSCHED_MODELS_FILE=" + good}, "invalid MLSCHED_CONCURRENCY=-2"},
+		{"negative ack wait", []string{"MLSCHED_ACK_WAIT=-1s", "MLSCHED_MODELS_FILE=" + good}, "invalid MLSCHED_ACK_WAIT=-1s: must be positive"},
+		{"bad duration", []string{"MLSCHED_ACK_WAIT=soon", "MLSCHED_MODELS_FILE=" + good}, `invalid MLSCHED_ACK_WAIT="soon"`},
+		{"http url", []string{"MLSCHED_NATS_URL=http://127.0.0.1:8222", "MLSCHED_MODELS_FILE=" + good}, "http:// is not a NATS URL; use nats://"},
 		{"bad node id", []string{"MLSCHED_NODE_ID=a.b", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_NODE_ID"},
 		{"bad log level", []string{"MLSCHED_LOG_LEVEL=loud", "MLSCHED_MODELS_FILE=" + good}, "MLSCHED_LOG_LEVEL"},
-		{"missing models file", []string{"MLSCHED_MODELS_FILE=/nonexistent/models.yaml"}, "/nonexistent/models.yaml"},
+		{"missing models file", []string{"MLSCHED_MODELS_FILE=/nonexistent/models.yaml"}, `MLSCHED_MODELS_FILE="/nonexistent/models.yaml"`},
 		{"bad models file", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m1, types: [t], executor: gpu}]")}, `model "m1": executor`},
 		{"http model without url", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m3, types: [t], executor: http, http: {mode: oip}}]")}, `model "m3": http.url: missing`},
 		{"http bad mode", []string{"MLSCHED_MODELS_FILE=" + modelsFile(t, "models: [{name: m4, types: [t], executor: http, http: {url: \"http://h\", mode: grpc}}]")}, `model "m4": http.mode: "grpc"`},
@@ -84,7 +87,7 @@ func TestSIGTERMDrainsAndExits0(t *testing.T) {
 	srv := natstest.New(t)
 	models := modelsFile(t, "models: [{name: m, types: [t], executor: go, go: {handler: echo}}]")
 	cmd, stderr := command(t, "MLSCHED_NATS_URL="+srv.URL, "MLSCHED_NODE_ID=cmd-1", "MLSCHED_MODELS_FILE="+models,
-		"MLSCHED_HEARTBEAT_INTERVAL=100ms")
+		"MLSCHED_HEARTBEAT_INTERVAL=100ms", "MLSCHED_LOG_FORMAT=console")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +118,10 @@ func TestSIGTERMDrainsAndExits0(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no exit after SIGTERM; stderr: %s", stderr)
+	}
+	// Console logs into a file or a pipe carry no ANSI colours.
+	if strings.Contains(stderr.String(), "\x1b[") || !strings.Contains(stderr.String(), "worker started") {
+		t.Errorf("console log to a pipe: %q, want plain text with the start line", stderr)
 	}
 	kv, _ := srv.JS.KeyValue(context.Background(), topology.BucketNodes)
 	if _, err := kv.Get(context.Background(), "cmd-1"); !errors.Is(err, jetstream.ErrKeyNotFound) {

@@ -62,6 +62,9 @@ func TestReadmeCommands(t *testing.T) {
 		t.Skip("redis-server is not installed (make redis-server)")
 	}
 	blocks, readme := readmeBlocks(t)
+	if n := strings.Count(readme, "\n"); n > 260 {
+		t.Errorf("README.md has %d lines, more than 260: it is a manual; history goes in docs/", n)
+	}
 	for _, name := range []string{"by-hand", "cli", "go-producer", "nats-cli"} {
 		if _, ok := blocks[name]; !ok {
 			t.Fatalf("README.md has no block marked <!-- readme-test: %s -->", name)
@@ -73,6 +76,7 @@ func TestReadmeCommands(t *testing.T) {
 	}
 
 	r := newReadmeRun(t)
+	r.makeRun(readme)
 	for _, line := range blocks["by-hand"].lines {
 		r.step(line)
 	}
@@ -233,6 +237,35 @@ func (r *readmeRun) background(shell string) {
 	if strings.Contains(shell, "bin/dispatcher") && !strings.Contains(out.String(), "the dashboard at /") {
 		t.Errorf("the dispatcher's start log does not mention the dashboard:\n%s", out.String())
 	}
+}
+
+// makeRun runs the README's first command, the demo, for a few seconds
+// (DEMO_FLAGS, which the Makefile passes on, stops it), with its dashboard
+// on a free port. Its silence is counted from the demo's first line: before
+// it, make prints the build command and go builds the demo.
+func (r *readmeRun) makeRun(readme string) {
+	t := r.t
+	if !strings.Contains(readme, "| `make run` |") {
+		t.Fatal("README.md's table of the two commands has no make run")
+	}
+	cmd := exec.Command("make", "--no-print-directory", "run", "DEMO_FLAGS=-duration 6s -rate 50 -every 1s")
+	cmd.Dir, cmd.Env = r.root, append(append([]string(nil), r.env...), "MLSCHED_HTTP_ADDR=127.0.0.1:0")
+	out := &gapWriter{last: time.Now()}
+	cmd.Stdout, cmd.Stderr = out, out
+	err := cmd.Run()
+	text := out.String()
+	t.Logf("$ make run (6 s)\n%s", indent(text))
+	if err != nil || !strings.Contains(text, "dashboard: http://") || !strings.Contains(text, "What this shows:") {
+		t.Fatalf("make run: %v\n%s", err, text)
+	}
+	// The longest silence once the demo runs: between its lines.
+	demoStart := strings.Index(text, "mlsched demo:")
+	gaps := out.gapsAfter(demoStart)
+	t.Logf("make run: longest silence once the demo runs %v", gaps)
+	if gaps > maxSilence {
+		t.Errorf("the demo was silent for %v (> %v)", gaps, maxSilence)
+	}
+	r.longest = max(r.longest, gaps)
 }
 
 func (r *readmeRun) stop() {
@@ -405,6 +438,25 @@ type gapWriter struct {
 	last    time.Time
 	first   time.Time
 	longest time.Duration
+	gaps    []gapAt // each write's offset and the silence before it
+}
+
+type gapAt struct {
+	offset int
+	gap    time.Duration
+}
+
+// gapsAfter is the longest silence before any write past offset.
+func (g *gapWriter) gapsAfter(offset int) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var m time.Duration
+	for _, x := range g.gaps {
+		if x.offset > offset {
+			m = max(m, x.gap)
+		}
+	}
+	return m
 }
 
 func (g *gapWriter) Write(p []byte) (int, error) {
@@ -415,6 +467,7 @@ func (g *gapWriter) Write(p []byte) (int, error) {
 		g.first = now
 	}
 	g.longest = max(g.longest, now.Sub(g.last))
+	g.gaps = append(g.gaps, gapAt{offset: g.b.Len(), gap: now.Sub(g.last)})
 	g.last = now
 	return g.b.Write(p)
 }

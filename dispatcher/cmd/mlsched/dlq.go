@@ -13,12 +13,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/dispatcher/operator"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
-// errNotReplayable marks a dead letter that replay cannot resubmit.
-var errNotReplayable = errors.New("cannot be replayed")
 
 func runDLQ(ctx context.Context, a *app, args []string) error {
 	const synopsis = "dlq list [-n N] | dlq show SEQ | dlq replay SEQ... | dlq replay -all"
@@ -294,61 +293,13 @@ func (a *app) dlqReplay(ctx context.Context, args []string) error {
 	return nil
 }
 
-// replay resubmits a dead letter's original bytes. A task id has at most one
-// final result, so the old one is purged first; the fresh Nats-Msg-Id keeps
-// the task stream's duplicate window from swallowing the resubmission. The
-// entry is deleted only once the task stream has it. The dispatcher's message
-// ids name the submission (Mlsched-Task-Seq), not only the task id, so a
-// replay may follow at once.
+// replay resubmits a dead letter (operator.Replay: the old result is
+// purged, the replay's replaces it).
 func (a *app) replay(ctx context.Context, dlq jetstream.Stream, e dlqEntry) (uint64, error) {
 	if e.Err != nil {
-		return 0, fmt.Errorf("%w: the entry is not a dead letter: %v", errNotReplayable, e.Err)
+		return 0, fmt.Errorf("%w: the entry is not a dead letter: %v", operator.ErrNotReplayable, e.Err)
 	}
-	if e.DL.Truncated {
-		return 0, fmt.Errorf("%w: it keeps only the first %d of the original's %d bytes (sha256 %s)", errNotReplayable,
-			len(e.DL.Original), e.DL.OriginalBytes, e.DL.OriginalSHA256)
-	}
-	id := e.DL.TaskID
-	if id == "" {
-		return 0, fmt.Errorf("%w: its original has no usable task id (unkeyable: code %s), so no result could ever be keyed; fix the producer and submit a corrected task", errNotReplayable, e.DL.Code)
-	}
-	if err := protocol.ValidToken(id, 1<<10); err != nil {
-		return 0, fmt.Errorf("%w: task id %q: %v", errNotReplayable, id, err)
-	}
-	typ := originalType(e.DL)
-	if typ == "" {
-		return 0, fmt.Errorf("%w: cannot tell the task type of the original", errNotReplayable)
-	}
-	results, err := a.js.Stream(ctx, topology.StreamResults)
-	if err != nil {
-		return 0, fmt.Errorf("stream %s: %w", topology.StreamResults, err)
-	}
-	if err := results.Purge(ctx, jetstream.WithPurgeSubject(topology.ResultSubject(id))); err != nil {
-		return 0, fmt.Errorf("purge the old result of %s: %w", id, err)
-	}
-	ack, err := a.client.SubmitRaw(ctx, typ, e.DL.Original, fmt.Sprintf("%s:replay:%d", id, e.Seq))
-	if err != nil {
-		return 0, fmt.Errorf("resubmit %s: %w", id, err)
-	}
-	if err := dlq.DeleteMsg(ctx, e.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return ack.Seq, fmt.Errorf("task %s resubmitted (seq %d) but the dead letter was not deleted: %w", id, ack.Seq, err)
-	}
-	return ack.Seq, nil
-}
-
-// originalType finds the task type from the original's "type" field, or
-// from the subject it was published on.
-func originalType(dl protocol.DeadLetter) string {
-	var probe struct {
-		Type string `json:"type"`
-	}
-	if json.Unmarshal(dl.Original, &probe) == nil && protocol.ValidToken(probe.Type, 64) == nil {
-		return probe.Type
-	}
-	if t, ok := strings.CutPrefix(dl.Subject, topology.TaskSubject("")); ok && protocol.ValidToken(t, 64) == nil {
-		return t
-	}
-	return ""
+	return operator.Replay(ctx, a.js, a.client, dlq, e.Seq, e.DL)
 }
 
 // oneLine folds s onto one line of at most about n bytes. A longer text

@@ -122,7 +122,7 @@ func TestEnvironmentNames(t *testing.T) {
 	var b bytes.Buffer
 	usage(&b, flag.NewFlagSet("x", flag.ContinueOnError))
 	for _, v := range []string{"MLSCHED_NATS_URL", "MLSCHED_STORAGE", "MLSCHED_MAX_PAYLOAD_BYTES", "MLSCHED_LOG_FORMAT", "MLSCHED_LOG_LEVEL"} {
-		if !strings.Contains(b.String(), v+"\t") {
+		if !strings.Contains(b.String(), "  "+v+" ") { // aligned columns
 			t.Errorf("usage does not list %s:\n%s", v, b.String())
 		}
 	}

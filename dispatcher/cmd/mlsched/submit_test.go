@@ -302,7 +302,9 @@ func TestSubmitWaitReportsProgress(t *testing.T) {
 	if code != exitFailed || !strings.Contains(errs, "results: 0 of 2 (0 succeeded, 0 failed, 0 rejected)") || !strings.Contains(errs, "ETA") {
 		t.Errorf("-f -wait: code %d, stderr %q: want result progress", code, errs)
 	}
-	code, _, errs = cli(t, srv.URL, "", "submit", "-type", "nobody", "-id", "p3", "-models", "nosuch", "-wait", "-wait-timeout", "800ms", "-progress", "100ms")
+	// 4 s: each hint reads the nodes' bucket within 500 ms, which a loaded
+	// machine (CI under -race) may miss a few times in a row.
+	code, _, errs = cli(t, srv.URL, "", "submit", "-type", "nobody", "-id", "p3", "-models", "nosuch", "-wait", "-wait-timeout", "4s", "-progress", "100ms")
 	if code != exitFailed || !strings.Contains(errs, "waiting for p3: no result after") ||
 		!strings.Contains(errs, `no live node announces a model for type "nobody" with models nosuch`) {
 		t.Errorf("single -wait: code %d, stderr %q: want it to say why it waits", code, errs)

@@ -72,6 +72,7 @@ type Dispatcher struct {
 	tracer       *tracing.Tracer
 	live         atomic.Bool // started and not draining: what /readyz needs first
 	backlog      atomic.Pointer[map[string]int64]
+	streams      atomic.Pointer[[]streamSample] // streams.go
 	httpMu       sync.Mutex
 	http         *opshttp.Server
 	httpHandlers []httpHandler // mounted once the listener starts
@@ -415,6 +416,7 @@ func (d *Dispatcher) batcherService() lifecycle.Service {
 func (d *Dispatcher) backlogService() lifecycle.Service {
 	return lifecycle.Run(func(ctx context.Context, ready func()) error {
 		ready()
+		go d.streamsLoop(ctx)
 		d.backlogLoop(ctx)
 		return nil
 	})

@@ -44,15 +44,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var o soak.Options
 	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
-	fs.IntVar(&o.Rate, "rate", 0, "tasks per second (0: calibrate: 80% of what this machine completes unpaced)")
+	fs.IntVar(&o.Rate, "rate", 0, "tasks per second (0: calibrate: 60% of what this machine completes unpaced, rounded down to 50)")
 	fs.DurationVar(&o.Duration, "duration", 30*time.Minute, "how long to offer the rate")
 	fs.DurationVar(&o.Warmup, "warmup", 0, "excluded from the slopes (default a sixth of -duration)")
-	fs.DurationVar(&o.Drain, "drain", time.Minute, "how long to wait for the last results")
+	fs.DurationVar(&o.Drain, "drain", time.Minute, "a task without result when none came for this long is lost")
 	fs.IntVar(&o.Workers, "workers", 2, "worker processes")
 	fs.IntVar(&o.ClusterNodes, "cluster-nodes", 0, "0: one nats-server; n: a cluster of n servers with R3 streams")
 	fs.StringVar(&o.SyncInterval, "sync", "always", "nats-server jetstream sync_interval")
 	fs.IntVar(&o.Payload, "payload", 64, "task payload bytes (echoed into the result)")
 	jsonPath := fs.String("json", "", "write the full report (with the per-second samples) here")
+	fs.StringVar(&o.Dir, "dir", "", "keep the processes' files and logs here (default: a temporary directory, removed)")
 	fs.StringVar(&o.HeapProfile, "heap", "", "write nats-server's heap profile here at the end (one server)")
 	denv, wenv := kvFlag{}, kvFlag{}
 	fs.Var(denv, "dispatcher-env", "KEY=VALUE for the dispatcher (repeatable), e.g. MLSCHED_RESULTS_MAX_MSGS=2000000")
@@ -104,8 +105,8 @@ func Print(w io.Writer, r *soak.Report) {
 	if r.Calibrated > 0 {
 		fmt.Fprintf(w, "calibrated: %.0f tasks/s completed unpaced\n", r.Calibrated)
 	}
-	fmt.Fprintf(w, "sent %d, results %d (succeeded %d, failed %d), lost %d, duplicates %d, publish retries %d\n",
-		r.Sent, r.Results, r.Succeeded, r.Failed, r.Lost, r.Duplicates, r.PublishErrors)
+	fmt.Fprintf(w, "sent %d, results %d (succeeded %d, failed %d), lost %d, duplicates %d, publish retries %d; last result %v after the last submission\n",
+		r.Sent, r.Results, r.Succeeded, r.Failed, r.Lost, r.Duplicates, r.PublishErrors, r.DrainTime.Round(time.Millisecond))
 	fmt.Fprintf(w, "\n%-22s %9s %9s %9s %9s %14s %14s\n", "process RSS (MiB)", "start", "warm", "peak", "end", "slope/10m", "last half/10m")
 	for _, n := range sortedKeys(r.Procs) {
 		p := r.Procs[n]

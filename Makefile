@@ -159,6 +159,23 @@ bench: build redis-server ## relay vs mlsched end to end in both modes (durable,
 	$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json $(BENCH_AUTH) $(BENCH_FLAGS) | tee .bench/bench-table.txt
 	cd shared && $(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee ../.bench/go-bench.txt
 
+# The soak (e2e/soak, docs/operations.md "Soak"): SOAK_RATE tasks/s (0: the
+# highest rate this machine sustains, calibrated first) for SOAK_DURATION
+# against bin/ nats-server, dispatcher, two workers and redis-server; RSS of
+# every process and every stream's size sampled each second; the slopes
+# after warm-up, peaks against bounds, lost/duplicates and latency per
+# minute in .soak/. SOAK_FLAGS e.g. '-cluster-nodes 3' or
+# '-dispatcher-env MLSCHED_RESULTS_MAX_MSGS=200000'. The ~60 s version runs
+# in make test (TestSoakShort).
+SOAK_RATE     ?= 0
+SOAK_DURATION ?= 30m
+SOAK_FLAGS    ?=
+.PHONY: soak
+soak: build redis-server ## sustained load: SOAK_RATE (0: highest sustained) for SOAK_DURATION (30m); every process and store must plateau
+	@mkdir -p .soak
+	cd e2e && $(GO) build -o ../$(BIN)/mlsched-soak ./cmd/mlsched-soak
+	$(BIN)/mlsched-soak -bin $(BIN) -rate $(SOAK_RATE) -duration $(SOAK_DURATION) -json .soak/soak.json -heap .soak/nats-heap.pb.gz $(SOAK_FLAGS) | tee .soak/soak.txt
+
 # The full chaos run (e2e/chaos_test.go): 20000 tasks while worker and
 # dispatcher processes are kill -9'ed and nats-server and redis-server are
 # restarted. MLSCHED_CHAOS_SEED replays a run; figures in docs/chaos.md.

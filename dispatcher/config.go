@@ -131,8 +131,16 @@ type Config struct {
 	// stream at start.
 	TasksMaxBytes   int64 `envconfig:"TASKS_MAX_BYTES" default:"134217728" desc:"bytes the task stream may hold; beyond, producers get a publish error (applied to an existing stream at start)"`
 	TasksMaxMsgSize int32 `envconfig:"TASKS_MAX_MSG_SIZE" default:"4194304" desc:"largest message the task stream accepts (applied to an existing stream at start)"`
-	// ResultsMaxAge is how long results are kept (default 24h).
-	ResultsMaxAge time.Duration `envconfig:"RESULTS_MAX_AGE" default:"24h" desc:"how long results are kept"`
+	// ResultsMaxAge, ResultsMaxMsgs and ResultsMaxBytes bound the results
+	// stream: a result is kept until the first of them discards it (the
+	// results window, docs/operations.md). The count bounds nats-server's
+	// memory (an index entry per task); applied to an existing stream at
+	// start.
+	ResultsMaxAge   time.Duration `envconfig:"RESULTS_MAX_AGE" default:"24h" desc:"how long results are kept at most (applied to an existing stream at start)"`
+	ResultsMaxMsgs  int64         `envconfig:"RESULTS_MAX_MSGS" default:"1000000" desc:"results kept at most, oldest discarded first; bounds nats-server memory (applied to an existing stream at start)"`
+	ResultsMaxBytes int64         `envconfig:"RESULTS_MAX_BYTES" default:"1073741824" desc:"bytes the results stream may hold, oldest discarded first (applied to an existing stream at start)"`
+	// DLQMaxBytes bounds the dead-letter stream (oldest discarded first).
+	DLQMaxBytes int64 `envconfig:"DLQ_MAX_BYTES" default:"268435456" desc:"bytes the dead-letter stream may hold, oldest discarded first (applied to an existing stream at start)"`
 	// Shared: NodeTTL, Storage and StreamReplicas, which every process must
 	// set alike (MLSCHED_NODE_TTL, MLSCHED_STORAGE, MLSCHED_STREAM_REPLICAS).
 	topology.Shared
@@ -206,6 +214,12 @@ func (c Config) Validate() error {
 		return bad("TASKS_MAX_BYTES", c.TasksMaxBytes, "must be positive")
 	case c.TasksMaxMsgSize < 1:
 		return bad("TASKS_MAX_MSG_SIZE", c.TasksMaxMsgSize, "must be positive")
+	case c.ResultsMaxMsgs < 1:
+		return bad("RESULTS_MAX_MSGS", c.ResultsMaxMsgs, "must be positive")
+	case c.ResultsMaxBytes < 1:
+		return bad("RESULTS_MAX_BYTES", c.ResultsMaxBytes, "must be positive")
+	case c.DLQMaxBytes < 1:
+		return bad("DLQ_MAX_BYTES", c.DLQMaxBytes, "must be positive")
 	case c.MaxPayloadBytes < 1:
 		return bad("MAX_PAYLOAD_BYTES", c.MaxPayloadBytes, "must be at least 1")
 	case c.StatsBuffer < 1:
@@ -257,7 +271,8 @@ func (c *Config) Window() stats.Window {
 // Topology is the stream configuration.
 func (c *Config) Topology() topology.Config {
 	t := c.Shared.Config()
-	t.ResultsMaxAge = c.ResultsMaxAge
+	t.ResultsMaxAge, t.ResultsMaxMsgs, t.ResultsMaxBytes = c.ResultsMaxAge, c.ResultsMaxMsgs, c.ResultsMaxBytes
+	t.DLQMaxBytes = c.DLQMaxBytes
 	t.TasksMaxBytes, t.TasksMaxMsgSize = c.TasksMaxBytes, c.TasksMaxMsgSize
 	t.UpdateLimits = true // the dispatcher owns the streams
 	return t

@@ -71,6 +71,7 @@ type parts struct {
 	intake  *intake
 	cancel  *canceller
 	backlog *backlogSampler
+	streams *streamSampler // streams.go
 }
 
 // Counters are cumulative, per replica.
@@ -401,10 +402,11 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
 		counters: &d.counters, metrics: d.metrics}
 	backlog := &backlogSampler{js: js, reg: reg, log: d.log}
+	streams := &streamSampler{js: js, log: d.log}
 	tasks := newConsumer(js, d.cfg, d.log, topology.StreamTasks, in.handleTask)
 	outcomes := newConsumer(js, d.cfg, d.log, topology.StreamOutcomes, out.handleOutcome)
 	d.parts.Store(&parts{nc: nc, js: js, store: store, kind: kind, batch: batch, reg: reg, snaps: snaps,
-		intake: in, cancel: cn, backlog: backlog})
+		intake: in, cancel: cn, backlog: backlog, streams: streams})
 
 	var g lifecycle.Group
 	start := func(name string, s lifecycle.Service) error {
@@ -453,6 +455,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},
 		{"sweeper", sweep},
 		{"backlog sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); backlog.run(ctx); return nil })},
+		{"stream sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); streams.run(ctx); return nil })},
 		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx, nc, js); return nil })},
 		{"admin", subscription(func() (*nats.Subscription, error) { return serveAdmin(nc, d.Report) })},
 		{"cancel", subscription(cn.serve)},

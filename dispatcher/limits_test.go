@@ -30,12 +30,12 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// an operator's own limit on a stream mlsched does not bound stays
-	results := topology.Streams(topology.Config{})[3]
-	if results.Name != topology.StreamResults {
-		t.Fatalf("fourth stream is %s", results.Name)
+	outcomes := topology.Streams(topology.Config{})[2]
+	if outcomes.Name != topology.StreamOutcomes {
+		t.Fatalf("third stream is %s", outcomes.Name)
 	}
-	results.MaxBytes = 32 << 20
-	if _, err := ns.JS.CreateStream(ctx, results); err != nil {
+	outcomes.MaxBytes = 32 << 20
+	if _, err := ns.JS.CreateStream(ctx, outcomes); err != nil {
 		t.Fatal(err)
 	}
 
@@ -77,9 +77,14 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 	if si, err := s.Info(ctx); err != nil || si.State.Msgs != 1 {
 		t.Fatalf("stream state after the update: %+v, %v; want the waiting task kept", si, err)
 	}
+	ost, err := ns.JS.Stream(ctx, topology.StreamOutcomes)
+	if err != nil || ost.CachedInfo().Config.MaxBytes != 32<<20 {
+		t.Fatalf("outcomes stream: %v; want the operator's 32 MiB kept", err)
+	}
+	// the results stream, which mlsched bounds, has the dispatcher's bounds
 	rs, err := ns.JS.Stream(ctx, topology.StreamResults)
-	if err != nil || rs.CachedInfo().Config.MaxBytes != 32<<20 {
-		t.Fatalf("results stream: %v; want the operator's 32 MiB kept", err)
+	if c := rs.CachedInfo().Config; err != nil || c.MaxMsgs != cfg.ResultsMaxMsgs || c.MaxBytes != cfg.ResultsMaxBytes {
+		t.Fatalf("results stream: %+v, %v; want max_msgs=%d max_bytes=%d", c, err, cfg.ResultsMaxMsgs, cfg.ResultsMaxBytes)
 	}
 	_, err = ns.JS.Publish(ctx, topology.TaskSubject("t"), bytes.Repeat([]byte("y"), 5<<20))
 	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "message size exceeds") {

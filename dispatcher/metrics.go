@@ -46,7 +46,7 @@ func newMetrics(d *Dispatcher) *metrics {
 		[]string{"type"})
 	dead := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_dead_letters_total",
 		Help: "Entries written to MLSCHED_DLQ, by kind (invalid, exhausted, outcome)."}, []string{"kind"})
-	reg.MustRegister(received, results, attempts, decision, taskDur, dead, &snapshotCollector{d: d})
+	reg.MustRegister(received, results, attempts, decision, taskDur, dead, &snapshotCollector{d: d}, &streamsCollector{d: d})
 	m := &metrics{reg: reg, received: opshttp.Counter1(received), results: opshttp.Counter2(results),
 		attempts: opshttp.Counter3(attempts), decision: decision, taskDur: opshttp.Observer1(taskDur),
 		dead: opshttp.Counter1(dead)}

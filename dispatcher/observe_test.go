@@ -150,6 +150,14 @@ func TestMetricsAndReadiness(t *testing.T) {
 		v, ok := value(fams, "mlsched_backlog_tasks", "type=echo")
 		return ok && v == 0
 	})
+	// the streams' sizes and bounds (sampled at start, then every 10s)
+	e.waitFor("stream gauges", func() bool {
+		fams, _ = scrape(t, base)
+		max, ok1 := value(fams, "mlsched_stream_max_messages", "stream=MLSCHED_RESULTS")
+		maxB, ok2 := value(fams, "mlsched_stream_max_bytes", "stream=MLSCHED_TASKS")
+		_, ok3 := value(fams, "mlsched_stream_bytes", "stream=MLSCHED_DLQ")
+		return ok1 && ok2 && ok3 && max == 1_000_000 && maxB == 128<<20
+	})
 	for _, f := range fams {
 		for _, m := range f.Metric {
 			for _, l := range m.Label {

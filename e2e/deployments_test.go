@@ -355,7 +355,7 @@ func TestPrometheusConfigAndRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, alert := range []string{"MlschedModelSuccessRatioLow", "MlschedModelSuccessRatioDropping",
-		"MlschedBacklogGrowing", "MlschedBreakerOpen", "MlschedStatsDegraded"} {
+		"MlschedBacklogGrowing", "MlschedBreakerOpen", "MlschedStatsDegraded", "MlschedStreamNearBound", "MlschedResultsExpireEarly"} {
 		if !strings.Contains(string(rules), "alert: "+alert+"\n") {
 			t.Errorf("alerts.yml has no %s", alert)
 		}

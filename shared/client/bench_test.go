@@ -15,7 +15,7 @@ import (
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
-func benchSetup(b *testing.B) (*natstest.Server, *client.Client) {
+func benchSetup(b testing.TB) (*natstest.Server, *client.Client) {
 	srv := natstest.New(b)
 	tc := topology.Config{Storage: jetstream.MemoryStorage}
 	if err := topology.Ensure(context.Background(), srv.JS, tc); err != nil {

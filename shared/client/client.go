@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,8 +22,9 @@ import (
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
-// ErrNoResult is returned by Result when the task has no final result yet
-// (or its result has aged out of the results stream).
+// ErrNoResult is returned by Result when the task has no final result: not
+// finished yet, unknown, or expired (finished before the results window,
+// see Window); Wait and WaitAll wrap it with ctx's error when they give up.
 var ErrNoResult = errors.New("no result yet")
 
 // ErrBadResult wraps a message on a result subject that is not a Result.
@@ -50,6 +50,9 @@ type Client struct {
 
 	mu      sync.Mutex
 	results jetstream.Stream // cached MLSCHED_RESULTS handle
+
+	hubOnce sync.Once
+	waits   *hub // Wait and WaitAll's shared results consumer (waiters.go)
 }
 
 // Option configures a Client.
@@ -102,6 +105,7 @@ func Dial(cfg natsconn.Config, opts ...Option) (*Client, error) {
 // Close closes the connection Dial made, after flushing what is buffered;
 // it does nothing for a client made with New.
 func (c *Client) Close() {
+	c.hub().close()
 	if c.nc != nil {
 		_ = c.nc.Drain()
 	}
@@ -221,29 +225,44 @@ func (c *Client) Result(ctx context.Context, id string) (*protocol.Result, error
 
 // Wait blocks until the task's final result exists and returns it, or
 // returns ctx's error. A result published at any moment, before or during
-// the call, is seen: the consumer starts from the last message already on
-// the subject.
+// the call, is seen: the wait registers with the client's one shared
+// results consumer (see hub) before it looks the result up in the stream.
+// 10 000 concurrent Waits cost 10 000 map entries and direct gets, one
+// consumer, and no JetStream API request each.
+//
+// A result is kept for the results window (MLSCHED_RESULTS_MAX_AGE and
+// MLSCHED_RESULTS_MAX_MSGS, docs/operations.md): a task whose result
+// expired before Wait began cannot be told from one not finished yet, so
+// bound ctx; its error then wraps ErrNoResult and says so.
 func (c *Client) Wait(ctx context.Context, id string) (*protocol.Result, error) {
-	if r, err := c.Result(ctx, id); !errors.Is(err, ErrNoResult) {
-		return r, err // fast path: already there (or a real error)
+	if err := c.checkID(id); err != nil {
+		return nil, err
 	}
-	var out *protocol.Result
-	err := c.consume(ctx, []string{topology.ResultSubject(id)}, func(m jetstream.Msg) (bool, error) {
-		r, err := decodeResult(id, m.Data())
-		out = r
-		return true, err
-	})
-	if err != nil {
+	if d, ok := c.lookup(ctx, id); ok {
+		return d.r, d.err // fast path: already there (or a real error)
+	}
+	h := c.hub()
+	w := &waiter{id: id, ch: make(chan delivery, 2)}
+	if err := h.register(ctx, []*waiter{w}); err != nil {
 		return nil, fmt.Errorf("wait for %s: %w", id, err)
 	}
-	return out, nil
+	defer h.unregister([]*waiter{w})
+	if d, ok := c.lookup(ctx, id); ok { // stored before the consumer began
+		return d.r, d.err
+	}
+	select {
+	case d := <-w.ch:
+		return d.r, d.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for %s: %w (%w: not finished, unknown, or expired before the wait began)", id, ctx.Err(), ErrNoResult)
+	}
 }
 
 // WaitAll waits for the final result of every id and calls each once per id,
-// in arrival order, from the calling goroutine. It uses a single consumer
-// (on the ids' subjects when they are few, on mlsched.results.> otherwise),
-// so waiting for thousands of tasks costs one consumer, not thousands. It
-// returns nil once every id has been seen, or ctx's error (wrapped) with
+// in arrival order, from the calling goroutine. The ids register with the
+// client's one shared results consumer (as Wait), then the results already
+// stored are read by direct get, a few at a time: no consumer of its own.
+// It returns nil once every id has been seen, or ctx's error (wrapped) with
 // each already called for the results that arrived.
 func (c *Client) WaitAll(ctx context.Context, ids []string, each func(*protocol.Result)) error {
 	pending := make(map[string]struct{}, len(ids))
@@ -256,76 +275,61 @@ func (c *Client) WaitAll(ctx context.Context, ids []string, each func(*protocol.
 	if len(pending) == 0 {
 		return nil
 	}
-	filter := []string{topology.SubjectResultsAll}
-	if len(pending) <= maxFilterSubjects {
-		filter = filter[:0]
-		for id := range pending {
-			filter = append(filter, topology.ResultSubject(id))
-		}
+	ch := make(chan delivery, 2*len(pending))
+	ws := make([]*waiter, 0, len(pending))
+	for id := range pending {
+		ws = append(ws, &waiter{id: id, ch: ch})
 	}
-	prefix := len(topology.ResultSubject(""))
-	err := c.consume(ctx, filter, func(m jetstream.Msg) (bool, error) {
-		subj := m.Subject()
-		if len(subj) <= prefix {
-			return false, nil
+	h := c.hub()
+	if err := h.register(ctx, ws); err != nil {
+		return fmt.Errorf("waiting for %d results: %w", len(pending), err)
+	}
+	defer h.unregister(ws)
+	lctx, stopLookups := context.WithCancel(ctx)
+	defer stopLookups()
+	go func() { // the results stored before the consumer began
+		jobs := make(chan string)
+		var wg sync.WaitGroup
+		for range min(lookupWorkers, len(ws)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for id := range jobs {
+					if d, ok := c.lookup(lctx, id); ok && lctx.Err() == nil {
+						ch <- d
+					}
+				}
+			}()
 		}
-		id := subj[prefix:]
-		if _, ok := pending[id]; !ok {
-			return false, nil // another task's result
+		for _, w := range ws {
+			select {
+			case jobs <- w.id:
+			case <-lctx.Done():
+			}
 		}
-		r, err := decodeResult(id, m.Data())
-		if err != nil {
-			return true, err
+		close(jobs)
+		wg.Wait()
+	}()
+	for len(pending) > 0 {
+		select {
+		case d := <-ch:
+			if _, ok := pending[d.id]; !ok {
+				continue // seen twice: delivered and looked up
+			}
+			if d.err != nil {
+				return fmt.Errorf("waiting for %d of %d results: %w", len(pending), len(ids), d.err)
+			}
+			delete(pending, d.id)
+			each(d.r)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %d of %d results: %w (%w: not finished, unknown, or expired before the wait began)", len(pending), len(ids), ctx.Err(), ErrNoResult)
 		}
-		delete(pending, id)
-		each(r)
-		return len(pending) == 0, nil
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for %d of %d results: %w", len(pending), len(ids), err)
 	}
 	return nil
 }
 
-// maxFilterSubjects bounds how many per-id subjects WaitAll filters on before
-// it reads the whole results stream instead.
-const maxFilterSubjects = 32
-
-// consume runs an ordered consumer (last message per subject, then new ones)
-// over the results stream and hands messages to fn until fn reports done,
-// fn fails, or ctx ends.
-func (c *Client) consume(ctx context.Context, filter []string, fn func(jetstream.Msg) (done bool, err error)) error {
-	s, err := c.resultsStream(ctx)
-	if err != nil {
-		return err
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    filter,
-		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
-		InactiveThreshold: 30 * time.Second,
-	})
-	if err != nil {
-		return fmt.Errorf("results consumer: %w", err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("results consumer: %w", err)
-	}
-	defer it.Stop()
-	for {
-		m, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("results consumer: %w", err)
-		}
-		done, err := fn(m)
-		if err != nil || done {
-			return err
-		}
-	}
-}
+// lookupWorkers is how many direct gets WaitAll has in flight at once.
+const lookupWorkers = 8
 
 // resultsStream returns the cached MLSCHED_RESULTS handle, creating the
 // streams when they do not exist yet.

@@ -79,10 +79,22 @@ type Config struct {
 	Storage jetstream.StorageType
 	// Replicas per stream (default 1).
 	Replicas int
-	// ResultsMaxAge is how long results are kept (default 24h).
+	// ResultsMaxAge is how long results are kept at most (default 24h).
 	ResultsMaxAge time.Duration
+	// ResultsMaxMsgs bounds how many results are kept (default 1 000 000);
+	// beyond it the oldest is discarded. nats-server keeps an in-memory
+	// index entry per result subject (one per task), so this, not the rate
+	// times ResultsMaxAge, is what bounds its memory (docs/operations.md,
+	// "Sizing").
+	ResultsMaxMsgs int64
+	// ResultsMaxBytes bounds the results stream's store (default 1 GiB);
+	// beyond it the oldest results are discarded.
+	ResultsMaxBytes int64
 	// DLQMaxAge is how long dead letters are kept (default 7 days).
 	DLQMaxAge time.Duration
+	// DLQMaxBytes bounds the dead-letter stream (default 256 MiB); beyond
+	// it the oldest dead letters are discarded.
+	DLQMaxBytes int64
 	// DuplicateWindow is the Nats-Msg-Id deduplication window (default 2m).
 	DuplicateWindow time.Duration
 	// NodeTTL is how long a node's heartbeat is kept (default 10s).
@@ -107,8 +119,17 @@ func (c Config) withDefaults() Config {
 	if c.ResultsMaxAge <= 0 {
 		c.ResultsMaxAge = 24 * time.Hour
 	}
+	if c.ResultsMaxMsgs <= 0 {
+		c.ResultsMaxMsgs = DefaultResultsMaxMsgs
+	}
+	if c.ResultsMaxBytes <= 0 {
+		c.ResultsMaxBytes = DefaultResultsMaxBytes
+	}
 	if c.DLQMaxAge <= 0 {
 		c.DLQMaxAge = 7 * 24 * time.Hour
+	}
+	if c.DLQMaxBytes <= 0 {
+		c.DLQMaxBytes = DefaultDLQMaxBytes
 	}
 	if c.DuplicateWindow <= 0 {
 		c.DuplicateWindow = 2 * time.Minute
@@ -124,6 +145,15 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// Default bounds of the results and dead-letter streams: they fit a modest
+// server (docs/operations.md, "Sizing": about 250 MB of nats-server memory
+// and 600 MB of disk for a full results stream).
+const (
+	DefaultResultsMaxMsgs  = 1_000_000
+	DefaultResultsMaxBytes = 1 << 30
+	DefaultDLQMaxBytes     = 256 << 20
+)
 
 // ErrIncompatible is returned when a stream, consumer or bucket exists with a
 // configuration that mlsched cannot use.
@@ -141,9 +171,14 @@ func Streams(c Config) []jetstream.StreamConfig {
 	results := base(StreamResults, SubjectResultsAll, jetstream.LimitsPolicy)
 	results.MaxMsgsPerSubject = 1
 	results.MaxAge = c.ResultsMaxAge
+	// Bounded by count and bytes, whatever the rate: the oldest results go
+	// first (DiscardOld), so a result is kept for min(MaxAge,
+	// MaxMsgs/rate) — the results window of docs/operations.md.
+	results.MaxMsgs, results.MaxBytes, results.Discard = c.ResultsMaxMsgs, c.ResultsMaxBytes, jetstream.DiscardOld
 	results.AllowDirect = true
 	dlq := base(StreamDLQ, SubjectDLQAll, jetstream.LimitsPolicy)
 	dlq.MaxAge = c.DLQMaxAge
+	dlq.MaxBytes, dlq.Discard = c.DLQMaxBytes, jetstream.DiscardOld
 	// Intake is bounded: a producer gets a clear publish error (message too
 	// large, or maximum bytes exceeded) instead of filling the server.
 	tasks := base(StreamTasks, SubjectTasksAll, jetstream.WorkQueuePolicy)
@@ -200,22 +235,39 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	return s, nil
 }
 
-// updateLimits updates a stream mlsched bounds when its size limits differ
-// from want's, keeping the rest of its configuration.
+// updateLimits brings the limits mlsched sets on a stream (MaxMsgs,
+// MaxBytes, MaxMsgSize, MaxAge and with them Discard) to want's, keeping
+// the rest of its configuration and its messages: an update, never a
+// re-creation. A limit want leaves unset is an operator's stay. Lowering a
+// bound below what a stream holds discards its oldest messages (DiscardOld
+// streams) as the bound itself would.
 func updateLimits(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, want jetstream.StreamConfig) error {
 	got := s.CachedInfo().Config
-	if want.MaxBytes <= 0 && want.MaxMsgSize <= 0 && want.Discard != jetstream.DiscardNew {
+	if want.MaxMsgs <= 0 && want.MaxBytes <= 0 && want.MaxMsgSize <= 0 && want.MaxAge <= 0 {
 		return nil // mlsched sets no limits here: an operator's stay
 	}
-	if unlimited(got.MaxBytes) == unlimited(want.MaxBytes) &&
-		unlimited(int64(got.MaxMsgSize)) == unlimited(int64(want.MaxMsgSize)) && got.Discard == want.Discard {
+	cfg := got
+	if want.MaxMsgs > 0 {
+		cfg.MaxMsgs = want.MaxMsgs
+	}
+	if want.MaxBytes > 0 {
+		cfg.MaxBytes = want.MaxBytes
+	}
+	if want.MaxMsgSize > 0 {
+		cfg.MaxMsgSize = want.MaxMsgSize
+	}
+	if want.MaxAge > 0 {
+		cfg.MaxAge = want.MaxAge
+	}
+	cfg.Discard = want.Discard
+	if cfg.MaxMsgs == got.MaxMsgs && cfg.MaxBytes == got.MaxBytes && cfg.MaxMsgSize == got.MaxMsgSize &&
+		cfg.MaxAge == got.MaxAge && cfg.Discard == got.Discard {
 		return nil
 	}
-	cfg := got
-	cfg.MaxBytes, cfg.MaxMsgSize, cfg.Discard = want.MaxBytes, want.MaxMsgSize, want.Discard
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("stream %s: update limits max_bytes=%d max_msg_size=%d discard=%v (have %d, %d, %v): %w",
-			want.Name, want.MaxBytes, want.MaxMsgSize, want.Discard, got.MaxBytes, got.MaxMsgSize, got.Discard, err)
+		return fmt.Errorf("stream %s: update limits max_msgs=%d max_bytes=%d max_msg_size=%d max_age=%v discard=%v (have %d, %d, %d, %v, %v): %w",
+			want.Name, cfg.MaxMsgs, cfg.MaxBytes, cfg.MaxMsgSize, cfg.MaxAge, cfg.Discard,
+			got.MaxMsgs, got.MaxBytes, got.MaxMsgSize, got.MaxAge, got.Discard, err)
 	}
 	return nil
 }

@@ -213,7 +213,7 @@ func TestResultAndWaitCommands(t *testing.T) {
 	t.Parallel()
 	srv := cluster(t)
 	code, _, errs := cli(t, srv.URL, "", "result", "r1")
-	if code != exitFailed || !strings.Contains(errs, "no result yet") {
+	if code != exitFailed || !strings.Contains(errs, "not finished yet, unknown, or expired (results are kept for at most") {
 		t.Fatalf("missing result: code %d, stderr %q", code, errs)
 	}
 	publishJSON(t, srv.JS, topology.ResultSubject("r1"), protocol.Result{ID: "r1", Status: protocol.StatusSucceeded, Output: json.RawMessage(`{"ok":true}`)})

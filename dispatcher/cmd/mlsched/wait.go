@@ -53,7 +53,12 @@ func runResult(ctx context.Context, a *app, args []string) error {
 	defer cancel()
 	r, err := a.client.Result(cx, fs.Arg(0))
 	if errors.Is(err, client.ErrNoResult) {
-		return fmt.Errorf("task %s has no result yet", fs.Arg(0))
+		// Not finished, never submitted, or finished before the results
+		// window: the stream cannot tell which, so say what it keeps.
+		if w, werr := a.client.Window(cx); werr == nil {
+			return fmt.Errorf("task %s has no result: not finished yet, unknown, or expired (%s)", fs.Arg(0), w)
+		}
+		return fmt.Errorf("task %s has no result: not finished yet, unknown, or expired", fs.Arg(0))
 	}
 	if protocol.CodeOf(err) == protocol.CodeInvalidID {
 		fmt.Fprintln(a.stderr, "mlsched result:", err)

@@ -1,0 +1,72 @@
+package topology_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mlsched/mlsched/shared/natstest"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// A results stream an older version created (24h MaxAge, no count or byte
+// bound) is updated in place by the dispatcher's Ensure: same stream, its
+// results kept, the new bounds set; a bound below what it holds discards
+// the oldest. Roles without UpdateLimits leave it alone.
+func TestEnsureBoundsExistingResultsStream(t *testing.T) {
+	srv := natstest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	old := jetstream.StreamConfig{Name: topology.StreamResults, Subjects: []string{topology.SubjectResultsAll},
+		MaxMsgsPerSubject: 1, MaxAge: 24 * time.Hour, AllowDirect: true, Duplicates: 2 * time.Minute}
+	if _, err := srv.JS.CreateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := srv.JS.Publish(ctx, topology.ResultSubject(fmt.Sprintf("t-%d", i)), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info := func() *jetstream.StreamInfo {
+		s, err := srv.JS.Stream(ctx, topology.StreamResults)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo()
+	}
+	created := info().Created
+	if err := topology.Ensure(ctx, srv.JS, topology.Config{}); err != nil { // a worker or producer
+		t.Fatal(err)
+	}
+	if got := info().Config; got.MaxMsgs != -1 || got.MaxBytes != -1 {
+		t.Fatalf("without UpdateLimits: max_msgs=%d max_bytes=%d, want the stream untouched", got.MaxMsgs, got.MaxBytes)
+	}
+	if err := topology.Ensure(ctx, srv.JS, topology.Config{UpdateLimits: true}); err != nil {
+		t.Fatal(err)
+	}
+	got := info()
+	if got.Config.MaxMsgs != topology.DefaultResultsMaxMsgs || got.Config.MaxBytes != topology.DefaultResultsMaxBytes ||
+		got.Config.Discard != jetstream.DiscardOld || got.Config.MaxAge != 24*time.Hour {
+		t.Fatalf("updated config: max_msgs=%d max_bytes=%d discard=%v max_age=%v", got.Config.MaxMsgs, got.Config.MaxBytes, got.Config.Discard, got.Config.MaxAge)
+	}
+	if got.State.Msgs != 10 || !got.Created.Equal(created) {
+		t.Fatalf("after update: %d results (want 10), created %v (want %v: updated, not re-created)", got.State.Msgs, got.Created, created)
+	}
+	if err := topology.Ensure(ctx, srv.JS, topology.Config{UpdateLimits: true, ResultsMaxMsgs: 4, ResultsMaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	got = info()
+	if got.State.Msgs != 4 || got.State.FirstSeq != 7 || got.Config.MaxAge != time.Hour {
+		t.Fatalf("bound 4: %d results from seq %d, max_age %v; want the newest 4 (from 7), 1h", got.State.Msgs, got.State.FirstSeq, got.Config.MaxAge)
+	}
+	dlq, err := srv.JS.Stream(ctx, topology.StreamDLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := dlq.CachedInfo().Config; c.MaxBytes != topology.DefaultDLQMaxBytes || c.Discard != jetstream.DiscardOld {
+		t.Fatalf("dlq: max_bytes=%d discard=%v", c.MaxBytes, c.Discard)
+	}
+}

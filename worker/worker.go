@@ -103,6 +103,20 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	if err := config.FillZero(&cfg); err != nil { // zero fields take their defaults, as from an empty environment
 		return nil, err
 	}
+	if cfg.NATS.PoolKey != "" {
+		// A pool member's node id is the public key of the user key it
+		// makes for itself: the server binds its permissions to that key,
+		// so the id cannot be another's (natsconn/pool.go).
+		if cfg.NodeID != "" {
+			return nil, fmt.Errorf("%s_NODE_ID=%q cannot be set with %s_NATS_POOL_KEY: a pool member's node id is its own user key",
+				config.Prefix, cfg.NodeID, config.Prefix)
+		}
+		id, err := cfg.NATS.PoolIdentity()
+		if err != nil {
+			return nil, fmt.Errorf("%s_NATS_POOL_KEY: %w", config.Prefix, err)
+		}
+		cfg.NodeID = id
+	}
 	if cfg.NodeID == "" {
 		cfg.NodeID = hostNodeID()
 	}

@@ -171,4 +171,3 @@ func TestPoolReplicasAreBoundToTheirOwnKey(t *testing.T) {
 		t.Error("an anonymous connection was accepted")
 	}
 }
-

@@ -144,14 +144,15 @@ func (p *composeProject) one(ctx context.Context, svc string) string {
 // kill sends SIGKILL and checks the container stopped; then starts it
 // again (the restart policy may have done so already) and waits for health.
 func (p *composeProject) kill(ctx context.Context, id string, down time.Duration) error {
+	before, _ := docker(ctx, "inspect", "-f", "{{.RestartCount}}", id)
 	if _, err := docker(ctx, "kill", id); err != nil {
 		return err
 	}
-	code, _ := docker(ctx, "inspect", "-f", "{{.State.ExitCode}} {{.RestartCount}}", id)
-	if !strings.HasPrefix(code, "137") && state(ctx, id) == "running" && !strings.HasSuffix(code, " 0") {
-		// restarted by its policy already: the kill happened (exit 137 recorded)
-	} else if !strings.HasPrefix(code, "137") {
-		return fmt.Errorf("after docker kill, exit code/restarts %q: the kill did not take", code)
+	// it exited with SIGKILL's 137, or its restart policy already brought
+	// it back (the restart count moved)
+	after, _ := docker(ctx, "inspect", "-f", "{{.State.ExitCode}} {{.RestartCount}}", id)
+	if code, restarts, _ := strings.Cut(after, " "); code != "137" && restarts == before {
+		return fmt.Errorf("after docker kill: exit code %s, restarts %s (before %s): the kill did not take", code, restarts, before)
 	}
 	sleepCtx(ctx, down)
 	if state(ctx, id) != "running" {

@@ -27,6 +27,7 @@ import (
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/worker"
 )
 
 // The compose tests run docker-compose.yml on real containers (make
@@ -80,7 +81,8 @@ func newComposeProject(t *testing.T, prefix string, files ...string) *composePro
 	p.env = append(os.Environ(),
 		"MLSCHED_SECRETS="+p.secrets,
 		// every published port ephemeral, on loopback
-		"MLSCHED_NATS_PUBLISH=127.0.0.1:", "MLSCHED_NATS_MONITOR_PUBLISH=127.0.0.1:",
+		"MLSCHED_NATS_PUBLISH=127.0.0.1:", "MLSCHED_NATS2_PUBLISH=127.0.0.1:", "MLSCHED_NATS3_PUBLISH=127.0.0.1:",
+		"MLSCHED_NATS_MONITOR_PUBLISH=127.0.0.1:",
 		"MLSCHED_HTTP_PUBLISH=127.0.0.1:", "MLSCHED_PROMETHEUS_PUBLISH=127.0.0.1:")
 	if ps := p.psAll(); ps != "" {
 		t.Fatalf("project %s is not clean: %s", p.name, ps)
@@ -319,7 +321,7 @@ func (p *composeProject) conn(url, creds string, errs func(error)) *nats.Conn {
 	if errs != nil {
 		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs(err) }))
 	}
-	inbox := map[string]string{"producer": natsconn.InboxProducer, "admin": natsconn.InboxAdmin}[strings.TrimSuffix(creds, ".creds")]
+	inbox := map[string]string{"producer": natsconn.InboxProducer, "admin": natsconn.InboxAdmin, "dispatcher": natsconn.InboxDispatcher}[strings.TrimSuffix(creds, ".creds")]
 	nc, err := natsconn.Connect(natsconn.Config{URL: url, Creds: filepath.Join(p.secrets, creds)},
 		natsconn.Conn{Name: "compose-test-" + creds, Inbox: inbox, Retry: true, Timeout: 5 * time.Second}, opts...)
 	if err != nil {
@@ -551,6 +553,18 @@ func TestComposeDocker(t *testing.T) {
 		t.Fatalf("3 worker replicas, 3 nodes: %v", err)
 	}
 	t.Logf("worker replicas' node ids (their own user keys): %v", nodes)
+
+	// Each replica's dispatch consumer goes away an hour after its
+	// replica (the dispatcher's view: it may read every consumer).
+	dispJS, _ := jetstream.New(p.conn(natsURL, "dispatcher.creds", nil))
+	for _, id := range nodes {
+		c, err := dispJS.Consumer(ctx, topology.StreamDispatch, topology.NodeConsumer(id))
+		if err != nil {
+			t.Errorf("consumer of node %s: %v", id, err)
+		} else if got := c.CachedInfo().Config.InactiveThreshold; got != worker.PoolConsumerInactive {
+			t.Errorf("consumer of node %s: inactive threshold %v, want %v", id, got, worker.PoolConsumerInactive)
+		}
+	}
 
 	// A second replica tries to act as the first: refused by nats-server.
 	for _, r := range crossReplica(t, natsURL, filepath.Join(p.secrets, authconf.PoolKeyFile), nodes[0]) {

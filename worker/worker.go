@@ -159,6 +159,17 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	return w, nil
 }
 
+// PoolConsumerInactive is how long a pool member's dispatch consumer
+// outlives its last pull.
+const PoolConsumerInactive = time.Hour
+
+func poolConsumerInactive(pool bool) time.Duration {
+	if pool {
+		return PoolConsumerInactive
+	}
+	return 0
+}
+
 // Node returns the node id.
 func (w *Worker) Node() string { return w.node }
 
@@ -287,6 +298,11 @@ func (w *Worker) Run(ctx context.Context) error {
 			AckWait:       w.cfg.AckWait,
 			MaxAckPending: w.cfg.Concurrency,
 			MaxDeliver:    -1,
+			// A pool member's consumer belongs to an identity that dies
+			// with its process (natsconn/pool.go): the server deletes it an
+			// hour after its last pull, instead of keeping a durable for
+			// every container ever started. A named node's stays.
+			InactiveThreshold: poolConsumerInactive(w.cfg.NATS.PoolKey != ""),
 		},
 		// It never has more than Concurrency messages outstanding.
 		Pull: w.cfg.Concurrency, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,

@@ -246,6 +246,9 @@ type Result struct {
 	RedisACL string
 	// SentinelACL is the sentinel-users.acl path (with Options.Redis).
 	SentinelACL string
+	// replaced are the public keys of rotated user seeds (revoked in
+	// operator mode).
+	replaced []string
 }
 
 // Options say what Write writes besides auth.conf and the seeds.
@@ -351,6 +354,11 @@ func Write(dir string, o Options) (Result, error) {
 			res.Kept = append(res.Kept, path)
 		case err == nil || errors.Is(err, fs.ErrNotExist):
 			existed := err == nil
+			if existed {
+				if old, err := kp.PublicKey(); err == nil {
+					res.replaced = append(res.replaced, old)
+				}
+			}
 			if kp, err = writeSeed(path, mode); err != nil {
 				return res, err
 			}

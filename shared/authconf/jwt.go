@@ -37,6 +37,9 @@ const (
 	// PoolKeyFile is the worker pool's scoped signing key (given to every
 	// worker replica, MLSCHED_NATS_POOL_KEY).
 	PoolKeyFile = "worker-pool.nk"
+	// RevokedFile lists the public keys of rotated users, which the
+	// account JWT revokes.
+	RevokedFile = "revoked-users"
 	// PoolRotate names the pool key in Options.Rotate.
 	PoolRotate = "worker-pool"
 	// PoolRole is the scoped signing key's role in the account JWT.
@@ -101,6 +104,15 @@ func writeJWT(dir string, mode os.FileMode, rotate []string, res *Result) error 
 	scope.Description = "mlsched worker replicas: each signs its own user; node id = user public key"
 	scope.Template = userLimits(PoolPermissions())
 	ac.SigningKeys.AddScopedSigner(scope)
+	// Users of rotated keys are revoked (their creds would stay valid
+	// otherwise: a user JWT signed by the account needs no server entry).
+	revoked, err := revocations(filepath.Join(dir, RevokedFile), res.replaced)
+	if err != nil {
+		return err
+	}
+	for _, pub := range revoked {
+		ac.RevokeAt(pub, time.Now().Add(time.Second))
+	}
 	accJWT, err := ac.Encode(opKP)
 	if err != nil {
 		return fmt.Errorf("account JWT: %w", err)
@@ -208,4 +220,24 @@ func poolKey(path, account string, mode os.FileMode, rotate bool, res *Result) (
 		res.Created = append(res.Created, path)
 	}
 	return kp, nil
+}
+
+// revocations adds keys to the list at path and returns the whole list.
+func revocations(path string, keys []string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	list := strings.Fields(string(b))
+	for _, k := range keys {
+		if !slices.Contains(list, k) {
+			list = append(list, k)
+		}
+	}
+	if len(keys) > 0 {
+		if err := writeAtomic(path, []byte(strings.Join(list, "\n")+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return list, nil
 }

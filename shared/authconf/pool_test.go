@@ -21,12 +21,18 @@ import (
 // `mlsched auth init -compose` (Options.JWT), with a fixed named node n1.
 func startJWTServer(t *testing.T) *deployment {
 	t.Helper()
-	dir := t.TempDir()
-	adir := filepath.Join(dir, "auth")
-	res, err := authconf.Write(adir, authconf.Options{Nodes: []string{"n1"}, JWT: true, Redis: true, SecretMode: 0o644})
-	if err != nil {
+	adir := filepath.Join(t.TempDir(), "auth")
+	if _, err := authconf.Write(adir, authconf.Options{Nodes: []string{"n1"}, JWT: true, Redis: true, SecretMode: 0o644}); err != nil {
 		t.Fatal(err)
 	}
+	return startJWTServerIn(t, adir)
+}
+
+// startJWTServerIn starts nats-server on the auth.conf in adir.
+func startJWTServerIn(t *testing.T, adir string) *deployment {
+	t.Helper()
+	dir := t.TempDir()
+	res := authconf.Result{}
 	conf := filepath.Join(adir, "nats.conf")
 	body := fmt.Sprintf("listen: \"127.0.0.1:-1\"\njetstream { store_dir: %q }\ninclude %s\n", filepath.Join(dir, "js"), authconf.ConfFile)
 	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
@@ -170,4 +176,38 @@ func TestPoolReplicasAreBoundToTheirOwnKey(t *testing.T) {
 	if _, err := natsconn.Connect(natsconn.Config{URL: d.url}, natsconn.Conn{}); err == nil {
 		t.Error("an anonymous connection was accepted")
 	}
+}
+
+// A rotated role's old creds are refused: the account JWT revokes its key.
+func TestJWTRotatedUserRevoked(t *testing.T) {
+	d := startJWTServer(t)
+	id := authconf.Identity{Role: authconf.Producer}
+	old := filepath.Join(t.TempDir(), "old.creds")
+	if err := os.WriteFile(old, mustRead(t, id.CredsFile(d.dir)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := authconf.Write(d.dir, authconf.Options{Nodes: []string{"n1"}, JWT: true, Redis: true, SecretMode: 0o644,
+		Rotate: []string{"producer"}}); err != nil {
+		t.Fatal(err)
+	}
+	// a server started on the rewritten auth.conf
+	d2 := startJWTServerIn(t, d.dir)
+	if nc, err := natsconn.Connect(natsconn.Config{URL: d2.url, Creds: old}, natsconn.Conn{}); err == nil {
+		nc.Close()
+		t.Error("the rotated producer's old creds were accepted")
+	}
+	nc, err := natsconn.Connect(natsconn.Config{URL: d2.url, Creds: id.CredsFile(d.dir)}, natsconn.Conn{})
+	if err != nil {
+		t.Fatalf("the new producer creds: %v", err)
+	}
+	nc.Close()
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -684,6 +684,20 @@ func TestComposeDocker(t *testing.T) {
 		t.Errorf("%d workers logged a graceful stop, want at least the 4 scaled in", stopped)
 	}
 
+	// docker compose kill -s HUP nats: nats-server reloads auth.conf (what a
+	// key rotation needs) and stays healthy.
+	p.must(ctx, "kill", "-s", "HUP", "nats")
+	if err := eventually(30*time.Second, func() error {
+		if !strings.Contains(p.logs(), "Reloaded server configuration") {
+			return fmt.Errorf("nats did not log a reload after SIGHUP")
+		}
+		return waitHealthy(ctx, p.one(ctx, "nats"), 30*time.Second)
+	}); err != nil {
+		t.Error(err)
+	} else {
+		t.Log("docker compose kill -s HUP nats: configuration reloaded, healthy")
+	}
+
 	// The dashboard answers on the published port and merges every replica.
 	disp := p.containers(ctx, "dispatcher")
 	var wantReplicas []string

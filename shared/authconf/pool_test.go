@@ -211,3 +211,62 @@ func mustRead(t *testing.T, p string) []byte {
 	}
 	return b
 }
+
+// Rotating the pool key and reloading nats-server (SIGHUP: docker compose
+// kill -s HUP nats) refuses identities signed with the old key and accepts
+// the new key's, without a restart.
+func TestJWTPoolRotationReloads(t *testing.T) {
+	dir := t.TempDir()
+	adir := filepath.Join(dir, "auth")
+	o := authconf.Options{JWT: true, Redis: true, SecretMode: 0o644}
+	if _, err := authconf.Write(adir, o); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(adir, "nats.conf")
+	body := fmt.Sprintf("listen: \"127.0.0.1:-1\"\njetstream { store_dir: %q }\ninclude %s\n", filepath.Join(dir, "js"), authconf.ConfFile)
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	pool := filepath.Join(adir, authconf.PoolKeyFile)
+	oldKey := filepath.Join(dir, "old-pool.nk")
+	if err := os.WriteFile(oldKey, mustRead(t, pool), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dial := func(key string) error {
+		nc, err := natsconn.Connect(natsconn.Config{URL: s.ClientURL(), PoolKey: key}, natsconn.Conn{})
+		if err == nil {
+			nc.Close()
+		}
+		return err
+	}
+	if err := dial(oldKey); err != nil {
+		t.Fatalf("a replica with the pool key: %v", err)
+	}
+	o.Rotate = []string{authconf.PoolRotate}
+	if _, err := authconf.Write(adir, o); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reload(); err != nil {
+		t.Fatalf("reload after rotating the pool key: %v", err)
+	}
+	if err := dial(oldKey); err == nil {
+		t.Error("after rotation and reload, an identity signed with the old pool key was accepted")
+	}
+	if err := dial(pool); err != nil {
+		t.Errorf("after rotation and reload, the new pool key: %v", err)
+	}
+}

@@ -221,10 +221,11 @@ compose-test: ## the docker compose test on real containers (runs make images fi
 
 # The chaos schedule on the compose cluster (cluster.yml): NATS server kill,
 # pause past the election timeout, network disconnect, rolling restart,
-# worker and dispatcher kills, 20000 tasks; the Sentinel file's master kill.
+# worker and dispatcher kills, 20000 tasks; the Sentinel file's master kill;
+# the models profile classifying digits.
 .PHONY: chaos-compose
-chaos-compose: images ## chaos on containers: 3 NATS servers (kill/pause/disconnect/rolling restart), worker/dispatcher kills, Redis master kill; 20000 tasks
-	cd e2e && MLSCHED_COMPOSE_TEST=1 MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} $(GO) test -race=false -count=1 -run '^TestComposeChaos' -v -timeout 60m ./
+chaos-compose: images ## chaos on containers: 3 NATS servers (kill/pause/disconnect/rolling restart), worker/dispatcher kills, Redis master kill; 20000 tasks; the models profile
+	cd e2e && MLSCHED_COMPOSE_TEST=1 MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} $(GO) test -race=false -count=1 -run '^(TestComposeChaos|TestComposeModels)' -v -timeout 60m ./
 
 .PHONY: docker-build
 docker-build: images ## build every compose image (alias of make images)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
@@ -354,4 +356,52 @@ func TestComposeChaosSentinel(t *testing.T) {
 	sort.Strings(switched)
 	t.Logf("sentinel +switch-master lines: %d", len(switched))
 	t.Logf("whole run %.1fs", time.Since(t0).Seconds())
+}
+
+// TestComposeModels: the models profile on containers (the scikit-learn
+// model servers and the worker-digits replicas hosting them over http,
+// exec and Go): digit images submitted from the host are classified.
+func TestComposeModels(t *testing.T) {
+	requireCompose(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	p := newComposeProject(t, "mlsched-models")
+	p.makeSecrets(ctx)
+	t0 := time.Now()
+	p.must(ctx, "--profile", "models", "up", "-d", "--build", "--wait", "--wait-timeout", "300")
+	p.followLogs()
+	p.allHealthy(ctx, 2*time.Minute)
+	t.Logf("models profile up in %.1fs", time.Since(t0).Seconds())
+	prod := p.conn("nats://"+p.hostPort(ctx, "nats", 4222, 1), "producer.creds", nil)
+	js, err := jetstream.New(prod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := client.New(js)
+	// a handwritten 0 from scikit-learn's digits set
+	pixels := `{"pixels":[0,0,5,13,9,1,0,0,0,0,13,15,10,15,5,0,0,3,15,2,0,11,8,0,0,4,12,0,0,8,8,0,0,5,8,0,0,9,8,0,0,4,11,0,1,12,7,0,0,2,14,5,10,12,0,0,0,0,6,13,10,0,0,0]}`
+	var ids []string
+	for i := range 40 {
+		id := fmt.Sprintf("digit-%02d", i)
+		ids = append(ids, id)
+		if _, err := cl.Submit(ctx, protocol.Task{ID: id, Type: "digits", Payload: json.RawMessage(pixels)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
+	results, _ := waitAllResults(wctx, cl, ids)
+	wcancel()
+	models := map[string]int{}
+	for _, id := range ids {
+		r := results[id]
+		if r == nil {
+			t.Errorf("%s: no result", id)
+			continue
+		}
+		if r.Status != protocol.StatusSucceeded {
+			t.Errorf("%s: %s %s", id, r.Status, r.Error)
+		}
+		models[r.Model]++
+	}
+	t.Logf("%d digit tasks, %d results, by model: %v", len(ids), len(results), models)
 }

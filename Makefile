@@ -136,6 +136,7 @@ test: redis-server prometheus sklearn chromium ## vet and test (-race) every mod
 	else \
 		summary+=("SKIP  fuzz FuzzDecodeTask (no such fuzz target in shared/protocol yet)"); \
 	fi; \
+	step "make compose-test" $(MAKE) --no-print-directory compose-test; \
 	step "fuzz FuzzDecodeOutcome $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzDecodeOutcome\$$' -fuzztime $(FUZZTIME) ./protocol/"; \
 	echo; echo "==================== make test summary ===================="; \
 	printf '%s\n' "$${summary[@]}"; \
@@ -205,21 +206,52 @@ redis-restart: build redis-server ## issue 14's Redis restart sequence at full s
 		MLSCHED_RESTART_RESEED=$(RESTART_RESEED) $(GO) test -race=false -count=1 -run '^TestRedisRestartKeepsLearning$$' -v -timeout 60m ./ \
 		| grep -v '^redis: '
 
-# The compose deployment's secrets (docs/security.md): an nkey per role and per
-# node of docker-compose.yml, auth.conf for nats-server, the dispatcher's Redis
-# password and the Redis ACL files (redis, and the sentinel profile's data nodes
-# and sentinels), in ./secrets. Existing secrets are kept, so
-# re-running it with more nodes adds them.
-COMPOSE_NODES ?= worker-1,worker-2,worker-3,digits-1,digits-2
+# The compose deployment's secrets (docs/security.md): NATS in operator mode
+# (operator, account and system account keys; auth.conf with their JWTs;
+# creds for the dispatcher, producer and admin; the worker pool's scoped
+# signing key, with which every worker replica signs its own identity), the
+# dispatcher's Redis password and the Redis ACL files, in ./secrets.
+# Existing secrets are kept. COMPOSE_NODES adds fixed named nodes (creds each).
+COMPOSE_NODES ?=
+# Another directory: make secrets SECRETS_DIR=dir, and MLSCHED_SECRETS=dir for compose.
+SECRETS_DIR   ?= secrets
 .PHONY: secrets
-secrets: ## create ./secrets for docker compose (nkeys per role and node, auth.conf, Redis password and ACL); keeps existing ones
-	$(GO) run ./dispatcher/cmd/mlsched auth init -compose -dir secrets -nodes $(COMPOSE_NODES)
+secrets: ## create ./secrets for docker compose (operator-mode NATS JWTs and creds, worker pool key, Redis password and ACL); keeps existing ones
+	$(GO) run ./dispatcher/cmd/mlsched auth init -compose -dir $(SECRETS_DIR) $(if $(COMPOSE_NODES),-nodes $(COMPOSE_NODES))
+
+# Compose v2 as a docker CLI plugin, built from the Go module proxy when
+# `docker compose` is missing (machines with only docker-compose 1.x).
+COMPOSE_VERSION ?= v2.28.1
+.PHONY: compose-plugin
+compose-plugin: ## make sure `docker compose` (v2) works; builds $(COMPOSE_VERSION) into ~/.docker/cli-plugins when missing
+	@COMPOSE_VERSION=$(COMPOSE_VERSION) bash deployments/images/compose-plugin.sh
+
+# Base images from Debian's archive (debootstrap) and static Go binaries,
+# then every image of docker-compose.yml from deployments/Dockerfile; cached,
+# re-runnable, writes .env (deployments/images/build.sh).
+.PHONY: images
+images: compose-plugin ## build every compose image without a registry (debootstrap base, static binaries; cached) and write .env
+	bash deployments/images/build.sh
+
+# The compose test (e2e/compose_docker_test.go): real containers, make
+# secrets, up --wait, 2000 tasks under scale 3->6->2, kill, pause, restart;
+# refusals by nats-server; dashboard; Prometheus. Skips without Docker.
+.PHONY: compose-test
+compose-test: ## the docker compose test on real containers (runs make images first; skips without a Docker daemon)
+	@if ! docker info >/dev/null 2>&1; then echo "SKIP compose-test: no Docker daemon reachable (docker info failed)"; exit 0; fi; \
+	$(MAKE) --no-print-directory images && \
+	cd e2e && MLSCHED_COMPOSE_TEST=1 $(GO) test -race=false -count=1 -run '^TestComposeDocker$$' -v -timeout 20m ./
+
+# The chaos schedule on the compose cluster (cluster.yml): NATS server kill,
+# pause past the election timeout, network disconnect, rolling restart,
+# worker and dispatcher kills, 20000 tasks; the Sentinel file's master kill;
+# the models profile classifying digits.
+.PHONY: chaos-compose
+chaos-compose: images ## chaos on containers: 3 NATS servers (kill/pause/disconnect/rolling restart), worker/dispatcher kills, Redis master kill; 20000 tasks; the models profile
+	cd e2e && MLSCHED_COMPOSE_TEST=1 MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} $(GO) test -race=false -count=1 -run '^(TestComposeChaos|TestComposeModels)' -v -timeout 60m ./
 
 .PHONY: docker-build
-docker-build: ## build the dispatcher, worker and mlsched images (needs a Docker daemon)
-	for t in dispatcher worker mlsched; do \
-		docker build -f deployments/Dockerfile --target $$t -t $(IMAGE_PREFIX)/$$t:$(IMAGE_TAG) . ; \
-	done
+docker-build: images ## build every compose image (alias of make images)
 
 .PHONY: clean
 clean: ## remove built binaries and test artefacts

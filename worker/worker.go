@@ -106,6 +106,20 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	if err := config.FillZero(&cfg); err != nil { // zero fields take their defaults, as from an empty environment
 		return nil, err
 	}
+	if cfg.NATS.PoolKey != "" {
+		// A pool member's node id is the public key of the user key it
+		// makes for itself: the server binds its permissions to that key,
+		// so the id cannot be another's (natsconn/pool.go).
+		if cfg.NodeID != "" {
+			return nil, fmt.Errorf("%s_NODE_ID=%q cannot be set with %s_NATS_POOL_KEY: a pool member's node id is its own user key",
+				config.Prefix, cfg.NodeID, config.Prefix)
+		}
+		id, err := cfg.NATS.PoolIdentity()
+		if err != nil {
+			return nil, fmt.Errorf("%s_NATS_POOL_KEY: %w", config.Prefix, err)
+		}
+		cfg.NodeID = id
+	}
 	if cfg.NodeID == "" {
 		cfg.NodeID = hostNodeID()
 	}
@@ -146,6 +160,17 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 		}
 	}
 	return w, nil
+}
+
+// PoolConsumerInactive is how long a pool member's dispatch consumer
+// outlives its last pull.
+const PoolConsumerInactive = time.Hour
+
+func poolConsumerInactive(pool bool) time.Duration {
+	if pool {
+		return PoolConsumerInactive
+	}
+	return 0
 }
 
 // Node returns the node id.
@@ -355,6 +380,11 @@ func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke
 			AckWait:       w.cfg.AckWait,
 			MaxAckPending: w.cfg.Concurrency,
 			MaxDeliver:    -1,
+			// A pool member's consumer belongs to an identity that dies
+			// with its process (natsconn/pool.go): the server deletes it an
+			// hour after its last pull, instead of keeping a durable for
+			// every container ever started. A named node's stays.
+			InactiveThreshold: poolConsumerInactive(w.cfg.NATS.PoolKey != ""),
 		},
 		// It never has more than Concurrency messages outstanding.
 		Pull: w.cfg.Concurrency, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,

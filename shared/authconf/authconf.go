@@ -246,6 +246,9 @@ type Result struct {
 	RedisACL string
 	// SentinelACL is the sentinel-users.acl path (with Options.Redis).
 	SentinelACL string
+	// replaced are the public keys of rotated user seeds (revoked in
+	// operator mode).
+	replaced []string
 }
 
 // Options say what Write writes besides auth.conf and the seeds.
@@ -268,6 +271,12 @@ type Options struct {
 	// checks); the file also has the Sentinel deployment's users, and
 	// SentinelACLFile is the sentinels' (see RedisSentinelUser).
 	Redis bool
+	// JWT writes the authorization in operator mode (decentralised JWT,
+	// jwt.go): auth.conf holds the operator and account JWTs, every
+	// identity gets a <name>.creds file, and the worker pool's scoped
+	// signing key goes to worker-pool.nk, so replicas need no key made in
+	// advance. Without it auth.conf lists nkey users.
+	JWT bool
 }
 
 // Files Write writes with Options.Redis, and the dispatcher's Redis user.
@@ -327,7 +336,7 @@ func Write(dir string, o Options) (Result, error) {
 		known[id.Name()] = true
 	}
 	for _, r := range rotate {
-		if !known[r] && (r != rotateRedis || !o.Redis) {
+		if !known[r] && (r != rotateRedis || !o.Redis) && (r != PoolRotate || !o.JWT) {
 			return res, fmt.Errorf("cannot rotate %q: not one of %v", r, names(ids))
 		}
 	}
@@ -345,6 +354,11 @@ func Write(dir string, o Options) (Result, error) {
 			res.Kept = append(res.Kept, path)
 		case err == nil || errors.Is(err, fs.ErrNotExist):
 			existed := err == nil
+			if existed {
+				if old, err := kp.PublicKey(); err == nil {
+					res.replaced = append(res.replaced, old)
+				}
+			}
 			if kp, err = writeSeed(path, mode); err != nil {
 				return res, err
 			}
@@ -362,12 +376,18 @@ func Write(dir string, o Options) (Result, error) {
 		}
 		res.Users = append(res.Users, User{Identity: id, PublicKey: pub})
 	}
-	conf, err := Render(res.Users)
-	if err != nil {
-		return res, err
-	}
-	if err := writeAtomic(res.Conf, conf, 0o644); err != nil {
-		return res, err
+	if o.JWT {
+		if err := writeJWT(dir, mode, rotate, &res); err != nil {
+			return res, err
+		}
+	} else {
+		conf, err := Render(res.Users)
+		if err != nil {
+			return res, err
+		}
+		if err := writeAtomic(res.Conf, conf, 0o644); err != nil {
+			return res, err
+		}
 	}
 	if o.Redis {
 		if err := writeRedis(dir, mode, slices.Contains(rotate, rotateRedis), &res); err != nil {

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -46,6 +47,13 @@ type Config struct {
 	// Creds is a JWT credentials file, for operator-mode deployments
 	// (default empty).
 	Creds string `desc:"JWT user credentials file (operator mode)"`
+	// PoolKey is a worker pool's signing key file (operator mode, as
+	// `mlsched auth init -compose` writes it): the process makes its own
+	// user key and signs its own user JWT with it, and a worker takes that
+	// key's public key as its node id (default empty). See pool.go.
+	PoolKey string `split_words:"true" desc:"worker pool signing key file: each replica makes and signs its own identity (operator mode)"`
+	// pool is the user key made for PoolKey, shared by copies of Config.
+	pool *poolUser
 	// User names the user whose password is in PasswordFile (default empty).
 	User string `desc:"user name, with MLSCHED_NATS_PASSWORD_FILE"`
 	// PasswordFile holds User's password (default empty). It is read at
@@ -127,7 +135,7 @@ func (c Config) Redacted() string { return secret.URL(strings.Join(c.Servers(), 
 func (c Config) Validate() error {
 	var set []string
 	for name, v := range map[string]string{
-		"MLSCHED_NATS_NKEY": c.Nkey, "MLSCHED_NATS_CREDS": c.Creds,
+		"MLSCHED_NATS_NKEY": c.Nkey, "MLSCHED_NATS_CREDS": c.Creds, "MLSCHED_NATS_POOL_KEY": c.PoolKey,
 		"MLSCHED_NATS_USER": c.User, "MLSCHED_NATS_TOKEN_FILE": c.TokenFile,
 	} {
 		if v != "" {
@@ -136,7 +144,7 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case len(set) > 1:
-		return fmt.Errorf("NATS credentials: set only one of MLSCHED_NATS_NKEY, _CREDS, _USER, _TOKEN_FILE (got %s)", strings.Join(slices.Sorted(slices.Values(set)), ", "))
+		return fmt.Errorf("NATS credentials: set only one of MLSCHED_NATS_NKEY, _CREDS, _POOL_KEY, _USER, _TOKEN_FILE (got %s)", strings.Join(slices.Sorted(slices.Values(set)), ", "))
 	case c.PasswordFile != "" && c.User == "":
 		return errors.New("MLSCHED_NATS_PASSWORD_FILE is set without MLSCHED_NATS_USER")
 	case c.User != "" && c.PasswordFile == "":
@@ -181,6 +189,13 @@ func (c Config) Options(defaultInbox string) ([]nats.Option, error) {
 		opts = append(opts, o)
 	case c.Creds != "":
 		opts = append(opts, nats.UserCredentials(c.Creds))
+	case c.PoolKey != "":
+		host, _ := os.Hostname()
+		o, err := c.poolOption(host)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, o)
 	case c.User != "":
 		user, file := c.User, c.PasswordFile
 		if _, err := secret.ReadFile(file); err != nil {

@@ -1,4 +1,4 @@
-package jspub_test
+package jsplumb_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 )
 
@@ -27,7 +27,7 @@ func BenchmarkParseAck(b *testing.B) {
 		defer reportCPU(b, cpuTime())
 		m := &nats.Msg{Data: body}
 		for b.Loop() {
-			if ack, err := jspub.ParseReply(m); err != nil || ack.Sequence != 1234567 {
+			if ack, err := jsplumb.ParseReply(m); err != nil || ack.Sequence != 1234567 {
 				b.Fatal(ack, err)
 			}
 		}
@@ -77,7 +77,7 @@ func BenchmarkPublish(b *testing.B) {
 	b.Run("jspub", func(b *testing.B) {
 		b.ReportAllocs()
 		defer reportCPU(b, cpuTime())
-		p := jspub.New(s.NC, jspub.Config{MaxPending: 1024})
+		p := jsplumb.NewPublisher(s.NC, jsplumb.PublisherConfig{MaxPending: 1024})
 		if err := p.Start(ctx); err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-// Package jspub publishes to JetStream asynchronously and hands each
+// The publisher publishes to JetStream asynchronously and hands each
 // publish's acknowledgement to a callback, for publish-then-ack on a hot
 // path: the callback acks the consumed message that caused the publish, on
 // the goroutine that read the acknowledgement, with no future, channel,
@@ -16,7 +16,8 @@
 // nobody answered in time (ErrTimeout), the connection dropped
 // (nats.ErrDisconnected: a publish buffered while reconnecting may still be
 // stored; use message ids), or the publisher stopped (ErrStopped).
-package jspub
+
+package jsplumb
 
 import (
 	"bytes"
@@ -38,20 +39,20 @@ import (
 type Callback func(ack *jetstream.PubAck, err error)
 
 var (
-	// ErrTimeout: no acknowledgement came within Config.Timeout.
-	ErrTimeout = errors.New("jspub: no acknowledgement in time")
+	// ErrTimeout: no acknowledgement came within PublisherConfig.Timeout.
+	ErrTimeout = errors.New("jsplumb: no acknowledgement in time")
 	// ErrStopped: the publisher stopped before the acknowledgement came, or
 	// Publish was called on a stopped publisher.
-	ErrStopped = errors.New("jspub: publisher stopped")
+	ErrStopped = errors.New("jsplumb: publisher stopped")
 	// ErrInvalidAck: the acknowledgement could not be read.
-	ErrInvalidAck = errors.New("jspub: invalid acknowledgement")
+	ErrInvalidAck = errors.New("jsplumb: invalid acknowledgement")
 	// ErrNoResponders: nothing stores the subject (no stream, or JetStream
 	// unavailable).
-	ErrNoResponders = errors.New("jspub: no stream answered (no responders)")
+	ErrNoResponders = errors.New("jsplumb: no stream answered (no responders)")
 )
 
-// Config configures a Publisher.
-type Config struct {
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
 	// MaxPending bounds publishes awaiting acknowledgement; Publish waits
 	// for room (default 1024).
 	MaxPending int
@@ -64,7 +65,7 @@ type Config struct {
 // subscribes; Stop waits (bounded by Timeout) for the publishes in flight.
 type Publisher struct {
 	nc  *nats.Conn
-	cfg Config
+	cfg PublisherConfig
 
 	prefix string // reply subject prefix, "<inbox>."
 	room   chan struct{}
@@ -106,8 +107,8 @@ func (e *entry) call(m *nats.Msg, err error) {
 // under the same rules as Callback.
 type ReplyCallback func(reply *nats.Msg, err error)
 
-// New returns a publisher on nc; Start it before publishing.
-func New(nc *nats.Conn, cfg Config) *Publisher {
+// NewPublisher returns a publisher on nc; Start it before publishing.
+func NewPublisher(nc *nats.Conn, cfg PublisherConfig) *Publisher {
 	if cfg.MaxPending <= 0 {
 		cfg.MaxPending = 1024
 	}
@@ -123,18 +124,18 @@ func (p *Publisher) Start(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sub != nil {
-		return errors.New("jspub: already started")
+		return errors.New("jsplumb: already started")
 	}
 	p.prefix = p.nc.NewInbox() + "."
 	sub, err := p.nc.Subscribe(p.prefix+"*", p.onReply)
 	if err != nil {
-		return fmt.Errorf("jspub: subscribe to acknowledgements: %w", err)
+		return fmt.Errorf("jsplumb: subscribe to acknowledgements: %w", err)
 	}
 	// Acknowledgements must never be dropped as a slow consumer's: the
 	// number in flight is bounded by MaxPending anyway.
 	if err := sub.SetPendingLimits(-1, -1); err != nil {
 		_ = sub.Unsubscribe()
-		return fmt.Errorf("jspub: %w", err)
+		return fmt.Errorf("jsplumb: %w", err)
 	}
 	p.sub = sub
 	p.pending = make(map[uint64]entry, p.cfg.MaxPending)
@@ -171,7 +172,7 @@ func (p *Publisher) Request(ctx context.Context, m *nats.Msg, msgID string, cb R
 
 func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry) error {
 	if m.Reply != "" {
-		return errors.New("jspub: the message has a reply subject")
+		return errors.New("jsplumb: the message has a reply subject")
 	}
 	select {
 	case p.room <- struct{}{}:
@@ -179,7 +180,7 @@ func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry
 		select {
 		case p.room <- struct{}{}:
 		case <-ctx.Done():
-			return fmt.Errorf("jspub: waiting for room (%d publishes in flight): %w", p.cfg.MaxPending, ctx.Err())
+			return fmt.Errorf("jsplumb: waiting for room (%d publishes in flight): %w", p.cfg.MaxPending, ctx.Err())
 		}
 	}
 	if msgID != "" {
@@ -204,7 +205,7 @@ func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry
 	m.Reply = p.prefix + string(strconv.AppendUint(buf[:0], id, 10))
 	if err := p.nc.PublishMsg(m); err != nil {
 		if _, ok := p.take(id); ok {
-			return fmt.Errorf("jspub: publish: %w", err)
+			return fmt.Errorf("jsplumb: publish: %w", err)
 		}
 		// The timeout loop or a disconnect took it first and called cb.
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
@@ -24,7 +25,6 @@ import (
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/redisconn"
-	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/stats/redisstats"
 	"github.com/mlsched/mlsched/shared/topology"

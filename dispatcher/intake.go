@@ -12,10 +12,10 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 	"github.com/mlsched/mlsched/shared/tracing"

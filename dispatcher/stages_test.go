@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 	"github.com/mlsched/mlsched/shared/tracing"

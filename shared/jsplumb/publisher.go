@@ -6,10 +6,9 @@
 //
 // It does what jetstream.PublishMsgAsync does for mlsched, cheaper (see
 // BenchmarkPublish): one reply subscription on the connection's inbox
-// prefix, reply subjects numbered from a counter, acknowledgements parsed by
-// hand in their one server format (anything else falls back to
-// encoding/json), one timer for every publish in flight instead of one per
-// publish, and a bounded number in flight (Publish waits for room).
+// prefix, reply subjects numbered from a counter, one timer for every
+// publish in flight instead of one per publish, and a bounded number in
+// flight (Publish waits for room).
 //
 // Guarantee: a callback is called exactly once per accepted publish: with
 // the acknowledgement, or with an error when JetStream refused the message,
@@ -20,7 +19,6 @@
 package jsplumb
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -250,16 +248,16 @@ func (p *Publisher) onReply(m *nats.Msg) {
 	e.call(m, nil)
 }
 
-// parseReply reads a JetStream publish acknowledgement.
+// parseReply reads a JetStream publish acknowledgement, with encoding/json:
+// a hand-written parser of the server's one format saved 1.1 us of CPU per
+// acknowledgement (BenchmarkParseAck), 2.2 us per task, under the 3 us per
+// message that is worth hand-written wire code (issue 18).
 func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
 	if len(m.Data) == 0 {
 		if m.Header.Get("Status") == "503" {
 			return nil, ErrNoResponders
 		}
 		return nil, ErrInvalidAck
-	}
-	if ack, ok := parseAck(m.Data); ok {
-		return ack, nil
 	}
 	var r struct {
 		Error *jetstream.APIError `json:"error"`
@@ -275,111 +273,6 @@ func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
 		return nil, ErrInvalidAck
 	}
 	return &r.PubAck, nil
-}
-
-// parseAck reads the acknowledgement nats-server writes for a stored
-// message, {"stream":"S","seq":N} with optional "domain", "duplicate"
-// (a space may follow its colon) and "val", without encoding/json's
-// reflection: a flat object of those keys, unescaped strings, an unsigned
-// integer and a boolean. Anything else (an error, escapes, another key)
-// returns false, and the caller decodes it with encoding/json.
-func parseAck(b []byte) (*jetstream.PubAck, bool) {
-	var a jetstream.PubAck
-	var seenSeq bool
-	i := skipSpace(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return nil, false
-	}
-	i++
-	for {
-		i = skipSpace(b, i)
-		key, j, ok := str(b, i)
-		if !ok {
-			return nil, false
-		}
-		i = skipSpace(b, j)
-		if i >= len(b) || b[i] != ':' {
-			return nil, false
-		}
-		i = skipSpace(b, i+1)
-		switch string(key) {
-		case "stream", "domain", "val":
-			v, j, ok := str(b, i)
-			if !ok {
-				return nil, false
-			}
-			switch string(key) {
-			case "stream":
-				a.Stream = string(v)
-			case "domain":
-				a.Domain = string(v)
-			default:
-				a.Value = string(v)
-			}
-			i = j
-		case "seq":
-			j := i
-			for j < len(b) && b[j] >= '0' && b[j] <= '9' {
-				j++
-			}
-			n, err := strconv.ParseUint(string(b[i:j]), 10, 64)
-			if err != nil {
-				return nil, false
-			}
-			a.Sequence, seenSeq, i = n, true, j
-		case "duplicate":
-			switch {
-			case bytes.HasPrefix(b[i:], []byte("true")):
-				a.Duplicate, i = true, i+4
-			case bytes.HasPrefix(b[i:], []byte("false")):
-				i += 5
-			default:
-				return nil, false
-			}
-		default:
-			return nil, false
-		}
-		i = skipSpace(b, i)
-		if i >= len(b) {
-			return nil, false
-		}
-		switch b[i] {
-		case ',':
-			i++
-			continue
-		case '}':
-			if skipSpace(b, i+1) != len(b) || a.Stream == "" || !seenSeq {
-				return nil, false
-			}
-			return &a, true
-		default:
-			return nil, false
-		}
-	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// str reads a JSON string without escapes or control characters at b[i],
-// returning its contents and the index after its closing quote.
-func str(b []byte, i int) ([]byte, int, bool) {
-	if i >= len(b) || b[i] != '"' {
-		return nil, 0, false
-	}
-	for j := i + 1; j < len(b); j++ {
-		switch c := b[j]; {
-		case c == '"':
-			return b[i+1 : j], j + 1, true
-		case c == '\\' || c < 0x20:
-			return nil, 0, false
-		}
-	}
-	return nil, 0, false
 }
 
 // run fails publishes past their deadline, and every publish in flight when

@@ -17,9 +17,10 @@ import (
 	"github.com/mlsched/mlsched/shared/natstest"
 )
 
-// BenchmarkParseAck: reading one acknowledgement by hand (what Publisher
-// does) against encoding/json (what jetstream.PublishMsgAsync does), in the
-// same run.
+// BenchmarkParseAck: reading one acknowledgement as Publisher does
+// (parseReply, encoding/json since the hand-written parser went: it saved
+// 1.1 us of CPU per acknowledgement) against encoding/json into a PubAck
+// alone, in the same run.
 func BenchmarkParseAck(b *testing.B) {
 	body := []byte(`{"stream":"MLSCHED_DISPATCH","seq":1234567}`)
 	b.Run("jspub", func(b *testing.B) {
@@ -34,6 +35,7 @@ func BenchmarkParseAck(b *testing.B) {
 	})
 	b.Run("encoding-json", func(b *testing.B) {
 		b.ReportAllocs()
+		defer reportCPU(b, cpuTime())
 		for b.Loop() {
 			var r struct {
 				Error *jetstream.APIError `json:"error"`

@@ -45,7 +45,7 @@
 //     letters.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (21 files; the policy's, the executors' and
+// these files, in this order (20 files; the policy's, the executors' and
 // the libraries' inner files not counted):
 //
 //  1. shared/client/client.go: Submit publishes the task on mlsched.tasks.<type>;
@@ -62,18 +62,17 @@
 //     acknowledgement calls back
 //  12. shared/jsplumb/completer.go: which acks the task;
 //  13. worker/task.go: the node's consumer (2 again) hands the dispatch to
-//     onMessage, process and run;
+//     onMessage, process and run, and report encodes the outcome;
 //  14. worker/outcomes.go: the outcome goes as a direct report
-//     (publisher.go's Request),
-//  15. shared/protocol/jsonenc.go: encoded by Outcome.AppendJSON;
-//  16. dispatcher/reports.go: handleReport,
-//  17. shared/protocol/jsonscan.go: DecodeOutcome;
-//  18. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
-//  19. shared/settle/settle.go: Settle says finish;
-//  20. dispatcher/results.go: finish publishes the result (jsonenc.go again);
-//     its acknowledgement (completer.go again) answers the report, acking
-//     the dispatch for the worker,
-//  21. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
+//     (publisher.go's Request);
+//  15. dispatcher/reports.go: handleReport,
+//  16. shared/protocol/jsonscan.go: DecodeOutcome;
+//  17. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
+//  18. shared/settle/settle.go: Settle says finish;
+//  19. dispatcher/results.go: finish publishes the result; its
+//     acknowledgement (completer.go again) answers the report, acking the
+//     dispatch for the worker,
+//  20. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
 //     reads; client.Wait (client.go again) reads the result (jsonscan.go's
 //     DecodeResult).
 //

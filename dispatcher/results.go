@@ -47,8 +47,9 @@ func newFinisher(p finisherParams) *finisher { return &finisher{p} }
 // traceparent, so that whoever reads the result continues its trace.
 func (f *finisher) resultMsg(res *protocol.Result, traceparent string) (*nats.Msg, error) {
 	res.FinishedAt = time.Now().UTC()
-	// json.Marshal's bytes, without reflection.
-	data, err := res.AppendJSON(make([]byte, 0, 320+len(res.Output)))
+	// encoding/json: a hand-written encoder saved 1.15 us of CPU per result
+	// (e2e BenchmarkCodecs), under the 3 us worth hand-written wire code.
+	data, err := json.Marshal(res)
 	if err != nil { // cannot happen with our types; never drop the message
 		return nil, err
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -42,7 +42,7 @@ func messageEntry(kind, stream string, seq uint64) string {
 
 // messageEntryOf is messageEntry for a consumed message ("" when its
 // position is unknown, as for a direct report: then the entry has no id).
-func messageEntryOf(kind string, msg jspub.Msg) string {
+func messageEntryOf(kind string, msg jsplumb.Msg) string {
 	jm, ok := msg.(jetstream.Msg)
 	if !ok {
 		return ""

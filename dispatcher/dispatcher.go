@@ -17,16 +17,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
-	"github.com/mlsched/mlsched/shared/jsconsume"
-	"github.com/mlsched/mlsched/shared/jspub"
-	"github.com/mlsched/mlsched/shared/jsretry"
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/redisconn"
-	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/stats/redisstats"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -243,7 +241,7 @@ func (d *Dispatcher) connect(ctx context.Context) (nc *nats.Conn, own bool, js j
 	}
 	// Retried while JetStream is unavailable (a cluster election): a
 	// dispatcher restarted then waits instead of exiting.
-	if err := jsretry.Do(ctx, d.log, "topology", func(ctx context.Context) error {
+	if err := jsplumb.Retry(ctx, d.log, "topology", func(ctx context.Context) error {
 		return topology.Ensure(ctx, js, d.cfg.Topology())
 	}); err != nil {
 		return fail(err)
@@ -327,7 +325,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		defer nc.Close()
 	}
 	var dispatchStream, resultsStream jetstream.Stream
-	if err := jsretry.Do(ctx, d.log, "streams", func(ctx context.Context) (err error) {
+	if err := jsplumb.Retry(ctx, d.log, "streams", func(ctx context.Context) (err error) {
 		if dispatchStream, err = js.Stream(ctx, topology.StreamDispatch); err != nil {
 			return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
 		}
@@ -348,7 +346,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	}
 
 	var kv, skv jetstream.KeyValue
-	if err := jsretry.Do(ctx, d.log, "buckets", func(ctx context.Context) (err error) {
+	if err := jsplumb.Retry(ctx, d.log, "buckets", func(ctx context.Context) (err error) {
 		if kv, err = topology.EnsureNodesBucket(ctx, js, d.cfg.Topology()); err != nil {
 			return err
 		}
@@ -360,7 +358,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// On a cluster the bucket's stream may still be electing its leader
 	// (its reads get no responders): wait, as for the other buckets.
 	var sealer *protocol.Sealer // seals dispatches under the key every replica shares (trust.go)
-	if err := jsretry.Do(ctx, d.log, "seal key", func(ctx context.Context) error {
+	if err := jsplumb.Retry(ctx, d.log, "seal key", func(ctx context.Context) error {
 		pkv, err := topology.EnsureDispatcherBucket(ctx, js, d.cfg.Topology())
 		if err != nil {
 			return err
@@ -382,15 +380,15 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// Dispatches and results each have a publisher with room of its own: a
 	// backlog of dispatches awaiting their acknowledgements must not hold
 	// back the results that finish tasks.
-	pub := jspub.New(nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
-	resPub := jspub.New(nc, jspub.Config{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
+	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
+	resPub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
 	dlq := &deadLetters{js: js, log: d.log, count: &d.counters.DeadLettered,
 		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
 	sweep := &sweeper{js: js, dispatch: dispatchStream, results: resultsStream, dlq: dlq,
 		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log}
 	// The stages. complete is publish-then-ack, the one place a consumed
 	// message is settled.
-	complete := &jspub.Completer{NakDelay: time.Second}
+	complete := &jsplumb.Completer{NakDelay: time.Second}
 	fin := newFinisher(finisherParams{log: d.log, resPub: resPub, complete: complete, dlq: dlq,
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
@@ -518,11 +516,11 @@ func subscription(serve func() (*nats.Subscription, error)) lifecycle.Service {
 }
 
 // newConsumer consumes one stream through the durable consumer all replicas
-// share (shared/jsconsume re-creates it when it is deleted under us). A
+// share (shared/jsplumb.Consumer re-creates it when it is deleted under us). A
 // consumer that exists with an incompatible configuration ends it with
 // topology.ErrIncompatible.
-func newConsumer(js jetstream.JetStream, cfg Config, log zerolog.Logger, stream string, h jetstream.MessageHandler) *jsconsume.Consumer {
-	return &jsconsume.Consumer{JS: js, Stream: stream, Handle: h,
+func newConsumer(js jetstream.JetStream, cfg Config, log zerolog.Logger, stream string, h jetstream.MessageHandler) *jsplumb.Consumer {
+	return &jsplumb.Consumer{JS: js, Stream: stream, Handle: h,
 		Config: jetstream.ConsumerConfig{
 			Durable:       topology.ConsumerDispatcher,
 			AckPolicy:     jetstream.AckExplicitPolicy,

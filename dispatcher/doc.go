@@ -3,9 +3,10 @@
 // attempt carries is a protocol.Dispatch, sent as the dispatch's headers and
 // echoed on its outcome.
 //
-// A Dispatcher is a few small components with one lifecycle
-// (shared/lifecycle: Start, Stop, Started). Run starts them in this order
-// and stops them in reverse, reporting every shutdown error:
+// A Dispatcher is only wiring (dispatcher.go): run builds every component
+// from what it needs and runs them under one lifecycle.Group
+// (shared/lifecycle: Start, Stop, Started), starting them in this order and
+// stopping them in reverse, reporting every shutdown error:
 //
 //   - the statistics batcher (shared/stats), flushed at Stop;
 //   - superseded.go: the superseded-attempt and cancelled-task set, fed by a
@@ -13,32 +14,67 @@
 //   - the node registry (shared/registry), fed by a watch on MLSCHED_NODES;
 //   - snapshot.go: the refresher of the statistics snapshot and the decision
 //     table, which also writes breaker transitions;
-//   - the dispatch and result publishers (shared/jspub, each with its own
-//     room, so that a dispatch backlog does not hold back results): publishes
-//     are asynchronous and each acknowledgement settles the message that
-//     caused it (task or outcome) by callback, on the goroutine that read it;
-//   - the completer (shared/jspub.Completer): publish-then-ack, the one
-//     place a consumed message (or a direct report) is acked once what
-//     handling it published is stored, nak'ed for redelivery otherwise;
+//   - the dispatch and result publishers (shared/jsplumb, each with its own
+//     room, so that a dispatch backlog does not hold back results);
+//   - the Completer (shared/jsplumb): publish-then-ack, the one place a
+//     consumed message (or a direct report) is acked once what handling it
+//     published is stored, nak'ed for redelivery otherwise, or kept in
+//     progress;
 //   - sweeper.go: finds attempts still unanswered at their deadline in
 //     MLSCHED_DISPATCH (the stream is the in-flight table) and fails them
 //     over;
-//   - admin.go, cancel.go: answer `mlsched stats` and `mlsched cancel`;
-//   - consume.go: the task and outcome consumers (durable pull consumption
-//     that survives consumer deletion), whose handlers are:
-//   - intake.go: validate a task (reject or dead-letter bad input), decide
-//     model and node with the policy engine, and republish the task bytes
-//     unchanged to mlsched.node.<node>.tasks;
-//   - reports.go: a worker's direct report of a success, a core-NATS
-//     request on mlsched.report.<node>, settled like a stored outcome and
-//     answered once the result is stored (what it cannot settle at once it
-//     sends back, and the worker stores it in MLSCHED_OUTCOMES);
-//   - outcomes.go: settle an outcome by the rule of shared/settle: the final
-//     result, a retry on another model after a backoff, or a failure that is
-//     also dead-lettered;
-//   - results.go, deadletter.go: publish the one final result per task (a
-//     second one is refused by JetStream's expected-last-subject-sequence
-//     check) and, through the one dead-letter publisher, dead letters.
+//   - observe.go, admin.go, cancel.go: the backlog sampler, the dashboard,
+//     `mlsched stats` and `mlsched cancel`;
+//   - the three stages, each a type built from a params struct of what it
+//     needs, and the consumers that feed them:
+//   - intake (intake.go, hold.go, unserved.go): validate a task (reject or
+//     dead-letter bad input), decide model and node with the policy engine,
+//     seal the dispatch (trust.go) and republish the task bytes unchanged to
+//     mlsched.node.<node>.tasks; it keeps the tasks held for want of
+//     capacity and those waiting for a node;
+//   - outcomes (outcomes.go, reports.go): a stored outcome of
+//     MLSCHED_OUTCOMES or a worker's direct report of a success (a
+//     core-NATS request on mlsched.report.<node>, answered with a
+//     protocol.ReportReply once the result is stored), checked against its
+//     sealed dispatch (trust.go) and settled by the rule of shared/settle:
+//     the final result, a retry (back to intake through the retrier
+//     interface), or a failure that is also dead-lettered;
+//   - finish (results.go, deadletter.go): publish the one final result per
+//     task (a second one is refused by JetStream's expected-last-subject-
+//     sequence check) and, through the one dead-letter publisher, dead
+//     letters.
+//
+// One successful task, from client.Submit to client.Wait, passes through
+// these files, in this order (20 files; the policy's, the executors' and
+// the libraries' inner files not counted):
+//
+//  1. shared/client/client.go: Submit publishes the task on mlsched.tasks.<type>;
+//  2. shared/jsplumb/consumer.go: the task consumer hands it to intake;
+//  3. dispatcher/intake.go: handleTask, then dispatch;
+//  4. shared/protocol/task.go: DecodeTask validates it,
+//  5. shared/protocol/taskfast.go: in one pass;
+//  6. shared/policy/engine.go: Decide picks model and node,
+//  7. shared/policy/table.go: on the decision table;
+//  8. dispatcher/trust.go: seal,
+//  9. shared/protocol/seal.go: the seal itself;
+//  10. shared/protocol/dispatch.go: the dispatch's headers;
+//  11. shared/jsplumb/publisher.go: the dispatch is published; its
+//     acknowledgement calls back
+//  12. shared/jsplumb/completer.go: which acks the task;
+//  13. worker/task.go: the node's consumer (2 again) hands the dispatch to
+//     onMessage, process and run, and report encodes the outcome;
+//  14. worker/outcomes.go: the outcome goes as a direct report
+//     (publisher.go's Request);
+//  15. dispatcher/reports.go: handleReport,
+//  16. shared/protocol/jsonscan.go: DecodeOutcome;
+//  17. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
+//  18. shared/settle/settle.go: Settle says finish;
+//  19. dispatcher/results.go: finish publishes the result; its
+//     acknowledgement (completer.go again) answers the report, acking the
+//     dispatch for the worker,
+//  20. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
+//     reads; client.Wait (client.go again) reads the result (jsonscan.go's
+//     DecodeResult).
 //
 // The shortest program that runs the system, a dispatcher and a worker in
 // one process on an embedded NATS server with a producer submitting one

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -35,7 +35,7 @@ const holdLogEvery = 5 * time.Second
 
 type heldTask struct {
 	a        attemptSpec
-	msg      jspub.Msg
+	msg      jsplumb.Msg
 	since    time.Time // when it was first held
 	until    time.Time // its deadline: fail after
 	progress time.Time // last InProgress
@@ -84,7 +84,7 @@ func (h *holdRoom) len() int {
 
 // hold keeps a saturated task; it reports false when the room is closed
 // (shutting down), and the caller then naks the message.
-func (in *intake) hold(a attemptSpec, msg jspub.Msg, dec policy.Decision, wait time.Duration) bool {
+func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait time.Duration) bool {
 	h := in.held
 	now := time.Now()
 	h.mu.Lock()

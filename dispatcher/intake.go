@@ -12,10 +12,10 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 	"github.com/mlsched/mlsched/shared/tracing"
@@ -40,8 +40,8 @@ type intakeParams struct {
 	engine     *policy.Engine
 	snaps      *refresher         // the decision table and model timeouts
 	reg        *registry.Registry // which nodes read the compact dispatch
-	pub        *jspub.Publisher   // dispatches
-	complete   *jspub.Completer
+	pub        *jsplumb.Publisher // dispatches
+	complete   *jsplumb.Completer
 	batch      *stats.Batcher
 	sealer     *protocol.Sealer
 	superseded *supersededSet // cancelled tasks are not dispatched
@@ -60,7 +60,7 @@ func newIntake(p intakeParams) *intake {
 type retrier interface {
 	// dispatch decides and publishes the next attempt; msg is settled once
 	// the dispatch is stored.
-	dispatch(a attemptSpec, msg jspub.Msg)
+	dispatch(a attemptSpec, msg jsplumb.Msg)
 	// wake: an outcome freed a slot, held tasks may go now.
 	wake()
 }
@@ -133,7 +133,7 @@ func (a *attemptSpec) maxAttempts(def int) int {
 
 // dispatch decides and publishes one attempt; msg (a task or an outcome) is
 // settled once JetStream has acknowledged the dispatch.
-func (in *intake) dispatch(a attemptSpec, msg jspub.Msg) {
+func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	t := &a.task
 	req := in.request(&a)
 	table := in.snaps.table.Load()

@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/settle"
@@ -33,7 +33,7 @@ type outcomesParams struct {
 	cfg        Config
 	log        zerolog.Logger
 	nc         *nats.Conn // answers direct reports
-	complete   *jspub.Completer
+	complete   *jsplumb.Completer
 	batch      *stats.Batcher
 	snaps      *refresher // the load model learns of freed slots
 	sealer     *protocol.Sealer
@@ -85,7 +85,7 @@ func (oc *outcomes) handleOutcome(msg jetstream.Msg) {
 // settleOutcome acts on a decoded outcome whose dispatch headers parse,
 // whether it came from MLSCHED_OUTCOMES or as a direct report (first: this
 // is its first delivery; subject: where it was published).
-func (oc *outcomes) settleOutcome(msg jspub.Msg, subject string, o protocol.Outcome, pd protocol.Dispatch, first bool) {
+func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Outcome, pd protocol.Dispatch, first bool) {
 	if err := oc.checkOutcome(subject, &o, &pd); err != nil {
 		// Counted and ignored: a forged outcome must not touch the task,
 		// the statistics or the logs' volume.

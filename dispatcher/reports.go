@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -83,7 +83,7 @@ func (oc *outcomes) reportsService() lifecycle.Service {
 }
 
 // report is a direct report, settled by the outcome path through the same
-// seam as a stored outcome (jspub.Completer, whose jspub.Msg it is): Ack
+// seam as a stored outcome (jsplumb.Completer, whose jsplumb.Msg it is): Ack
 // answers "settled", a nak answers "store it" (ReportDeferred). It answers
 // once; what comes after is ignored.
 //
@@ -100,7 +100,7 @@ type report struct {
 	once sync.Once
 }
 
-var _ jspub.Msg = (*report)(nil)
+var _ jsplumb.Msg = (*report)(nil)
 
 // reportAckSubject is the report's HdrAck when it acknowledges a dispatch
 // of the reporting node's own consumer (anything else a node could ack

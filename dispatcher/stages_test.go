@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 	"github.com/mlsched/mlsched/shared/tracing"
@@ -33,8 +33,8 @@ type stageEnv struct {
 	ctx      context.Context
 	ns       *natstest.Server
 	cfg      Config
-	pub      *jspub.Publisher
-	complete *jspub.Completer
+	pub      *jsplumb.Publisher
+	complete *jsplumb.Completer
 	counters *Counters
 	metrics  *metrics
 	tracer   *tracing.Tracer
@@ -59,7 +59,7 @@ func newStageEnv(t *testing.T) *stageEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := jspub.New(ns.NC, jspub.Config{Timeout: 10 * time.Second})
+	pub := jsplumb.NewPublisher(ns.NC, jsplumb.PublisherConfig{Timeout: 10 * time.Second})
 	if err := pub.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func newStageEnv(t *testing.T) *stageEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &stageEnv{t: t, ctx: ctx, ns: ns, cfg: cfg, pub: pub, complete: &jspub.Completer{NakDelay: time.Second},
+	return &stageEnv{t: t, ctx: ctx, ns: ns, cfg: cfg, pub: pub, complete: &jsplumb.Completer{NakDelay: time.Second},
 		counters: &Counters{}, metrics: newMetrics(&Dispatcher{}), tracer: tracer, in: in}
 }
 
@@ -170,13 +170,13 @@ func TestFinisherStage(t *testing.T) {
 // outcome stage alone: it records the attempts handed back and settles
 // their messages as a dispatch would.
 type recordingRetrier struct {
-	complete *jspub.Completer
+	complete *jsplumb.Completer
 	mu       sync.Mutex
 	got      []attemptSpec
 	wakes    atomic.Int64
 }
 
-func (r *recordingRetrier) dispatch(a attemptSpec, msg jspub.Msg) {
+func (r *recordingRetrier) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	r.mu.Lock()
 	r.got = append(r.got, a)
 	r.mu.Unlock()

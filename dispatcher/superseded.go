@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/kvwatch"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 )
 
@@ -121,7 +121,7 @@ func (s *supersededSet) set(key string, attempt int, at time.Time) {
 // current contents are loaded.
 func (s *supersededSet) Start(ctx context.Context) error {
 	return s.Go(ctx, func(ctx context.Context, ready func()) error {
-		kvwatch.Follow(ctx, s.kv, s.apply, ready, kvwatch.Options{Log: s.log})
+		jsplumb.Follow(ctx, s.kv, s.apply, ready, jsplumb.FollowOptions{Log: s.log})
 		return nil
 	})
 }

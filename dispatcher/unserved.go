@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -31,7 +31,7 @@ const unservedRetry = 250 * time.Millisecond
 
 type unservedTask struct {
 	a        attemptSpec
-	msg      jspub.Msg
+	msg      jsplumb.Msg
 	err      error     // why no node serves it, as last decided
 	progress time.Time // last InProgress
 }
@@ -62,7 +62,7 @@ func (r *unservedRoom) leave() {
 // no_model or unknown_model) until one does or MLSCHED_NO_NODE_WAIT has
 // passed since its submission. It returns nil when the task waits (or was
 // given back to the stream), or the error to reject it with now.
-func (in *intake) waitForNode(a attemptSpec, msg jspub.Msg, err error) error {
+func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	r := in.unserved
 	r.mu.Lock()
 	if r.stopped { // shutting down: another replica decides

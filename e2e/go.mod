@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
+	github.com/goccy/go-json v0.10.5
 	github.com/mlsched/mlsched/dispatcher v0.0.0
 	github.com/mlsched/mlsched/shared v0.0.0
 	github.com/mlsched/mlsched/worker v0.0.0

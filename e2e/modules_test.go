@@ -62,3 +62,26 @@ func TestModuleBoundaries(t *testing.T) {
 		}
 	}
 }
+
+// Packages by owner, by `go list -deps` of the shipped binaries: the worker
+// links nothing of the dispatcher's and the dispatcher nothing of the
+// worker's, and both reach JetStream through the one plumbing package.
+func TestPackageOwners(t *testing.T) {
+	t.Parallel()
+	const plumbing = "github.com/mlsched/mlsched/shared/jsplumb"
+	for _, c := range []struct{ dir, pkg, forbid string }{
+		{"worker", "./cmd/worker", "github.com/mlsched/mlsched/dispatcher"},
+		{"dispatcher", "./cmd/dispatcher", "github.com/mlsched/mlsched/worker"},
+	} {
+		uses := false
+		for _, d := range strings.Fields(goCmd(t, c.dir, "list", "-deps", c.pkg)) {
+			if d == c.forbid || strings.HasPrefix(d, c.forbid+"/") {
+				t.Errorf("%s/%s links %s", c.dir, c.pkg, d)
+			}
+			uses = uses || d == plumbing
+		}
+		if !uses {
+			t.Errorf("%s/%s does not use %s", c.dir, c.pkg, plumbing)
+		}
+	}
+}

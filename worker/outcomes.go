@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -20,7 +20,7 @@ import (
 // only once its outcome is settled: a task's slot is free as soon as its
 // outcome is handed to the connection, instead of waiting a round trip (and
 // the server's fsync) for the answer. At most window outcomes are
-// unconfirmed at once on each path. It is shared/jspub's publisher: each
+// unconfirmed at once on each path. It is shared/jsplumb's publisher: each
 // answer, read by hand on one reply subscription, acks its dispatch by
 // callback (no future, channel or confirming goroutine per outcome).
 //
@@ -31,13 +31,13 @@ import (
 // dispatch is acked only after its outcome is settled or stored.
 type outcomePublisher struct {
 	nc  *nats.Conn
-	pub *jspub.Publisher
+	pub *jsplumb.Publisher
 	// direct sends direct reports (nil: every outcome is stored).
-	direct *jspub.Publisher
+	direct *jsplumb.Publisher
 	// complete settles every dispatch (the seam: nothing else here acks,
 	// naks or keeps one in progress); its Settled hook is the worker's
 	// task accounting.
-	complete *jspub.Completer
+	complete *jsplumb.Completer
 	// finished runs once per outcome, after its dispatch was acked or
 	// nak'ed (or acked by the dispatcher for us).
 	finished func()
@@ -55,14 +55,14 @@ type outcomePublisher struct {
 	reports sync.WaitGroup
 }
 
-func newOutcomePublisher(ctx context.Context, nc *nats.Conn, complete *jspub.Completer, window int, timeout time.Duration, direct bool, finished func()) (*outcomePublisher, error) {
-	pub := jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
+func newOutcomePublisher(ctx context.Context, nc *nats.Conn, complete *jsplumb.Completer, window int, timeout time.Duration, direct bool, finished func()) (*outcomePublisher, error) {
+	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: window, Timeout: timeout})
 	if err := pub.Start(ctx); err != nil {
 		return nil, err
 	}
 	p := &outcomePublisher{nc: nc, pub: pub, complete: complete, finished: finished}
 	if direct {
-		p.direct = jspub.New(nc, jspub.Config{MaxPending: window, Timeout: timeout})
+		p.direct = jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: window, Timeout: timeout})
 		if err := p.direct.Start(ctx); err != nil {
 			_ = pub.Stop()
 			return nil, err
@@ -112,13 +112,13 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 			return
 		case err == nil: // deferred: the stored path handles it
 			log.Debug().Str("reason", r.Reason).Msg("direct report deferred: storing the outcome")
-		case errors.Is(err, jspub.ErrTimeout) && p.permissionRefused(directSubject):
+		case errors.Is(err, jsplumb.ErrTimeout) && p.permissionRefused(directSubject):
 			if !p.refused.Swap(true) {
 				log.Warn().Str("subject", directSubject).Msg("NATS refuses this node's direct reports (an authorization " +
 					"written before them: regenerate it with mlsched auth init, or set MLSCHED_STORED_OUTCOMES_ONLY=true): " +
 					"storing every outcome from now on")
 			}
-		case !errors.Is(err, jspub.ErrNoResponders):
+		case !errors.Is(err, jsplumb.ErrNoResponders):
 			log.Debug().Err(err).Msg("direct report not settled: storing the outcome")
 		}
 		// Off the reply goroutine: the stored publish may wait for room.
@@ -181,7 +181,7 @@ func (p *outcomePublisher) close() {
 
 // progressTimer keeps msg in progress every interval until stop: a timer,
 // not a goroutine per task.
-func progressTimer(c *jspub.Completer, msg jetstream.Msg, every time.Duration) (stop func()) {
+func progressTimer(c *jsplumb.Completer, msg jetstream.Msg, every time.Duration) (stop func()) {
 	var mu sync.Mutex
 	stopped := false
 	var t *time.Timer

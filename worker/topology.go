@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mlsched/mlsched/shared/jsretry"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
@@ -72,7 +72,7 @@ func (w *Worker) awaitCreated(ctx context.Context, what string, ensure, lookup f
 				return nil
 			case ctx.Err() != nil:
 				return ctx.Err()
-			case !jsretry.Transient(err):
+			case !jsplumb.Transient(err):
 				return err
 			case !waiting:
 				waiting = true
@@ -86,7 +86,7 @@ func (w *Worker) awaitCreated(ctx context.Context, what string, ensure, lookup f
 				continue
 			case ctx.Err() != nil:
 				return ctx.Err()
-			case !jsretry.Transient(err) && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound):
+			case !jsplumb.Transient(err) && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound):
 				return err
 			}
 		}

@@ -13,9 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/config"
-	"github.com/mlsched/mlsched/shared/jsconsume"
-	"github.com/mlsched/mlsched/shared/jspub"
-	"github.com/mlsched/mlsched/shared/jsretry"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
@@ -73,8 +71,8 @@ type Worker struct {
 
 	// set by Run
 	// complete settles every dispatch: the one place the worker acks,
-	// naks or keeps one in progress (publish-then-ack, shared/jspub).
-	complete  *jspub.Completer
+	// naks or keeps one in progress (publish-then-ack, shared/jsplumb).
+	complete  *jsplumb.Completer
 	outcomes  *outcomePublisher
 	models    map[string]*hosted
 	tasks     sync.WaitGroup
@@ -271,7 +269,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Outcomes in flight count as tasks until their dispatch is acked, so
 	// that a shutdown waits for them. MaxAckPending already bounds them by
 	// Concurrency; the window makes the bound explicit.
-	w.complete = &jspub.Completer{NakDelay: nakDelay, Settled: w.tasks.Done,
+	w.complete = &jsplumb.Completer{NakDelay: nakDelay, Settled: w.tasks.Done,
 		Failed: func(op string, err error) { w.log.Warn().Err(err).Str("op", op).Msg("settling a dispatch failed") }}
 	if err := start("outcome publisher", &lifecycle.Func{
 		OnStart: func(ctx context.Context) (err error) {
@@ -284,7 +282,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	kv, err := w.awaitTopology(ctx, js)
 	if err == nil {
-		err = jsretry.Do(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
+		err = jsplumb.Retry(ctx, w.log, "dispatch stream", func(ctx context.Context) error {
 			_, err := js.Stream(ctx, topology.StreamDispatch)
 			if err != nil {
 				err = fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
@@ -372,7 +370,7 @@ func (w *Worker) openExecutors(pokeReadiness func()) error {
 // once it consumes, with the models ready by then. Stopping drains the
 // node (shutdown), then stops the heartbeat and deletes it.
 func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke chan struct{}) lifecycle.Service {
-	cons := &jsconsume.Consumer{JS: js, Stream: topology.StreamDispatch, Handle: w.onMessage,
+	cons := &jsplumb.Consumer{JS: js, Stream: topology.StreamDispatch, Handle: w.onMessage,
 		Config: jetstream.ConsumerConfig{
 			Durable:       topology.NodeConsumer(w.node),
 			FilterSubject: topology.DispatchSubject(w.node),

@@ -7,7 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/jsretry"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -24,10 +24,10 @@ func TestClusterR3Topology(t *testing.T) {
 	// cluster still elects its leaders may get no answer, so each attempt has
 	// a deadline of its own and is retried.
 	ensure := func(ctx context.Context) error { return topology.Ensure(ctx, c.JS, cfg) }
-	if err := jsretry.Do(ctx, zerolog.Nop(), "topology", ensure); err != nil {
+	if err := jsplumb.Retry(ctx, zerolog.Nop(), "topology", ensure); err != nil {
 		t.Fatal(err)
 	}
-	if err := jsretry.Do(ctx, zerolog.Nop(), "topology", ensure); err != nil {
+	if err := jsplumb.Retry(ctx, zerolog.Nop(), "topology", ensure); err != nil {
 		t.Fatalf("second Ensure: %v", err)
 	}
 	for _, sc := range topology.Streams(cfg) {

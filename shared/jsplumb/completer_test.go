@@ -1,4 +1,4 @@
-package jspub_test
+package jsplumb_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 )
 
@@ -50,9 +50,9 @@ func TestCompleterPublishThenAck(t *testing.T) {
 		t.Fatalf("fetched %d", len(msgs))
 	}
 
-	pub := start(t, ns.NC, jspub.Config{Timeout: 10 * time.Second})
+	pub := start(t, ns.NC, jsplumb.PublisherConfig{Timeout: 10 * time.Second})
 	var settled atomic.Int64
-	c := &jspub.Completer{Settled: func() { settled.Add(1) }}
+	c := &jsplumb.Completer{Settled: func() { settled.Add(1) }}
 	var okAck atomic.Bool
 	if err := c.Publish(ctx, pub, msgs["in.ok"], &nats.Msg{Subject: "out.ok"}, "", func(ack *jetstream.PubAck, err error) error {
 		okAck.Store(err == nil && ack.Stream == "OUT")

@@ -1,4 +1,4 @@
-package jsconsume_test
+package jsplumb_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/jsconsume"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -37,7 +37,7 @@ func TestConsumerHealsAndRefusesIncompatible(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got atomic.Int64
-	c := &jsconsume.Consumer{JS: ns.JS, Stream: "S", Log: zerolog.Nop(), Check: 100 * time.Millisecond,
+	c := &jsplumb.Consumer{JS: ns.JS, Stream: "S", Log: zerolog.Nop(), Check: 100 * time.Millisecond,
 		Config: jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy},
 		Handle: func(m jetstream.Msg) { got.Add(1); _ = m.Ack() }}
 	if err := c.Start(ctx); err != nil {
@@ -61,7 +61,7 @@ func TestConsumerHealsAndRefusesIncompatible(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	other := &jsconsume.Consumer{JS: ns.JS, Stream: "S", Log: zerolog.Nop(), Handle: func(jetstream.Msg) {},
+	other := &jsplumb.Consumer{JS: ns.JS, Stream: "S", Log: zerolog.Nop(), Handle: func(jetstream.Msg) {},
 		Config: jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckNonePolicy}}
 	if err := other.Start(ctx); !errors.Is(err, topology.ErrIncompatible) {
 		t.Fatalf("start on an incompatible consumer: %v", err)

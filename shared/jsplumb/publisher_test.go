@@ -1,4 +1,4 @@
-package jspub_test
+package jsplumb_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mlsched/mlsched/shared/jspub"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 )
 
@@ -23,7 +23,7 @@ type result struct {
 
 // collect is a callback that hands its result to a channel (buffered, so the
 // callback never blocks).
-func collect(n int) (chan result, jspub.Callback) {
+func collect(n int) (chan result, jsplumb.Callback) {
 	ch := make(chan result, n)
 	return ch, func(ack *jetstream.PubAck, err error) { ch <- result{ack, err} }
 }
@@ -39,9 +39,9 @@ func wait(t *testing.T, ch chan result) result {
 	}
 }
 
-func start(t *testing.T, nc *nats.Conn, cfg jspub.Config) *jspub.Publisher {
+func start(t *testing.T, nc *nats.Conn, cfg jsplumb.PublisherConfig) *jsplumb.Publisher {
 	t.Helper()
-	p := jspub.New(nc, cfg)
+	p := jsplumb.NewPublisher(nc, cfg)
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestPublishAcknowledged(t *testing.T) {
 	if _, err := s.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	p := start(t, s.NC, jspub.Config{})
+	p := start(t, s.NC, jsplumb.PublisherConfig{})
 	const n = 500
 	ch, cb := collect(2 * n)
 	for i := range n {
@@ -99,7 +99,7 @@ func TestPublishRefused(t *testing.T) {
 	if _, err := s.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	p := start(t, s.NC, jspub.Config{})
+	p := start(t, s.NC, jsplumb.PublisherConfig{})
 	ch, cb := collect(4)
 
 	// JetStream's own error: the expected last sequence does not match.
@@ -117,7 +117,7 @@ func TestPublishRefused(t *testing.T) {
 	if err := p.Publish(ctx, &nats.Msg{Subject: "nostream", Data: []byte("x")}, "", cb); err != nil {
 		t.Fatal(err)
 	}
-	if r := wait(t, ch); !errors.Is(r.err, jspub.ErrNoResponders) {
+	if r := wait(t, ch); !errors.Is(r.err, jsplumb.ErrNoResponders) {
 		t.Fatalf("no stream: ack %+v, err %v", r.ack, r.err)
 	}
 }
@@ -157,7 +157,7 @@ func TestPublishBoundedAndTimeout(t *testing.T) {
 	}
 	defer other.Close()
 	release := responder(t, other, "held", func(*nats.Msg) []byte { return []byte(`{"stream":"H","seq":1}`) })
-	p := start(t, s.NC, jspub.Config{MaxPending: 2, Timeout: time.Hour})
+	p := start(t, s.NC, jsplumb.PublisherConfig{MaxPending: 2, Timeout: time.Hour})
 	ch, cb := collect(3)
 	for range 2 {
 		if err := p.Publish(context.Background(), &nats.Msg{Subject: "held"}, "", cb); err != nil {
@@ -192,11 +192,11 @@ func TestPublishBoundedAndTimeout(t *testing.T) {
 	}
 	defer other2.Close()
 	responder(t, other2, "silent", func(*nats.Msg) []byte { return nil }) // released only at cleanup
-	q := start(t, s2.NC, jspub.Config{Timeout: 100 * time.Millisecond})
+	q := start(t, s2.NC, jsplumb.PublisherConfig{Timeout: 100 * time.Millisecond})
 	if err := q.Publish(context.Background(), &nats.Msg{Subject: "silent"}, "", cb); err != nil {
 		t.Fatal(err)
 	}
-	if r := wait(t, ch); !errors.Is(r.err, jspub.ErrTimeout) {
+	if r := wait(t, ch); !errors.Is(r.err, jsplumb.ErrTimeout) {
 		t.Fatalf("unanswered: ack %+v, err %v", r.ack, r.err)
 	}
 	if q.Pending() != 0 {
@@ -212,7 +212,7 @@ func TestStopWaitsForPending(t *testing.T) {
 	}
 	defer other.Close()
 	release := responder(t, other, "held", func(*nats.Msg) []byte { return []byte(`{"stream":"H","seq":9, "duplicate": true}`) })
-	p := jspub.New(s.NC, jspub.Config{Timeout: time.Hour})
+	p := jsplumb.NewPublisher(s.NC, jsplumb.PublisherConfig{Timeout: time.Hour})
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestStopWaitsForPending(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Stop did not return once nothing was in flight")
 	}
-	if err := p.Publish(context.Background(), &nats.Msg{Subject: "held"}, "", cb); !errors.Is(err, jspub.ErrStopped) {
+	if err := p.Publish(context.Background(), &nats.Msg{Subject: "held"}, "", cb); !errors.Is(err, jsplumb.ErrStopped) {
 		t.Fatalf("Publish after Stop: %v, want ErrStopped", err)
 	}
 }
@@ -259,7 +259,7 @@ func TestDisconnectFailsPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	p := start(t, nc, jspub.Config{Timeout: time.Hour})
+	p := start(t, nc, jsplumb.PublisherConfig{Timeout: time.Hour})
 	ch, cb := collect(1)
 	if err := p.Publish(context.Background(), &nats.Msg{Subject: "held"}, "", cb); err != nil {
 		t.Fatal(err)
@@ -299,7 +299,7 @@ func TestParseAckAgainstJSON(t *testing.T) {
 		`{"stream":"S","seq":7,"batch":"b","count":2}`,
 	} {
 		t.Run(body, func(t *testing.T) {
-			ack, err := jspub.ParseReply(&nats.Msg{Data: []byte(body)})
+			ack, err := jsplumb.ParseReply(&nats.Msg{Data: []byte(body)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -313,11 +313,11 @@ func TestParseAckAgainstJSON(t *testing.T) {
 		})
 	}
 	for _, body := range []string{`{"seq":1}`, `[]`, `{"stream":"S","seq":-1}`, `nope`} {
-		if ack, err := jspub.ParseReply(&nats.Msg{Data: []byte(body)}); !errors.Is(err, jspub.ErrInvalidAck) {
+		if ack, err := jsplumb.ParseReply(&nats.Msg{Data: []byte(body)}); !errors.Is(err, jsplumb.ErrInvalidAck) {
 			t.Fatalf("%s: ack %+v, err %v, want ErrInvalidAck", body, ack, err)
 		}
 	}
-	_, err := jspub.ParseReply(&nats.Msg{Data: []byte(`{"error":{"code":503,"err_code":10039,"description":"jetstream not enabled"}}`)})
+	_, err := jsplumb.ParseReply(&nats.Msg{Data: []byte(`{"error":{"code":503,"err_code":10039,"description":"jetstream not enabled"}}`)})
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) || apiErr.Code != 503 || apiErr.ErrorCode != 10039 {
 		t.Fatalf("error reply: %v", err)
@@ -334,7 +334,7 @@ func TestRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	p := start(t, s.NC, jspub.Config{Timeout: 10 * time.Second})
+	p := start(t, s.NC, jsplumb.PublisherConfig{Timeout: 10 * time.Second})
 	type reply struct {
 		m   *nats.Msg
 		err error
@@ -354,7 +354,7 @@ func TestRequest(t *testing.T) {
 		switch {
 		case subj == "ask.me" && (r.err != nil || string(r.m.Data) != `{"status":"settled"}`):
 			t.Fatalf("reply %v, %v", r.m, r.err)
-		case subj != "ask.me" && !errors.Is(r.err, jspub.ErrNoResponders):
+		case subj != "ask.me" && !errors.Is(r.err, jsplumb.ErrNoResponders):
 			t.Fatalf("no responders: %v, %v, want ErrNoResponders", r.m, r.err)
 		}
 	}

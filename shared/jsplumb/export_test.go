@@ -1,4 +1,4 @@
-package jspub
+package jsplumb
 
 // ParseReply is parseReply, for the tests.
 var ParseReply = parseReply

@@ -8,9 +8,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/registry"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 

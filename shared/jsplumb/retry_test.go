@@ -1,4 +1,4 @@
-package jsretry_test
+package jsplumb_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/jsretry"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
@@ -36,7 +36,7 @@ func TestDo(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			calls := 0
-			err := jsretry.Do(context.Background(), zerolog.Nop(), "step", func(ctx context.Context) error {
+			err := jsplumb.Retry(context.Background(), zerolog.Nop(), "step", func(ctx context.Context) error {
 				calls++
 				if _, ok := ctx.Deadline(); !ok {
 					t.Error("an attempt runs without a deadline")
@@ -63,7 +63,7 @@ func TestDoStopsWithCtx(t *testing.T) {
 	calls := 0
 	done := make(chan error, 1)
 	go func() {
-		done <- jsretry.Do(ctx, zerolog.Nop(), "step", func(context.Context) error {
+		done <- jsplumb.Retry(ctx, zerolog.Nop(), "step", func(context.Context) error {
 			calls++
 			if calls == 2 {
 				cancel()

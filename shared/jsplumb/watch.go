@@ -1,6 +1,7 @@
-// Package kvwatch follows a JetStream key-value bucket: the one watch loop
+// Follow follows a JetStream key-value bucket: the one watch loop
 // behind the dispatcher's node registry and its superseded-attempt set.
-package kvwatch
+
+package jsplumb
 
 import (
 	"context"
@@ -10,9 +11,9 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Options tune Follow. The zero value follows the bucket for ever, with no
+// FollowOptions tune Follow. The zero value follows the bucket for ever, with no
 // ticks, retrying a failed watch after a second.
-type Options struct {
+type FollowOptions struct {
 	// Silence, when set, re-creates the watch after that long without an
 	// update. A watch resumes at its old stream sequence, so after the
 	// bucket is re-created (a memory bucket does not survive a NATS
@@ -31,7 +32,7 @@ type Options struct {
 // order, to apply (deletes and purges included), and calls ready once the
 // bucket's current contents have been applied the first time. It returns
 // when ctx ends.
-func Follow(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), ready func(), o Options) {
+func Follow(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), ready func(), o FollowOptions) {
 	if o.Retry <= 0 {
 		o.Retry = time.Second
 	}

@@ -1,4 +1,4 @@
-package jspub
+package jsplumb
 
 import (
 	"context"

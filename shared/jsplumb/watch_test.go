@@ -1,4 +1,4 @@
-package kvwatch_test
+package jsplumb_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/kvwatch"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/natstest"
 )
 
@@ -33,7 +33,7 @@ func TestFollow(t *testing.T) {
 	readies := 0
 	go func() {
 		defer close(done)
-		kvwatch.Follow(ctx, kv, func(e jetstream.KeyValueEntry) {
+		jsplumb.Follow(ctx, kv, func(e jetstream.KeyValueEntry) {
 			mu.Lock()
 			defer mu.Unlock()
 			if e.Operation() == jetstream.KeyValuePut {
@@ -41,7 +41,7 @@ func TestFollow(t *testing.T) {
 			} else {
 				delete(state, e.Key())
 			}
-		}, func() { readies++; close(ready) }, kvwatch.Options{Log: zerolog.Nop(), Tick: 10 * time.Millisecond,
+		}, func() { readies++; close(ready) }, jsplumb.FollowOptions{Log: zerolog.Nop(), Tick: 10 * time.Millisecond,
 			OnTick: func() {
 				select {
 				case ticked <- struct{}{}:

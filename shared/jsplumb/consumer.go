@@ -1,11 +1,12 @@
-// Package jsconsume is the one self-healing durable pull consumer of
+// Consumer is the one self-healing durable pull consumer of
 // mlsched, used by the dispatcher (task and outcome streams) and the worker
 // (its dispatch subject). Consumers can be deleted under a process (an
 // operator, a restart of a memory-backed server, a stream re-created): it
 // notices through the client's errors (consumer deleted or not found, missed
 // idle heartbeats), a closed consume context, or a periodic existence check,
 // and re-creates the consumer and resumes. It is a lifecycle.Service.
-package jsconsume
+
+package jsplumb
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package jspub publishes to JetStream asynchronously and hands each
+// The publisher publishes to JetStream asynchronously and hands each
 // publish's acknowledgement to a callback, for publish-then-ack on a hot
 // path: the callback acks the consumed message that caused the publish, on
 // the goroutine that read the acknowledgement, with no future, channel,
@@ -6,20 +6,19 @@
 //
 // It does what jetstream.PublishMsgAsync does for mlsched, cheaper (see
 // BenchmarkPublish): one reply subscription on the connection's inbox
-// prefix, reply subjects numbered from a counter, acknowledgements parsed by
-// hand in their one server format (anything else falls back to
-// encoding/json), one timer for every publish in flight instead of one per
-// publish, and a bounded number in flight (Publish waits for room).
+// prefix, reply subjects numbered from a counter, one timer for every
+// publish in flight instead of one per publish, and a bounded number in
+// flight (Publish waits for room).
 //
 // Guarantee: a callback is called exactly once per accepted publish: with
 // the acknowledgement, or with an error when JetStream refused the message,
 // nobody answered in time (ErrTimeout), the connection dropped
 // (nats.ErrDisconnected: a publish buffered while reconnecting may still be
 // stored; use message ids), or the publisher stopped (ErrStopped).
-package jspub
+
+package jsplumb
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,20 +37,20 @@ import (
 type Callback func(ack *jetstream.PubAck, err error)
 
 var (
-	// ErrTimeout: no acknowledgement came within Config.Timeout.
-	ErrTimeout = errors.New("jspub: no acknowledgement in time")
+	// ErrTimeout: no acknowledgement came within PublisherConfig.Timeout.
+	ErrTimeout = errors.New("jsplumb: no acknowledgement in time")
 	// ErrStopped: the publisher stopped before the acknowledgement came, or
 	// Publish was called on a stopped publisher.
-	ErrStopped = errors.New("jspub: publisher stopped")
+	ErrStopped = errors.New("jsplumb: publisher stopped")
 	// ErrInvalidAck: the acknowledgement could not be read.
-	ErrInvalidAck = errors.New("jspub: invalid acknowledgement")
+	ErrInvalidAck = errors.New("jsplumb: invalid acknowledgement")
 	// ErrNoResponders: nothing stores the subject (no stream, or JetStream
 	// unavailable).
-	ErrNoResponders = errors.New("jspub: no stream answered (no responders)")
+	ErrNoResponders = errors.New("jsplumb: no stream answered (no responders)")
 )
 
-// Config configures a Publisher.
-type Config struct {
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
 	// MaxPending bounds publishes awaiting acknowledgement; Publish waits
 	// for room (default 1024).
 	MaxPending int
@@ -64,7 +63,7 @@ type Config struct {
 // subscribes; Stop waits (bounded by Timeout) for the publishes in flight.
 type Publisher struct {
 	nc  *nats.Conn
-	cfg Config
+	cfg PublisherConfig
 
 	prefix string // reply subject prefix, "<inbox>."
 	room   chan struct{}
@@ -106,8 +105,8 @@ func (e *entry) call(m *nats.Msg, err error) {
 // under the same rules as Callback.
 type ReplyCallback func(reply *nats.Msg, err error)
 
-// New returns a publisher on nc; Start it before publishing.
-func New(nc *nats.Conn, cfg Config) *Publisher {
+// NewPublisher returns a publisher on nc; Start it before publishing.
+func NewPublisher(nc *nats.Conn, cfg PublisherConfig) *Publisher {
 	if cfg.MaxPending <= 0 {
 		cfg.MaxPending = 1024
 	}
@@ -123,18 +122,18 @@ func (p *Publisher) Start(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sub != nil {
-		return errors.New("jspub: already started")
+		return errors.New("jsplumb: already started")
 	}
 	p.prefix = p.nc.NewInbox() + "."
 	sub, err := p.nc.Subscribe(p.prefix+"*", p.onReply)
 	if err != nil {
-		return fmt.Errorf("jspub: subscribe to acknowledgements: %w", err)
+		return fmt.Errorf("jsplumb: subscribe to acknowledgements: %w", err)
 	}
 	// Acknowledgements must never be dropped as a slow consumer's: the
 	// number in flight is bounded by MaxPending anyway.
 	if err := sub.SetPendingLimits(-1, -1); err != nil {
 		_ = sub.Unsubscribe()
-		return fmt.Errorf("jspub: %w", err)
+		return fmt.Errorf("jsplumb: %w", err)
 	}
 	p.sub = sub
 	p.pending = make(map[uint64]entry, p.cfg.MaxPending)
@@ -171,7 +170,7 @@ func (p *Publisher) Request(ctx context.Context, m *nats.Msg, msgID string, cb R
 
 func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry) error {
 	if m.Reply != "" {
-		return errors.New("jspub: the message has a reply subject")
+		return errors.New("jsplumb: the message has a reply subject")
 	}
 	select {
 	case p.room <- struct{}{}:
@@ -179,7 +178,7 @@ func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry
 		select {
 		case p.room <- struct{}{}:
 		case <-ctx.Done():
-			return fmt.Errorf("jspub: waiting for room (%d publishes in flight): %w", p.cfg.MaxPending, ctx.Err())
+			return fmt.Errorf("jsplumb: waiting for room (%d publishes in flight): %w", p.cfg.MaxPending, ctx.Err())
 		}
 	}
 	if msgID != "" {
@@ -204,7 +203,7 @@ func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry
 	m.Reply = p.prefix + string(strconv.AppendUint(buf[:0], id, 10))
 	if err := p.nc.PublishMsg(m); err != nil {
 		if _, ok := p.take(id); ok {
-			return fmt.Errorf("jspub: publish: %w", err)
+			return fmt.Errorf("jsplumb: publish: %w", err)
 		}
 		// The timeout loop or a disconnect took it first and called cb.
 	}
@@ -249,16 +248,16 @@ func (p *Publisher) onReply(m *nats.Msg) {
 	e.call(m, nil)
 }
 
-// parseReply reads a JetStream publish acknowledgement.
+// parseReply reads a JetStream publish acknowledgement, with encoding/json:
+// a hand-written parser of the server's one format saved 1.1 us of CPU per
+// acknowledgement (BenchmarkParseAck), 2.2 us per task, under the 3 us per
+// message that is worth hand-written wire code (issue 18).
 func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
 	if len(m.Data) == 0 {
 		if m.Header.Get("Status") == "503" {
 			return nil, ErrNoResponders
 		}
 		return nil, ErrInvalidAck
-	}
-	if ack, ok := parseAck(m.Data); ok {
-		return ack, nil
 	}
 	var r struct {
 		Error *jetstream.APIError `json:"error"`
@@ -274,111 +273,6 @@ func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
 		return nil, ErrInvalidAck
 	}
 	return &r.PubAck, nil
-}
-
-// parseAck reads the acknowledgement nats-server writes for a stored
-// message, {"stream":"S","seq":N} with optional "domain", "duplicate"
-// (a space may follow its colon) and "val", without encoding/json's
-// reflection: a flat object of those keys, unescaped strings, an unsigned
-// integer and a boolean. Anything else (an error, escapes, another key)
-// returns false, and the caller decodes it with encoding/json.
-func parseAck(b []byte) (*jetstream.PubAck, bool) {
-	var a jetstream.PubAck
-	var seenSeq bool
-	i := skipSpace(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return nil, false
-	}
-	i++
-	for {
-		i = skipSpace(b, i)
-		key, j, ok := str(b, i)
-		if !ok {
-			return nil, false
-		}
-		i = skipSpace(b, j)
-		if i >= len(b) || b[i] != ':' {
-			return nil, false
-		}
-		i = skipSpace(b, i+1)
-		switch string(key) {
-		case "stream", "domain", "val":
-			v, j, ok := str(b, i)
-			if !ok {
-				return nil, false
-			}
-			switch string(key) {
-			case "stream":
-				a.Stream = string(v)
-			case "domain":
-				a.Domain = string(v)
-			default:
-				a.Value = string(v)
-			}
-			i = j
-		case "seq":
-			j := i
-			for j < len(b) && b[j] >= '0' && b[j] <= '9' {
-				j++
-			}
-			n, err := strconv.ParseUint(string(b[i:j]), 10, 64)
-			if err != nil {
-				return nil, false
-			}
-			a.Sequence, seenSeq, i = n, true, j
-		case "duplicate":
-			switch {
-			case bytes.HasPrefix(b[i:], []byte("true")):
-				a.Duplicate, i = true, i+4
-			case bytes.HasPrefix(b[i:], []byte("false")):
-				i += 5
-			default:
-				return nil, false
-			}
-		default:
-			return nil, false
-		}
-		i = skipSpace(b, i)
-		if i >= len(b) {
-			return nil, false
-		}
-		switch b[i] {
-		case ',':
-			i++
-			continue
-		case '}':
-			if skipSpace(b, i+1) != len(b) || a.Stream == "" || !seenSeq {
-				return nil, false
-			}
-			return &a, true
-		default:
-			return nil, false
-		}
-	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// str reads a JSON string without escapes or control characters at b[i],
-// returning its contents and the index after its closing quote.
-func str(b []byte, i int) ([]byte, int, bool) {
-	if i >= len(b) || b[i] != '"' {
-		return nil, 0, false
-	}
-	for j := i + 1; j < len(b); j++ {
-		switch c := b[j]; {
-		case c == '"':
-			return b[i+1 : j], j + 1, true
-		case c == '\\' || c < 0x20:
-			return nil, 0, false
-		}
-	}
-	return nil, 0, false
 }
 
 // run fails publishes past their deadline, and every publish in flight when

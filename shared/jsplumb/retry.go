@@ -1,4 +1,4 @@
-// Package jsretry retries the JetStream requests a process makes while it
+// Retry retries the JetStream requests a process makes while it
 // starts (creating streams, buckets and consumers) as long as JetStream is
 // briefly unavailable: on a cluster, during a leader election (a server
 // killed, paused or partitioned) the meta leader answers 503 "JetStream
@@ -6,7 +6,8 @@
 // (re)started at that moment must wait, not exit: the chaos-cluster run found
 // a worker exiting. Any other error, such as an incompatible stream, is
 // returned at once.
-package jsretry
+
+package jsplumb
 
 import (
 	"context"
@@ -54,10 +55,10 @@ func Transient(err error) bool {
 		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected)
 }
 
-// Do runs step until it succeeds, fails for good (not Transient), or ctx
+// Retry runs step until it succeeds, fails for good (not Transient), or ctx
 // ends (then it returns step's last error). Each attempt gets its own
 // deadline; every retry is logged as a warning naming what.
-func Do(ctx context.Context, log zerolog.Logger, what string, step func(ctx context.Context) error) error {
+func Retry(ctx context.Context, log zerolog.Logger, what string, step func(ctx context.Context) error) error {
 	wait := retryMin
 	start := time.Now()
 	for {

@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/mlsched/mlsched/shared/kvwatch"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -92,9 +92,9 @@ func (r *Registry) Ready() <-chan struct{} { return r.ready }
 func (r *Registry) Run(ctx context.Context) error {
 	// Heartbeats come more often than the TTL, so a silent TTL means no node
 	// is left or the watch went blind (a re-created bucket): Silence makes
-	// kvwatch read the bucket afresh.
-	kvwatch.Follow(ctx, r.kv, r.apply, func() { r.once.Do(func() { close(r.ready) }) },
-		kvwatch.Options{Silence: r.ttl, Tick: r.ttl / 4, OnTick: r.expire, Log: r.log.With().Str("component", "node registry").Logger()})
+	// jsplumb.Follow read the bucket afresh.
+	jsplumb.Follow(ctx, r.kv, r.apply, func() { r.once.Do(func() { close(r.ready) }) },
+		jsplumb.FollowOptions{Silence: r.ttl, Tick: r.ttl / 4, OnTick: r.expire, Log: r.log.With().Str("component", "node registry").Logger()})
 	return nil
 }
 

@@ -48,7 +48,9 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 		"saturated": c.Saturated.Load(),
 		"forged":    c.Forged.Load(), "unserved_refused": c.UnservedRefused.Load(),
 		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
+		"succeeded": c.Succeeded.Load(), "failed": c.Failed.Load(), "shed": c.Shed.Load(),
 	}
+	r.Types = c.types.snapshot()
 	if reason := d.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}

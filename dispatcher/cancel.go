@@ -125,6 +125,7 @@ func (d *Dispatcher) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	}
 	d.counters.Results.Add(1)
 	d.counters.Cancelled.Add(1)
+	d.counters.types.add(taskType, protocol.StatusCancelled)
 	d.metrics.results.Get(opshttp.L2{A: taskType, B: string(protocol.StatusCancelled)}).Inc()
 	d.log.Info().Str("task_id", id).Strs("where", reply.Where).Msg("task cancelled")
 	reply.Outcome, reply.Status = protocol.CancelDone, protocol.StatusCancelled

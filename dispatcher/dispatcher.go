@@ -111,6 +111,12 @@ type Counters struct {
 	// Reports counts the direct reports this replica settled (reports.go);
 	// ReportsDeferred those it sent back to be stored as outcomes.
 	Reports, ReportsDeferred atomic.Int64
+	// Succeeded and Failed count the stored results by status (Rejected,
+	// above, the rejected ones); Shed the failed ones that waited their
+	// deadline with every candidate saturated (code saturated).
+	Succeeded, Failed, Shed atomic.Int64
+	// types counts results per task type (types.go).
+	types typeCounts
 }
 
 // Option configures a Dispatcher.

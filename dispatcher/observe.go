@@ -180,7 +180,7 @@ func (d *Dispatcher) runDashboard(ctx context.Context) {
 	if d.HTTPAddr() == nil || d.cfg.DashboardRefresh <= 0 {
 		return
 	}
-	dash := dashboard.New(d.nc, d.js, dashboard.Config{Interval: d.cfg.DashboardRefresh}, d.log)
+	dash := dashboard.New(d.nc, d.js, dashboard.Config{Interval: d.cfg.DashboardRefresh, TokenFile: d.cfg.HTTPTokenFile}, d.log)
 	for _, p := range dashboard.Patterns {
 		d.HandleHTTP(p, dash)
 	}

@@ -55,9 +55,18 @@ func (d *Dispatcher) resultStored(res *protocol.Result, ack *jetstream.PubAck, e
 	if res.LatencyMs > 0 {
 		d.metrics.taskDur.Get(res.Type).Observe(res.LatencyMs / 1000)
 	}
-	if res.Status == protocol.StatusRejected {
+	switch res.Status {
+	case protocol.StatusRejected:
 		d.counters.Rejected.Add(1)
+	case protocol.StatusSucceeded:
+		d.counters.Succeeded.Add(1)
+	case protocol.StatusFailed:
+		d.counters.Failed.Add(1)
+		if res.ErrorCode == protocol.CodeSaturated {
+			d.counters.Shed.Add(1)
+		}
 	}
+	d.counters.types.add(res.Type, res.Status)
 	d.log.Debug().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Str("status", string(res.Status)).Msg("result published")
 	return true, nil
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
-
 func runDLQ(ctx context.Context, a *app, args []string) error {
 	const synopsis = "dlq list [-n N] | dlq show SEQ | dlq replay SEQ... | dlq replay -all"
 	if len(args) == 0 {

@@ -35,7 +35,9 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		"saturated": c.Saturated.Load(),
 		"forged":    c.Forged.Load(), "unserved_refused": c.UnservedRefused.Load(),
 		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
+		"succeeded": c.Succeeded.Load(), "failed": c.Failed.Load(), "shed": c.Shed.Load(),
 	}
+	r.Types = c.types.snapshot()
 	if reason := p.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}

@@ -138,6 +138,7 @@ func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	}
 	cn.counters.Results.Add(1)
 	cn.counters.Cancelled.Add(1)
+	cn.counters.types.add(taskType, protocol.StatusCancelled)
 	cn.metrics.results.Get(opshttp.L2{A: taskType, B: string(protocol.StatusCancelled)}).Inc()
 	cn.log.Info().Str("task_id", id).Strs("where", reply.Where).Msg("task cancelled")
 	reply.Outcome, reply.Status = protocol.CancelDone, protocol.StatusCancelled

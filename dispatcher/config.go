@@ -10,6 +10,7 @@ import (
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/secret"
 	"github.com/mlsched/mlsched/shared/settle"
 	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -151,6 +152,11 @@ type Config struct {
 	// dashboard; "off" disables the listener (default :9090; a Config built
 	// in code keeps it empty, off, unless set).
 	HTTPAddr string `envconfig:"HTTP_ADDR" default:":9090" zero:"keep" desc:"listen address of /metrics, /healthz, /readyz and the dashboard (off: none)"`
+	// HTTPTokenFile holds the token the dashboard's actions (replay a dead
+	// letter, cancel a task) require as "Authorization: Bearer <token>";
+	// re-read at each action, so it rotates without a restart (default
+	// empty: the actions are refused; the read-only views stay open).
+	HTTPTokenFile string `envconfig:"HTTP_TOKEN_FILE" desc:"file holding the token the dashboard's actions (replay a dead letter, cancel a task) require; empty: actions refused, views open"`
 	// OTelEndpoint is the OTLP/HTTP collector spans go to, e.g.
 	// http://otel-collector:4318 (default empty: tracing off; the task's
 	// traceparent is still carried through).
@@ -236,6 +242,11 @@ func (c Config) Validate() error {
 	}
 	if err := opshttp.ValidateAddr(c.HTTPAddr); err != nil {
 		return err
+	}
+	if c.HTTPTokenFile != "" {
+		if _, err := secret.ReadFile(c.HTTPTokenFile); err != nil {
+			return fmt.Errorf("invalid %s_HTTP_TOKEN_FILE=%q: %w", config.Prefix, c.HTTPTokenFile, err)
+		}
 	}
 	if err := c.Shared.Validate(config.Prefix); err != nil {
 		return err

@@ -101,6 +101,12 @@ type Counters struct {
 	// Reports counts the direct reports this replica settled (reports.go);
 	// ReportsDeferred those it sent back to be stored as outcomes.
 	Reports, ReportsDeferred atomic.Int64
+	// Succeeded and Failed count the stored results by status (Rejected,
+	// above, the rejected ones); Shed the failed ones that waited their
+	// deadline with every candidate saturated (code saturated).
+	Succeeded, Failed, Shed atomic.Int64
+	// types counts results per task type (types.go).
+	types typeCounts
 }
 
 // Option configures a Dispatcher.
@@ -499,7 +505,7 @@ func (d *Dispatcher) runDashboard(ctx context.Context, nc *nats.Conn, js jetstre
 	if d.http.bound() == nil || d.cfg.DashboardRefresh <= 0 {
 		return
 	}
-	dash := dashboard.New(nc, js, dashboard.Config{Interval: d.cfg.DashboardRefresh}, d.log)
+	dash := dashboard.New(nc, js, dashboard.Config{Interval: d.cfg.DashboardRefresh, TokenFile: d.cfg.HTTPTokenFile}, d.log)
 	for _, p := range dashboard.Patterns {
 		d.http.handle(p, dash)
 	}

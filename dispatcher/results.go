@@ -79,9 +79,18 @@ func (f *finisher) resultStored(res *protocol.Result, ack *jetstream.PubAck, err
 	if res.LatencyMs > 0 {
 		f.metrics.taskDur.Get(res.Type).Observe(res.LatencyMs / 1000)
 	}
-	if res.Status == protocol.StatusRejected {
+	switch res.Status {
+	case protocol.StatusRejected:
 		f.counters.Rejected.Add(1)
+	case protocol.StatusSucceeded:
+		f.counters.Succeeded.Add(1)
+	case protocol.StatusFailed:
+		f.counters.Failed.Add(1)
+		if res.ErrorCode == protocol.CodeSaturated {
+			f.counters.Shed.Add(1)
+		}
 	}
+	f.counters.types.add(res.Type, res.Status)
 	f.log.Debug().Str("task_id", res.ID).Str("model", res.Model).Str("node", res.Node).Str("status", string(res.Status)).Msg("result published")
 	return true, nil
 }

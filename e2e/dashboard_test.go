@@ -47,9 +47,13 @@ func screenshotPath() string {
 // The dashboard in a real browser (headless Chromium driven by chromedp)
 // against a running cluster: two dispatcher replicas sharing Redis, three
 // workers (one hosts a model that always fails). The page loads without a
-// console error, shows the models, the open breaker, nodes, replicas,
-// backlog and dead letters of the cluster, and updates as tasks flow. It
-// writes a screenshot.
+// console error, shows the models, the open breaker, nodes with their
+// heartbeat age, replicas, the per-type figures and backlog, dead letters,
+// the result counts and tasks/s, chart legends and time axes, and updates as
+// tasks flow. The operator's tools are driven as an operator would: a task
+// looked up by id shows its status and every attempt; cancelling a waiting
+// task is refused without the token (MLSCHED_HTTP_TOKEN_FILE) and done with
+// it; a dead letter is replayed from its row. It writes a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	browser := findBrowser()
@@ -60,7 +64,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	c := harness.New(t)
 	c.StartNATS()
 	c.StartRedis()
+	tokenFile := filepath.Join(t.TempDir(), "http-token")
+	if err := os.WriteFile(tokenFile, []byte("operator-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	env := map[string]string{
+		"MLSCHED_HTTP_TOKEN_FILE":   tokenFile,
 		"MLSCHED_SNAPSHOT_INTERVAL": "100ms",
 		"MLSCHED_DASHBOARD_REFRESH": "250ms",
 		"MLSCHED_NO_NODE_WAIT":      "10m", // tasks no node serves stay in the backlog
@@ -86,6 +95,11 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 	}
 	if _, err := js.Publish(ctx, "mlsched.tasks.classify", []byte("this is not a task")); err != nil {
+		t.Fatal(err)
+	}
+	// A task only the broken model may run, once: it fails and is
+	// dead-lettered, for the replay button.
+	if _, err := cl.Submit(ctx, protocol.Task{ID: "doomed-1", Type: "embed", Models: []string{"m-broken"}, MaxAttempts: 1}); err != nil {
 		t.Fatal(err)
 	}
 	// Tasks flow for the whole test, at a steady pace.
@@ -159,7 +173,9 @@ func TestDashboardInBrowser(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if ev.Entry != nil && ev.Entry.Level == log.EntryLevelError {
+			// The cancel the test makes without the token is refused on purpose.
+			if ev.Entry != nil && ev.Entry.Level == log.EntryLevelError &&
+				!(strings.Contains(ev.Entry.Text, "status of 401") && strings.HasSuffix(ev.Entry.URL, "/api/cancel")) {
 				note("log: " + ev.Entry.Text + " " + ev.Entry.URL)
 			}
 		}
@@ -193,19 +209,65 @@ func TestDashboardInBrowser(t *testing.T) {
 	wait("the broken model's breaker open in its row", `document.querySelector('#models tr[data-model="m-broken"] td.breaker').innerText === "open"`)
 	wait("both dispatcher replicas", `document.querySelectorAll('#dispatchers tr[data-replica]').length === 2`)
 	wait("the three nodes", `document.querySelectorAll('#nodes tr[data-node]').length === 3`)
-	wait("the backlog of translate", `(document.querySelector('#backlog tr[data-type="translate"]')||{}).innerText?.includes("3")`)
+	wait("the backlog of translate", `(document.querySelector('#types tr[data-type="translate"] td.waiting')||{}).innerText === "3"`)
+	wait("per-type results", `Number((document.querySelector('#types tr[data-type="classify"] td:nth-child(2)')||{}).innerText) > 0`)
+	wait("every node's heartbeat age", `Array.from(document.querySelectorAll('#nodes tr[data-node] td.heartbeat')).length === 3`)
+	wait("the result counts", `["succeeded","failed","rejected","shed","tasks/s"].every(k => document.querySelector('[data-counter="' + k + '"]'))`)
+	wait("a throughput", `Number(document.querySelector('[data-counter="tasks/s"] .v').textContent) > 0`)
+	wait("the charts' legend", `document.querySelectorAll('#legend .legend-item').length === 5`)
+	wait("the charts' time axis", `document.querySelectorAll('#chart-p50 text.axis').length === 3`)
 	wait("the dead letter and its reason", `Array.from(document.querySelectorAll('#deadletters tr[data-seq] td.reason')).some(td => td.innerText.includes("JSON"))`)
 
 	// It updates as tasks flow: the results counter and a model's dispatched
 	// count grow, and the charts draw one line per model.
-	results := count("results counter", `Number(document.querySelector('[data-counter="results"] .v').textContent)`)
+	results := count("succeeded counter", `Number(document.querySelector('[data-counter="succeeded"] .v').textContent)`)
 	updates := count("update count", `Number(document.getElementById("updated").dataset.updates)`)
-	wait("more results", fmt.Sprintf(`Number(document.querySelector('[data-counter="results"] .v').textContent) >= %d`, int(results)+100))
+	wait("more results", fmt.Sprintf(`Number(document.querySelector('[data-counter="succeeded"] .v').textContent) >= %d`, int(results)+100))
 	wait("more updates", fmt.Sprintf(`Number(document.getElementById("updated").dataset.updates) >= %d`, int(updates)+3))
 	for _, chart := range []string{"chart-success", "chart-p50", "chart-p95", "chart-share"} {
 		wait("5 lines in "+chart, fmt.Sprintf(`document.querySelectorAll('#%s polyline').length === 5`, chart))
 	}
 	wait("history in the charts", `document.querySelector('#chart-share polyline').getAttribute("points").split(" ").length >= 5`)
+
+	// The operator's tools. Look a finished task up: its status and attempts.
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(bctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	lookupID := func(id string) {
+		t.Helper()
+		run("look up "+id, chromedp.SetValue(chromedp.CSS("#lookup-id"), id), chromedp.Click(chromedp.CSS("#lookup-go")))
+	}
+	lookupID("flow-1-0")
+	wait("the looked-up task's status", `document.getElementById("lookup-summary").dataset.status === "succeeded"`)
+	wait("its attempts with model and node", `(() => { const r = document.querySelector('#attempts tr[data-attempt]');
+		return r && r.children[1].innerText !== "" && r.children[2].innerText.startsWith("node-"); })()`)
+	// Cancel a waiting task: refused without the token, done with it.
+	lookupID("waits-0")
+	wait("no result yet for a waiting task", `document.getElementById("lookup-summary").dataset.status === "none"`)
+	setToken := func(tok string) { // a password field: set through the DOM
+		t.Helper()
+		if _, err := chromedp.Run(bctx, chromedp.Evaluate[string](fmt.Sprintf(`document.getElementById("token").value = %q`, tok))); err != nil {
+			t.Fatalf("set the token: %v", err)
+		}
+	}
+	setToken("")
+	run("cancel without a token", chromedp.Click(chromedp.CSS("#cancel-task")))
+	wait("the cancel refused without the token", `document.getElementById("action-msg").dataset.status === "401"`)
+	setToken("operator-token")
+	run("cancel with the token", chromedp.Click(chromedp.CSS("#cancel-task")))
+	wait("the cancel done", `document.getElementById("action-msg").dataset.status === "200" && document.getElementById("action-msg").innerText.includes("cancelled waits-0")`)
+	wait("the cancelled result", `document.getElementById("lookup-summary").dataset.status === "cancelled"`)
+	// Replay the dead-lettered task from its row.
+	wait("the dead letter of doomed-1", `document.querySelector('#deadletters button.replay') !== null &&
+		Array.from(document.querySelectorAll('#deadletters tr[data-seq]')).some(r => r.innerText.includes("doomed-1"))`)
+	seq := count("doomed-1's dead letter", `Number(Array.from(document.querySelectorAll('#deadletters tr[data-seq]')).find(r => r.innerText.includes("doomed-1")).dataset.seq)`)
+	run("replay doomed-1", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#deadletters button.replay[data-seq="%d"]`, int(seq)))))
+	wait("the replay done", `document.getElementById("action-msg").dataset.status === "200" && document.getElementById("action-msg").innerText.includes("replaces it")`)
+	lookupID("doomed-1")
+	wait("doomed-1 looked up after its replay", `["failed","none"].includes(document.getElementById("lookup-summary").dataset.status)`)
 
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {

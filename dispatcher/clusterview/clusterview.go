@@ -34,6 +34,8 @@ type View struct {
 	Nodes    []Node                 `json:"nodes"`
 	// Backlog maps task types to the tasks waiting in MLSCHED_TASKS.
 	Backlog map[string]int64 `json:"backlog"`
+	// Types sums every replica's final results per task type.
+	Types map[string]protocol.TypeCounts `json:"types"`
 	// Counters are the replicas' counters summed.
 	Counters    map[string]int64 `json:"counters"`
 	DeadLetters []DeadLetter     `json:"dead_letters"`
@@ -178,7 +180,7 @@ func Reports(ctx context.Context, nc *nats.Conn, quiet time.Duration) ([]protoco
 
 // Merge builds a view from replica reports.
 func Merge(reports []protocol.StatsReport, now time.Time) *View {
-	v := &View{At: now, Counters: map[string]int64{}, Backlog: map[string]int64{}}
+	v := &View{At: now, Counters: map[string]int64{}, Backlog: map[string]int64{}, Types: map[string]protocol.TypeCounts{}}
 	var freshest *protocol.StatsReport
 	var backlogAt *protocol.StatsReport
 	nodes := map[string]protocol.Heartbeat{}
@@ -189,6 +191,11 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 			Policies: r.Policies, Counters: r.Counters})
 		for k, n := range r.Counters {
 			v.Counters[k] += n
+		}
+		for k, c := range r.Types {
+			t := v.Types[k]
+			t.Succeeded, t.Failed, t.Rejected, t.Cancelled = t.Succeeded+c.Succeeded, t.Failed+c.Failed, t.Rejected+c.Rejected, t.Cancelled+c.Cancelled
+			v.Types[k] = t
 		}
 		if len(r.Models) > 0 && (freshest == nil || r.SnapshotAt.After(freshest.SnapshotAt)) {
 			freshest = r

@@ -12,7 +12,11 @@
 //
 // Routes: / (the page), /app.js, /style.css, /api/view (the view and the
 // history as JSON), /api/events (text/event-stream: a "snapshot" event, then
-// an "update" event per gather). Any other path is 404.
+// an "update" event per gather), /api/task?id=ID (a task's result and every
+// attempt: operator.LookupTask). Two actions, POST with a JSON body,
+// require "Authorization: Bearer <token>", the token in Config.TokenFile
+// (MLSCHED_HTTP_TOKEN_FILE), and are refused without it: /api/cancel
+// {"id", "reason"} and /api/dlq/replay {"seq"}. Any other path is 404.
 package dashboard
 
 import (
@@ -44,6 +48,9 @@ type Config struct {
 	MaxClients int
 	// Gather tunes the collection of replica reports.
 	Gather clusterview.Options
+	// TokenFile holds the token the actions require (empty: actions are
+	// refused). It is read at each action.
+	TokenFile string
 }
 
 func (c Config) withDefaults() Config {
@@ -195,7 +202,8 @@ func (d *Dashboard) Clients() int {
 
 // Patterns are the net/http ServeMux patterns the dashboard serves, to mount
 // it next to other handlers with unknown paths left 404.
-var Patterns = []string{"GET /{$}", "GET /app.js", "GET /style.css", "GET /api/view", "GET /api/events"}
+var Patterns = []string{"GET /{$}", "GET /app.js", "GET /style.css", "GET /api/view", "GET /api/events", "GET /api/task",
+	"POST /api/cancel", "POST /api/dlq/replay"}
 
 var files = map[string]string{
 	"/":          "static/index.html",
@@ -210,6 +218,14 @@ var contentTypes = map[string]string{
 // ServeHTTP serves the routes listed in the package comment.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
+	switch path {
+	case "/api/task":
+		d.serveTask(w, r)
+		return
+	case "/api/cancel", "/api/dlq/replay":
+		d.serveAction(w, r)
+		return
+	}
 	name, isFile := files[path]
 	if !isFile && path != "/api/view" && path != "/api/events" {
 		http.NotFound(w, r)

@@ -46,6 +46,17 @@ type StatsReport struct {
 	// MLSCHED_TASKS (submitted, not yet dispatched). It is absent when the
 	// stream could not be read in time.
 	Backlog map[string]int64 `json:"backlog,omitempty"`
+	// Types counts the final results this replica stored per task type
+	// since it started (at most 256 types; the rest under "(other)").
+	Types map[string]TypeCounts `json:"types,omitempty"`
+}
+
+// TypeCounts are final results of one task type, by status.
+type TypeCounts struct {
+	Succeeded int64 `json:"succeeded"`
+	Failed    int64 `json:"failed"`
+	Rejected  int64 `json:"rejected"`
+	Cancelled int64 `json:"cancelled,omitempty"`
 }
 
 // ModelReport is one model's line in a StatsReport.

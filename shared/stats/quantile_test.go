@@ -28,6 +28,7 @@ func TestQuantileInterpolatesWithinTheBucket(t *testing.T) {
 	for _, q := range []float64{0.5, 0.95, 0.99} {
 		want := xs[int(q*float64(len(xs)))]
 		got := float64(h.Quantile(q)) / float64(time.Millisecond)
+		t.Logf("p%.0f: interpolated %.2f ms, sample %.2f ms (%+.1f%%)", 100*q, got, want, 100*(got-want)/want)
 		if math.Abs(got-want)/want > 0.05 {
 			t.Errorf("p%.0f = %.2f ms, the sample's is %.2f ms: more than 5%% off", 100*q, got, want)
 		}

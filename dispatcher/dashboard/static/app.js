@@ -4,7 +4,7 @@
 "use strict";
 
 const palette = ["#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563", "#65a30d"];
-const state = { view: null, history: [], colors: {}, updates: 0 };
+const state = { view: null, history: [], colors: {}, updates: 0, rate: null, prev: null };
 
 function color(model) {
   if (!(model in state.colors)) {
@@ -37,6 +37,13 @@ function ago(t) {
   if (d < 120) return d.toFixed(0) + "s ago";
   if (d < 7200) return (d / 60).toFixed(0) + "m ago";
   return (d / 3600).toFixed(1) + "h ago";
+}
+// age is a heartbeat's age to a tenth of a second (a node beats every
+// second; one silent for MLSCHED_NODE_TTL is dead).
+function age(t) {
+  const d = (Date.now() - new Date(t).getTime()) / 1000;
+  if (!isFinite(d)) return "-";
+  return d < 120 ? Math.max(0, d).toFixed(1) + "s ago" : ago(t);
 }
 function duration(ns) {
   const s = ns / 1e9;
@@ -79,9 +86,16 @@ function render() {
   const c = v.counters || {};
   let backlog = 0;
   for (const n of Object.values(v.backlog || {})) backlog += n;
-  const totals = [["results", c.results || 0], ["dispatched", c.dispatched || 0], ["redispatched", c.redispatched || 0],
+  // tasks/s: results stored between two views.
+  const now = new Date(v.at).getTime();
+  if (state.prev && now > state.prev.at && (c.results || 0) >= state.prev.results) {
+    state.rate = 1000 * ((c.results || 0) - state.prev.results) / (now - state.prev.at);
+  }
+  if (!state.prev || now > state.prev.at) state.prev = { at: now, results: c.results || 0 };
+  const totals = [["succeeded", c.succeeded || 0], ["failed", c.failed || 0], ["rejected", c.rejected || 0],
+    ["shed", (c.shed || 0) + (c.unserved_refused || 0)], ["tasks/s", state.rate === null ? "-" : state.rate.toFixed(1)],
     ["waiting", backlog], ["dead letters", v.dead_letters_total || 0], ["cancelled", c.cancelled || 0],
-    ["late", c.late || 0], ["lost", c.lost || 0], ["nodes", (v.nodes || []).length]];
+    ["redispatched", c.redispatched || 0], ["lost", c.lost || 0], ["nodes", (v.nodes || []).length]];
   document.getElementById("totals").replaceChildren(...totals.map(([k, n]) =>
     el("div", { class: "card", "data-counter": k }, el("div", { class: "v" }, n), el("div", { class: "k" }, k))));
 
@@ -108,23 +122,33 @@ function render() {
     const models = (n.models || []).join(", ") + (n.unready || []).map(u => (n.models && n.models.length ? ", " : "") + u.name + " (unready)").join("");
     return el("tr", { "data-node": n.name }, el("td", {}, n.name + (n.draining ? " (draining)" : "")),
       el("td", { class: "models" }, models), el("td", {}, bar, pct(n.load)),
-      el("td", {}, n.in_flight + " / " + n.capacity), el("td", { class: "heartbeat" }, ago(n.sent_at)));
+      el("td", {}, n.in_flight + " / " + n.capacity), el("td", { class: "heartbeat" }, age(n.sent_at)));
   }), "no live node", 5);
 
-  const types = Object.keys(v.backlog || {}).filter(t => v.backlog[t] > 0).sort();
-  const most = Math.max(1, ...types.map(t => v.backlog[t]));
-  fillBody("#backlog", types.map(t => el("tr", { "data-type": t }, el("td", {}, t),
-    el("td", {}, el("span", { class: "bar" }, el("span", { style: "width:" + (100 * v.backlog[t] / most).toFixed(0) + "%" })), v.backlog[t]))),
-  "nothing waiting", 2);
+  const tc = v.types || {};
+  const types = [...new Set(Object.keys(tc).concat(Object.keys(v.backlog || {}).filter(t => v.backlog[t] > 0)))].sort();
+  fillBody("#types", types.map(t => {
+    const x = tc[t] || {};
+    return el("tr", { "data-type": t }, el("td", {}, t), el("td", {}, x.succeeded || 0), el("td", {}, x.failed || 0),
+      el("td", {}, x.rejected || 0), el("td", {}, x.cancelled || 0), el("td", { class: "waiting" }, (v.backlog || {})[t] || 0));
+  }), "no task yet", 6);
 
   fillBody("#dispatchers", (v.replicas || []).map(r => el("tr", { "data-replica": r.name }, el("td", {}, r.name),
     el("td", {}, r.store), el("td", { class: r.degraded ? "breaker-open" : "" }, r.degraded ? "DEGRADED" : "normal"),
     el("td", {}, ago(r.snapshot_at)))), "no dispatcher answered", 4);
 
   document.getElementById("dlq-total").textContent = "(" + (v.dead_letters_total || 0) + " stored)";
-  fillBody("#deadletters", (v.dead_letters || []).map(d => el("tr", { "data-seq": d.seq }, el("td", {}, d.seq),
-    el("td", {}, ago(d.at)), el("td", {}, d.kind), el("td", {}, d.task_id || "-"), el("td", {}, d.code || "-"),
-    el("td", { class: "reason" }, d.reason))), "none", 6);
+  fillBody("#deadletters", (v.dead_letters || []).map(d => {
+    const replay = el("button", { class: "action replay", "data-seq": d.seq, title: "needs the token" }, "replay");
+    replay.addEventListener("click", () => act("/api/dlq/replay", { seq: d.seq }));
+    return el("tr", { "data-seq": d.seq }, el("td", {}, d.seq),
+      el("td", {}, ago(d.at)), el("td", {}, d.kind), el("td", {}, d.task_id || "-"), el("td", {}, d.code || "-"),
+      el("td", { class: "reason" }, d.reason), el("td", {}, d.task_id ? replay : ""));
+  }), "none", 7);
+
+  const models = [...new Set(state.history.flatMap(p => Object.keys(p.models || {})))].sort();
+  document.getElementById("legend").replaceChildren(...models.map(m =>
+    el("span", { class: "legend-item", "data-model": m }, el("span", { class: "swatch", style: "background:" + color(m) }), m)));
 
   chart("chart-success", "success", () => 1, pct);
   chart("chart-p50", "p50", max => max, ms);
@@ -157,11 +181,15 @@ function chart(id, key, top, fmt) {
     label.textContent = fmt(f * yMax) === "-" ? "0" : fmt(f * yMax);
     parts.push(line, label);
   }
-  if (h.length > 1) {
-    const span = document.createElementNS(ns, "text");
-    span.setAttribute("x", W - pad.r - 70); span.setAttribute("y", H - 3);
-    span.textContent = "last " + Math.round((t1 - t0) / 1000) + "s";
-    parts.push(span);
+  if (h.length > 1) { // time axis: the first, middle and last gathers' clock times
+    for (const [f, anchor] of [[0, "start"], [0.5, "middle"], [1, "end"]]) {
+      const tx = document.createElementNS(ns, "text");
+      tx.setAttribute("class", "axis");
+      tx.setAttribute("x", pad.l + f * (W - pad.l - pad.r)); tx.setAttribute("y", H - 3);
+      tx.setAttribute("text-anchor", anchor);
+      tx.textContent = new Date(t0 + f * (t1 - t0)).toLocaleTimeString([], { hour12: false });
+      parts.push(tx);
+    }
   }
   const models = new Set();
   for (const p of h) for (const m of Object.keys(p.models || {})) models.add(m);
@@ -214,6 +242,59 @@ function connect() {
   es.addEventListener("update", e => onUpdate(JSON.parse(e.data)));
   es.onerror = () => { const s = document.getElementById("status"); s.textContent = "reconnecting…"; s.className = "badge warn"; };
 }
+
+// lookup shows a task's result and every attempt (GET /api/task, open).
+function lookup(id) {
+  if (!id) return;
+  fetch("/api/task?id=" + encodeURIComponent(id)).then(r => r.json().then(j => ({ ok: r.ok, j })))
+    .then(({ ok, j }) => {
+      const box = document.getElementById("lookup-result");
+      box.hidden = false;
+      const sum = document.getElementById("lookup-summary");
+      const out = document.getElementById("lookup-output");
+      const body = document.querySelector("#attempts tbody");
+      if (!ok) { sum.textContent = j.error || "lookup failed"; sum.dataset.status = "error"; body.replaceChildren(); out.textContent = ""; return; }
+      const r = j.result;
+      if (!r) {
+        sum.textContent = id + ": no result yet (waiting, running, or unknown)"; sum.dataset.status = "none";
+        body.replaceChildren(); out.textContent = ""; out.hidden = true; document.getElementById("attempts").hidden = true; return;
+      }
+      sum.dataset.status = r.status;
+      sum.replaceChildren(el("strong", { class: "status-" + r.status }, r.status), " " + r.id + " (" + r.type + ")",
+        r.model ? " by " + r.model + " on " + r.node : "", ", " + r.attempts + " attempt(s), " + ms(r.latency_ms) + " end to end",
+        r.error ? " — " + (r.error_code ? r.error_code + ": " : "") + r.error : "");
+      body.replaceChildren(...(r.history || []).map(a => el("tr", { "data-attempt": a.attempt }, el("td", {}, a.attempt),
+        el("td", {}, a.model), el("td", {}, a.node), el("td", {}, a.status), el("td", {}, ms(a.latency_ms)),
+        el("td", { class: "reason" }, a.error || ""))));
+      out.textContent = r.output !== undefined ? "output: " + JSON.stringify(r.output) : "";
+      out.hidden = out.textContent === "";
+      document.getElementById("attempts").hidden = !(r.history || []).length;
+    })
+    .catch(e => { const sum = document.getElementById("lookup-summary"); document.getElementById("lookup-result").hidden = false; sum.textContent = "lookup failed: " + e; });
+}
+
+// act runs an action (POST, with the token), then shows its answer.
+function act(path, body) {
+  const token = document.getElementById("token").value;
+  sessionStorage.setItem("mlsched-token", token);
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = "Bearer " + token;
+  fetch(path, { method: "POST", headers, body: JSON.stringify(body) })
+    .then(r => r.json().then(j => ({ ok: r.ok, status: r.status, j })))
+    .then(({ ok, status, j }) => {
+      const m = document.getElementById("action-msg");
+      m.hidden = false; m.className = "msg " + (ok ? "ok" : "bad"); m.dataset.status = String(status);
+      m.textContent = (ok ? "" : "refused (" + status + "): ") + (j.message || "");
+      if (ok && body.id) lookup(body.id);
+    });
+}
+
+document.getElementById("token").value = sessionStorage.getItem("mlsched-token") || "";
+document.getElementById("lookup-form").addEventListener("submit", e => { e.preventDefault(); lookup(document.getElementById("lookup-id").value.trim()); });
+document.getElementById("cancel-task").addEventListener("click", () => {
+  const id = document.getElementById("lookup-id").value.trim();
+  if (id) act("/api/cancel", { id, reason: "cancelled from the dashboard" });
+});
 
 window.addEventListener("resize", render);
 connect();

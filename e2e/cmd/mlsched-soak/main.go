@@ -55,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	jsonPath := fs.String("json", "", "write the full report (with the per-second samples) here")
 	fs.StringVar(&o.Dir, "dir", "", "keep the processes' files and logs here (default: a temporary directory, removed)")
 	fs.StringVar(&o.HeapProfile, "heap", "", "write nats-server's heap profile here at the end (one server)")
+	resultsOnly := fs.String("results-only", "", "instead: store results alone on a bare nats-server in one design and report its RSS: old (24h, no bound), count (-results-max-msgs, 24h), shards (16 subjects, 24h)")
+	resultsMax := fs.Int64("results-max-msgs", 100000, "the count design's bound")
 	denv, wenv := kvFlag{}, kvFlag{}
 	fs.Var(denv, "dispatcher-env", "KEY=VALUE for the dispatcher (repeatable), e.g. MLSCHED_RESULTS_MAX_MSGS=2000000")
 	fs.Var(wenv, "worker-env", "KEY=VALUE for the workers (repeatable)")
@@ -75,6 +77,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *resultsOnly != "" {
+		return runResults(ctx, *resultsOnly, *resultsMax, o, *jsonPath, stdout, stderr)
+	}
 	rep, err := soak.Run(ctx, o)
 	if err != nil {
 		fmt.Fprintln(stderr, "soak:", err)
@@ -145,4 +150,40 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+func runResults(ctx context.Context, name string, maxMsgs int64, o soak.Options, jsonPath string, stdout, stderr io.Writer) int {
+	d := soak.ResultsDesign{Name: name, MaxAge: 24 * time.Hour}
+	switch name {
+	case "old":
+	case "count":
+		d.MaxMsgs = maxMsgs
+	case "shards":
+		d.Shards = 16
+	default:
+		fmt.Fprintf(stderr, "-results-only %q: want old, count or shards\n", name)
+		return 2
+	}
+	if o.Rate <= 0 {
+		o.Rate = 1000
+	}
+	rep, err := soak.RunResults(ctx, d, o.Rate, o.Duration, o.HeapProfile, o.Log)
+	if err != nil {
+		fmt.Fprintln(stderr, "soak:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "results-only %s (max_msgs %d, shards %d): %d/s for %v, %d stored; stream end %d msgs, %.1f MiB\n",
+		name, d.MaxMsgs, d.Shards, rep.Rate, rep.Duration, rep.Sent, rep.EndMsgs, float64(rep.EndBytes)/(1<<20))
+	fmt.Fprintf(stdout, "nats-server RSS MiB: start %.1f, peak %.1f, end %.1f, slope over the last half %.2f MiB/10m\n",
+		rep.StartMiB, rep.PeakMiB, rep.EndMiB, rep.SlopeLastHalf10m)
+	for _, s := range rep.Samples {
+		if int(s[0])%30 == 0 {
+			fmt.Fprintf(stdout, "  t=%4.0fs rss=%6.1f MiB msgs=%8.0f\n", s[0], s[1]/(1<<20), s[2])
+		}
+	}
+	if jsonPath != "" {
+		data, _ := json.MarshalIndent(rep, "", " ")
+		_ = os.WriteFile(jsonPath, data, 0o644)
+	}
+	return 0
 }

@@ -307,6 +307,28 @@ func TestComposeChaosSentinel(t *testing.T) {
 	if m := master(); m != "redis-1" {
 		t.Fatalf("master at start: %q, want redis-1", m)
 	}
+	// Authenticated: anonymous clients may only PING, the dispatcher's user
+	// may not steer the sentinels.
+	cli := func(svc string, args ...string) string {
+		out, _ := docker(ctx, append([]string{"exec", p.one(ctx, svc), "redis-cli", "--no-auth-warning"}, args...)...)
+		return out
+	}
+	for _, c := range []struct {
+		svc  string
+		args []string
+	}{
+		{"redis-2", []string{"get", "mlsched:x"}},
+		{"sentinel-1", []string{"-p", "26379", "sentinel", "masters"}},
+		{"sentinel-1", []string{"-p", "26379", "--user", authconf.RedisUser, "--pass", pw, "sentinel", "failover", "mlsched"}},
+		{"sentinel-1", []string{"-p", "26379", "--user", authconf.RedisUser, "--pass", pw, "sentinel", "set", "mlsched", "quorum", "1"}},
+	} {
+		shown := strings.ReplaceAll(strings.Join(c.args, " "), pw, "***")
+		if out := cli(c.svc, c.args...); !strings.Contains(out, "NOPERM") && !strings.Contains(out, "NOAUTH") {
+			t.Errorf("%s redis-cli %s: %q, want NOPERM or NOAUTH", c.svc, shown, out)
+		} else {
+			t.Logf("refused: %s redis-cli %s: %s", c.svc, shown, strings.SplitN(out, "\n", 2)[0])
+		}
+	}
 	n := 3000
 	load := startComposeLoad(ctx, t, p, "sentinel", n, 50)
 	sleepCtx(ctx, 20*time.Second)

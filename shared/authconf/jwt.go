@@ -37,6 +37,9 @@ const (
 	// PoolKeyFile is the worker pool's scoped signing key (given to every
 	// worker replica, MLSCHED_NATS_POOL_KEY).
 	PoolKeyFile = "worker-pool.nk"
+	// OperatorJWTFile keeps the operator JWT: nats-server cannot reload a
+	// changed one, so it is written once and reused.
+	OperatorJWTFile = "operator.jwt"
 	// RevokedFile lists the public keys of rotated users, which the
 	// account JWT revokes.
 	RevokedFile = "revoked-users"
@@ -80,12 +83,9 @@ func writeJWT(dir string, mode os.FileMode, rotate []string, res *Result) error 
 	}
 	opPub, _ := opKP.PublicKey()
 	sysPub, _ := sysKP.PublicKey()
-	oc := jwt.NewOperatorClaims(opPub)
-	oc.Name = "mlsched"
-	oc.SystemAccount = sysPub
-	opJWT, err := oc.Encode(opKP)
+	opJWT, err := operatorJWT(filepath.Join(dir, OperatorJWTFile), opKP, opPub, sysPub)
 	if err != nil {
-		return fmt.Errorf("operator JWT: %w", err)
+		return err
 	}
 	sc := jwt.NewAccountClaims(sysPub)
 	sc.Name = "SYS"
@@ -240,4 +240,23 @@ func revocations(path string, keys []string) ([]string, error) {
 		}
 	}
 	return list, nil
+}
+
+// operatorJWT returns the operator JWT kept at path when it is the
+// operator's with that system account, or encodes and keeps a new one.
+func operatorJWT(path string, opKP nkeys.KeyPair, opPub, sysPub string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		token := strings.TrimSpace(string(b))
+		if oc, err := jwt.DecodeOperatorClaims(token); err == nil && oc.Subject == opPub && oc.SystemAccount == sysPub {
+			return token, nil
+		}
+	}
+	oc := jwt.NewOperatorClaims(opPub)
+	oc.Name = "mlsched"
+	oc.SystemAccount = sysPub
+	token, err := oc.Encode(opKP)
+	if err != nil {
+		return "", fmt.Errorf("operator JWT: %w", err)
+	}
+	return token, writeAtomic(path, []byte(token+"\n"), 0o644)
 }

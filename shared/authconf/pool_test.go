@@ -257,6 +257,7 @@ func TestJWTPoolRotationReloads(t *testing.T) {
 		t.Fatalf("a replica with the pool key: %v", err)
 	}
 	o.Rotate = []string{authconf.PoolRotate}
+	time.Sleep(1100 * time.Millisecond) // a JWT written in another second differs (iat)
 	if _, err := authconf.Write(adir, o); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -508,9 +509,7 @@ func (r *run) seed(role, nodeID string) string {
 
 // withEnv returns base with extra's entries added or overriding.
 func withEnv(base, extra map[string]string) map[string]string {
-	for k, v := range extra {
-		base[k] = v
-	}
+	maps.Copy(base, extra)
 	return base
 }
 

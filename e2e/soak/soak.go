@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -343,9 +344,7 @@ func start(ctx context.Context, o Options) (*env, error) {
 }
 
 func merge(base, extra map[string]string) map[string]string {
-	for k, v := range extra {
-		base[k] = v
-	}
+	maps.Copy(base, extra)
 	return base
 }
 

@@ -161,6 +161,9 @@ type Report struct {
 	// what dashboards and scrapers cost.
 	ObservedThroughputRatio float64 `json:"observed_throughput_ratio,omitempty"`
 	ObservedP99Ratio        float64 `json:"observed_p99_ratio,omitempty"`
+	// RiverRatio is mlsched's throughput over River's on Postgres, in
+	// the same run (issue 24: at least 1 in durable mode).
+	RiverRatio float64 `json:"river_throughput_ratio,omitempty"`
 	// AuthCost compares relay-auth and mlsched-auth with relay and mlsched
 	// (when both of a pair ran): what authorization costs.
 	AuthCost []AuthCost `json:"auth_cost,omitempty"`
@@ -252,9 +255,9 @@ type Profile struct {
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o = o.withDefaults()
 	for _, s := range o.Scenarios {
-		if !slices.Contains([]string{ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth}, s) {
-			return nil, fmt.Errorf("%w %q (want %s, %s, %s, %s or %s)", ErrUnknownScenario, s,
-				ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth)
+		if !slices.Contains([]string{ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver}, s) {
+			return nil, fmt.Errorf("%w %q (want %s, %s, %s, %s, %s or %s)", ErrUnknownScenario, s,
+				ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver)
 		}
 		if base, _ := authScenario(s); base == ScenarioRelay && len(o.RelayCommand) == 0 {
 			return nil, errors.New("bench: the relay scenario needs Options.RelayCommand")
@@ -282,8 +285,21 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.Storage += "; one server, streams R1"
 	}
 	for _, name := range o.Scenarios {
+		if name == ScenarioRiver && o.ClusterNodes > 0 {
+			fmt.Fprintf(o.Progress, "== scenario %s skipped: one Postgres server, compared with one nats-server only\n", name)
+			continue
+		}
 		fmt.Fprintf(o.Progress, "== scenario %s\n", name)
-		s, profs, err := runScenario(ctx, o, name, filepath.Join(dir, name))
+		var (
+			s     Scenario
+			profs []*Profile
+			err   error
+		)
+		if name == ScenarioRiver {
+			s, err = runRiver(ctx, o, filepath.Join(dir, name))
+		} else {
+			s, profs, err = runScenario(ctx, o, name, filepath.Join(dir, name))
+		}
 		if err != nil {
 			return rep, fmt.Errorf("scenario %s: %w", name, err)
 		}
@@ -309,6 +325,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep.AuthCost = rep.authCosts()
 	relay, mls := rep.Scenario(ScenarioRelay), rep.Scenario(ScenarioMlsched)
+	if rv := rep.Scenario(ScenarioRiver); rv != nil && mls != nil && rv.Throughput.Throughput > 0 {
+		rep.RiverRatio = mls.Throughput.Throughput / rv.Throughput.Throughput
+	}
 	if relay != nil && mls != nil {
 		if relay.Throughput.Throughput > 0 {
 			rep.ThroughputRatio = mls.Throughput.Throughput / relay.Throughput.Throughput

@@ -93,6 +93,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if r.RiverRatio > 0 {
+		fmt.Fprintf(w, "%s over %s (River on Postgres, fsync on) in this run: throughput %.2fx\n", ScenarioMlsched, ScenarioRiver, r.RiverRatio)
+	}
 	if r.ObservedThroughputRatio > 0 {
 		fmt.Fprintf(w, "watching the dispatcher (%s over %s in this run): throughput %.2fx, latency-phase p99 %.2fx\n",
 			ScenarioObserved, ScenarioMlsched, r.ObservedThroughputRatio, r.ObservedP99Ratio)

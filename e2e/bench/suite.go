@@ -151,6 +151,7 @@ type SummaryRow struct {
 	CPUPerTask                    float64 // dispatcher + workers, µs per task, throughput phase
 	NATSCPUPerTask, RelayNATSCPU  float64 // nats-server(s), µs per task, throughput phase
 	MlsTputVsOneServer            float64 // this topology's mlsched throughput over one server's (same mode)
+	RiverTput, RiverRatio         float64 // River on Postgres (scenario river) and mlsched over it; 0 when it did not run
 	Targets                       Targets
 	Overloaded                    []string
 }
@@ -179,6 +180,10 @@ func (s *Suite) Summary() []SummaryRow {
 			row.MlsTput, row.MlsP50, row.MlsP99 = mls.Throughput.Throughput, mls.Latency.Latency.P50, mls.Latency.Latency.P99
 			row.CPUPerTask = perTask(mls, func(k string) bool { return k == "dispatcher" || strings.HasPrefix(k, "workers") })
 			row.NATSCPUPerTask = perTask(mls, isNATS)
+		}
+		if rv := r.Scenario(ScenarioRiver); rv != nil {
+			row.RiverTput = rv.Throughput.Throughput
+			row.RiverRatio = ratio(row.MlsTput, row.RiverTput)
 		}
 		for _, sc := range r.Scenarios {
 			if sc.Latency.Throughput < 0.95*float64(r.Options.Rate) {
@@ -234,9 +239,21 @@ func (s *Suite) Medians() []SummaryRow {
 			NATSCPUPerTask:     med(func(r SummaryRow) float64 { return r.NATSCPUPerTask }),
 			RelayNATSCPU:       med(func(r SummaryRow) float64 { return r.RelayNATSCPU }),
 			MlsTputVsOneServer: med(func(r SummaryRow) float64 { return r.MlsTputVsOneServer }),
+			RiverTput:          med(func(r SummaryRow) float64 { return r.RiverTput }),
+			RiverRatio:         med(func(r SummaryRow) float64 { return r.RiverRatio }),
 		})
 	}
 	return out
+}
+
+// riverTarget is issue 24's target for mlsched over River: at least as fast
+// in durable mode (fsync on both sides); none in fast mode, where
+// Postgres still fsyncs and nats-server does not.
+func riverTarget(mode string) float64 {
+	if mode == ModeDurable.Name {
+		return 1
+	}
+	return 0
 }
 
 // median of v (v is reordered).
@@ -263,7 +280,7 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 			o.Tasks, o.Rate, o.LatencyTasks, o.Nodes, o.Models, o.Concurrency)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tservers\tround\trelay tasks/s\tmlsched tasks/s\tratio\trelay p50 ms\tmlsched p50 ms\tratio\trelay p99 ms\tmlsched p99 ms\tratio\tdisp+workers µs/task\tnats µs/task (relay / mlsched)\tvs 1 server\t")
+	fmt.Fprintln(tw, "mode\tservers\tround\trelay tasks/s\tmlsched tasks/s\tratio\trelay p50 ms\tmlsched p50 ms\tratio\trelay p99 ms\tmlsched p99 ms\tratio\tdisp+workers µs/task\tnats µs/task (relay / mlsched)\tvs 1 server\triver tasks/s\tmlsched/river\t")
 	verdict := func(v, target float64, atLeast bool) string {
 		if target == 0 || v == 0 {
 			return fmt.Sprintf("%.2fx", v)
@@ -295,11 +312,15 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 		if r.Topology != topologyName(0) {
 			vs = fmt.Sprintf("%.2fx", r.MlsTputVsOneServer)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f / %.0f\t%s\t\n",
+		river, riverRatio := "-", "-"
+		if r.RiverTput > 0 {
+			river, riverRatio = fmt.Sprintf("%.0f", r.RiverTput), verdict(r.RiverRatio, riverTarget(r.Mode), true)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f / %.0f\t%s\t%s\t%s\t\n",
 			r.Mode, r.Topology, round, r.RelayTput, r.MlsTput, verdict(r.TputRatio, r.Targets.ThroughputRatio, true),
 			r.RelayP50, r.MlsP50, verdict(r.P50Ratio, r.Targets.P50Ratio, false),
 			r.RelayP99, r.MlsP99, verdict(r.P99Ratio, r.Targets.P99Ratio, false),
-			cpu, r.RelayNATSCPU, r.NATSCPUPerTask, vs)
+			cpu, r.RelayNATSCPU, r.NATSCPUPerTask, vs, river, riverRatio)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

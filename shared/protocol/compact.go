@@ -81,6 +81,9 @@ func (d *Dispatch) CompactHeaderInto(b *HeaderBuf) nats.Header {
 	if d.Traceparent != "" {
 		b.Put(HdrTraceparent, d.Traceparent)
 	}
+	if d.TaskAck != "" {
+		b.Put(HdrTaskAck, d.TaskAck)
+	}
 	return b.h
 }
 

@@ -51,6 +51,13 @@ type Dispatch struct {
 	// dispatch is not sealed with its key, see seal.go).
 	TaskSum string
 	Seal    string
+	// TaskAck is the acknowledgement subject of the task message in
+	// MLSCHED_TASKS (optional): the task stays unacknowledged, the record
+	// of its attempts, until its final result is stored, and the dispatcher
+	// that stores it acks the task there (docs/protocol.md, "What is stored
+	// where"). Not sealed: a dispatcher acks it only when its stream
+	// sequence is the sealed Submission.
+	TaskAck string
 }
 
 // Headers of a dispatch, echoed on its outcome. Every name is in canonical
@@ -79,6 +86,8 @@ const (
 	// is carried on the dispatch, the outcome and the result, and sent on
 	// to HTTP model servers.
 	HdrTraceparent = "Traceparent"
+	// HdrTaskAck carries Dispatch.TaskAck, in both encodings.
+	HdrTaskAck = "Mlsched-Task-Ack"
 )
 
 // Header encodes the dispatch as message headers (without Nats-Msg-Id: pass
@@ -145,6 +154,9 @@ func (d *Dispatch) HeaderInto(b *HeaderBuf) nats.Header {
 	if d.Traceparent != "" {
 		put(HdrTraceparent, d.Traceparent)
 	}
+	if d.TaskAck != "" {
+		put(HdrTaskAck, d.TaskAck)
+	}
 	if d.TaskSum != "" {
 		put(HdrTaskSum, d.TaskSum)
 	}
@@ -156,7 +168,7 @@ func (d *Dispatch) HeaderInto(b *HeaderBuf) nats.Header {
 
 // dispatchHeaders is how many headers Header writes at most, plus one for
 // the Nats-Msg-Id the publish adds.
-const dispatchHeaders = 15
+const dispatchHeaders = 16
 
 // MsgID is the Nats-Msg-Id of a message about this attempt: kind "d" for the
 // dispatch, "o" for the worker's outcome, "l" for the sweeper's lost report.
@@ -272,6 +284,9 @@ func parseOptional(h nats.Header, d *Dispatch, bad func(name, format string, arg
 		d.History = hist
 	}
 	d.Traceparent = TraceparentOf(h)
+	if v := h[HdrTaskAck]; len(v) > 0 {
+		d.TaskAck = v[0]
+	}
 }
 
 // OutcomeHeader is the header of an attempt's outcome: the dispatch's

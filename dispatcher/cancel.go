@@ -129,11 +129,13 @@ func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 		reply.Outcome, reply.Status = protocol.CancelFinished, st
 		return reply
 	}
-	// A task still waiting in the task stream will not be needed: intake
-	// would drop it, but removing it keeps the backlog true.
+	// The task message will not be needed: it stays in the task stream
+	// until its result is stored, whether it waits or runs (intake would
+	// drop it, a late outcome ack it), but removing it now keeps the
+	// backlog true. Its submission is its sequence there.
 	for _, f := range found {
-		if f.where == "waiting" {
-			_ = cn.tasksStreamDelete(ctx, f.seq)
+		if seq, err := strconv.ParseUint(f.submission, 10, 64); err == nil {
+			_ = cn.tasksStreamDelete(ctx, seq)
 		}
 	}
 	cn.counters.Results.Add(1)
@@ -187,20 +189,10 @@ func (cn *canceller) findTask(ctx context.Context, id string) ([]foundTask, erro
 			found = append(found, f)
 		}
 	}
+	// The attempt streams first: a task running or retrying is still in
+	// the task stream too (until its result), and is named where it runs.
 	quoted, _ := json.Marshal(id)
-	err := cn.scanStream(ctx, topology.StreamTasks, topology.SubjectTasksAll, func(m *jetstream.RawStreamMsg) {
-		if !bytes.Contains(m.Data, quoted) {
-			return
-		}
-		var t struct{ ID, Type string }
-		if json.Unmarshal(m.Data, &t) == nil && t.ID == id {
-			add(foundTask{where: "waiting", submission: strconv.FormatUint(m.Sequence, 10), taskType: t.Type, seq: m.Sequence})
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	err = cn.scanStream(ctx, topology.StreamDispatch, topology.SubjectDispatchAll, func(m *jetstream.RawStreamMsg) {
+	err := cn.scanStream(ctx, topology.StreamDispatch, topology.SubjectDispatchAll, func(m *jetstream.RawStreamMsg) {
 		if pd, _ := protocol.ParseDispatch(m.Header); pd.TaskID == id { // what could be read: cancel even a damaged one
 			add(foundTask{where: "dispatched", submission: pd.Submission, taskType: pd.Type, seq: m.Sequence})
 		}
@@ -219,6 +211,18 @@ func (cn *canceller) findTask(ctx context.Context, id string) ([]foundTask, erro
 		if json.Unmarshal(m.Data, &o) == nil && o.TaskID == id {
 			pd, _ := protocol.ParseDispatch(m.Header) // the outcome echoes its dispatch
 			add(foundTask{where: "retrying", submission: pd.Submission, taskType: o.Type, seq: m.Sequence})
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = cn.scanStream(ctx, topology.StreamTasks, topology.SubjectTasksAll, func(m *jetstream.RawStreamMsg) {
+		if !bytes.Contains(m.Data, quoted) {
+			return
+		}
+		var t struct{ ID, Type string }
+		if json.Unmarshal(m.Data, &t) == nil && t.ID == id {
+			add(foundTask{where: "waiting", submission: strconv.FormatUint(m.Sequence, 10), taskType: t.Type, seq: m.Sequence})
 		}
 	})
 	return found, err

@@ -248,7 +248,9 @@ func (d *Dispatcher) connect(ctx context.Context) (nc *nats.Conn, own bool, js j
 	// Retried while JetStream is unavailable (a cluster election): a
 	// dispatcher restarted then waits instead of exiting.
 	if err := jsplumb.Retry(ctx, d.log, "topology", func(ctx context.Context) error {
-		return topology.Ensure(ctx, js, d.cfg.Topology())
+		t := d.cfg.Topology()
+		t.Notice = func(msg string) { d.log.Warn().Msg(msg) }
+		return topology.Ensure(ctx, js, t)
 	}); err != nil {
 		return fail(err)
 	}
@@ -397,11 +399,12 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	complete := &jsplumb.Completer{NakDelay: time.Second}
 	fin := newFinisher(finisherParams{log: d.log, resPub: resPub, complete: complete, dlq: dlq,
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
+	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
-		pub: pub, complete: complete, batch: batch, sealer: sealer, superseded: superseded, fin: fin,
+		pub: pub, complete: complete, batch: batch, sealer: sealer, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
-		snaps: snaps, sealer: sealer, superseded: superseded, retry: in, fin: fin,
+		snaps: snaps, sealer: sealer, superseded: superseded, keeper: keeper, retry: in, fin: fin,
 		counters: &d.counters, metrics: d.metrics})
 	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
 		counters: &d.counters, metrics: d.metrics}
@@ -409,6 +412,19 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	streams := &streamSampler{js: js, log: d.log}
 	tasks := newConsumer(js, d.cfg, d.log, topology.StreamTasks, in.handleTask)
 	outcomes := newConsumer(js, d.cfg, d.log, topology.StreamOutcomes, out.handleOutcome)
+	// The attempt streams are memory-backed by default, and a single
+	// nats-server restarted has lost them: the outcome consumer notices
+	// and re-creates both (their tasks are still in MLSCHED_TASKS).
+	outcomes.Recreate = func(ctx context.Context) error {
+		for _, sc := range topology.Streams(d.cfg.Topology()) {
+			if topology.IsAttemptStream(sc.Name) {
+				if _, err := topology.EnsureStream(ctx, js, sc); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
 	d.parts.Store(&parts{nc: nc, js: js, store: store, kind: kind, batch: batch, reg: reg, snaps: snaps,
 		intake: in, cancel: cn, backlog: backlog, streams: streams})
 
@@ -458,6 +474,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// letter), which settle their messages
 		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},
 		{"sweeper", sweep},
+		{"task keeper", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); keeper.run(ctx); return nil })},
 		{"backlog sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); backlog.run(ctx); return nil })},
 		{"stream sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); streams.run(ctx); return nil })},
 		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx, nc, js); return nil })},

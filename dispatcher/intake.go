@@ -45,6 +45,7 @@ type intakeParams struct {
 	batch      *stats.Batcher
 	sealer     *protocol.Sealer
 	superseded *supersededSet // cancelled tasks are not dispatched
+	keeper     *taskKeeper    // tasks stay unacknowledged until their result (taskack.go)
 	fin        *finisher      // tasks that end here (rejected, failed)
 	counters   *Counters
 	metrics    *metrics
@@ -102,8 +103,14 @@ func (in *intake) handleTask(msg jetstream.Msg) {
 		in.complete.Settle(msg, nil)
 		return
 	}
+	if !first && in.fin.hasResult(task.ID) {
+		// Redelivered with its result stored: the ack of the task was lost
+		// (or the replica that would have kept it alive is gone).
+		in.complete.Settle(msg, nil)
+		return
+	}
 	in.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission,
-		traceparent: protocol.TraceparentOf(msg.Headers())}, msg)
+		traceparent: protocol.TraceparentOf(msg.Headers()), taskAck: msg.Reply()}, msg)
 }
 
 // attemptSpec is one attempt to dispatch.
@@ -122,6 +129,9 @@ type attemptSpec struct {
 	// heldSince is when the task was first held for want of capacity
 	// (hold.go); zero if it was not.
 	heldSince time.Time
+	// taskAck is the task message's ack subject (Dispatch.TaskAck), ""
+	// for a task dispatched by an older dispatcher.
+	taskAck string
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -165,7 +175,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			status = protocol.StatusFailed
 		}
 		in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-		in.fin.reject(msg, ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
+		in.fin.reject(in.keeper.withTask(msg, a.taskAck), ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
 			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
 			traceparent: a.traceparent})
 		return
@@ -185,7 +195,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	deadline := time.Now().Add(timeout + in.cfg.DeadlineSlack)
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
 		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
-		Submitted: a.submitted, Submission: a.submission, History: a.history}
+		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck}
 	span := in.tracer.Start(a.traceparent, "mlsched.dispatch")
 	pd.Traceparent = span.Traceparent() // the worker's spans are children of the dispatch
 	if in.tracer.On() {
@@ -208,7 +218,10 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	table.Dispatched(dec.Model, dec.Node)
 	// Publish-then-ack: msg is settled on the publisher's reply goroutine
 	// once JetStream has stored the dispatch (or refused it).
-	err = in.complete.Publish(context.Background(), in.pub, msg, out, "", func(ack *jetstream.PubAck, err error) error {
+	// The task itself is not acked when its dispatch is stored, but kept
+	// until its result is (taskack.go).
+	settled := in.keeper.dispatched(msg, a.taskAck, deadline)
+	err = in.complete.Publish(context.Background(), in.pub, settled, out, "", func(ack *jetstream.PubAck, err error) error {
 		span.End(err)
 		if err != nil {
 			in.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")

@@ -38,8 +38,9 @@ type outcomesParams struct {
 	snaps      *refresher // the load model learns of freed slots
 	sealer     *protocol.Sealer
 	superseded *supersededSet
-	retry      retrier   // failed attempts go back to intake
-	fin        *finisher // results and dead letters
+	keeper     *taskKeeper // the task is acked with its result (taskack.go)
+	retry      retrier     // failed attempts go back to intake
+	fin        *finisher   // results and dead letters
 	counters   *Counters
 	metrics    *metrics
 }
@@ -97,6 +98,7 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		return
 	}
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
+	taskAck := taskAckFor(&pd)
 	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
 		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
 
@@ -137,6 +139,9 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		// result comes from a later attempt or the cancellation.
 		oc.counters.Late.Add(1)
 		log(oc.log.Info()).Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
+		if state.Cancelled { // the cancellation stored the task's result
+			msg = oc.keeper.withTask(msg, taskAck)
+		}
 		oc.complete.Settle(msg, nil)
 	case settle.Finish:
 		if dec.Status == protocol.StatusSucceeded {
@@ -144,7 +149,7 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		} else {
 			log(oc.log.Info()).Str("error", o.Error).Msg("task error: not retried")
 		}
-		oc.fin.finish(msg, &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
+		oc.fin.finish(oc.keeper.withTask(msg, taskAck), &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
 			LatencyMs: msSince(submitted), History: history}, pd.Traceparent)
 	case settle.Retry:
@@ -154,12 +159,12 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		}
 		log(oc.log.Info()).Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
 		oc.retry.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
-			submission: submission, traceparent: pd.Traceparent}, msg)
+			submission: submission, traceparent: pd.Traceparent, taskAck: taskAck}, msg)
 	default: // settle.DeadLetter
 		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
 		log(oc.log.Warn()).Err(err).Msg("task failed")
 		task.ID, task.Type = o.TaskID, o.Type
-		oc.fin.reject(msg, ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
+		oc.fin.reject(oc.keeper.withTask(msg, taskAck), ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
 			history: history, attempts: attempt, submitted: submitted, submission: submission,
 			traceparent: pd.Traceparent})
 	}

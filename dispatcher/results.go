@@ -217,6 +217,16 @@ func (f *finisher) reject(msg jsplumb.Msg, e ending) {
 	f.finish(msg, res, e.traceparent)
 }
 
+// hasResult reports whether the task has a stored result (false when the
+// lookup fails: dispatching again is harmless, the second result is
+// refused).
+func (f *finisher) hasResult(id string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := f.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
+	return err == nil
+}
+
 // storedResultIs reports whether the task's stored result has that status
 // and error code.
 func (f *finisher) storedResultIs(ctx context.Context, id string, status protocol.Status, code protocol.Code) (bool, error) {

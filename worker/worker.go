@@ -386,7 +386,19 @@ func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke
 		},
 		// It never has more than Concurrency messages outstanding.
 		Pull: w.cfg.Concurrency, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,
-		Log: w.log.With().Str("consumer", topology.NodeConsumer(w.node)).Logger()}
+		Log: w.log.With().Str("consumer", topology.NodeConsumer(w.node)).Logger(),
+		// A memory-backed dispatch stream is gone after a restart of a
+		// single server: re-create it (on a node key the server may refuse,
+		// and a dispatcher re-creates it).
+		Recreate: func(ctx context.Context) error {
+			for _, sc := range topology.Streams(w.topology()) {
+				if sc.Name == topology.StreamDispatch {
+					_, err := topology.EnsureStream(ctx, js, sc)
+					return err
+				}
+			}
+			return nil
+		}}
 	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.announced, unready: w.unready, kick: make(chan struct{}, 1),
 		capacity: w.cfg.Concurrency, inFlight: w.InFlight, queued: w.queued(js, topology.NodeConsumer(w.node)), draining: &w.draining,
 		started: time.Now().UTC(), log: w.log,

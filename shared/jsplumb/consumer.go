@@ -39,7 +39,11 @@ type Consumer struct {
 	// Check is how often the consumer's existence is checked besides the
 	// client's signals (default 5s).
 	Check time.Duration
-	Log   zerolog.Logger
+	// Recreate, when set, creates the stream when it is not found: a
+	// memory-backed stream (the attempt streams, by default) does not
+	// survive a restart of a single nats-server.
+	Recreate func(ctx context.Context) error
+	Log      zerolog.Logger
 
 	kick chan struct{}
 }
@@ -109,6 +113,12 @@ func (c *Consumer) consume(ctx context.Context) (jetstream.ConsumeContext, error
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s, err := c.JS.Stream(cctx, c.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && c.Recreate != nil {
+		if err = c.Recreate(cctx); err == nil {
+			c.Log.Warn().Msg("stream was gone (a memory-backed stream after a server restart): re-created it")
+			s, err = c.JS.Stream(cctx, c.Stream)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", c.Stream, err)
 	}

@@ -24,7 +24,7 @@ func fullDispatch() protocol.Dispatch {
 			Error: "no answer", LatencyMs: 1500}},
 		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		TaskSum:     protocol.TaskSum([]byte(`{"id":"task-1","type":"ocr"}`)), Seal: "00ff",
-		TaskAck:     "$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0",
+		TaskAck: "$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0",
 	}
 }
 

@@ -19,6 +19,11 @@ type Shared struct {
 	// Storage of the streams created when they do not exist: file or memory
 	// (default file).
 	Storage string `envconfig:"STORAGE" default:"file" desc:"stream storage when creating streams: file or memory (the same in every process)"`
+	// AttemptStorage of MLSCHED_DISPATCH and MLSCHED_OUTCOMES: memory
+	// (default) or file. Memory saves an fsync per dispatch and per stored
+	// outcome; nothing is lost in a crash, since the task stays in
+	// MLSCHED_TASKS until its result is stored (docs/protocol.md).
+	AttemptStorage string `envconfig:"ATTEMPT_STORAGE" default:"memory" desc:"storage of the dispatch and outcome streams when creating them: memory (no fsync; a crash costs the attempts in flight, retried from the unacknowledged task) or file (the same in every process)"`
 	// StreamReplicas of the streams created when they do not exist (default 1).
 	StreamReplicas int `envconfig:"STREAM_REPLICAS" default:"1" desc:"stream replicas when creating streams (the same in every process)"`
 }
@@ -30,6 +35,8 @@ func (s Shared) Validate(prefix string) error {
 		return fmt.Errorf("invalid %s_NODE_TTL=%v: must be positive", prefix, s.NodeTTL)
 	case s.Storage != "file" && s.Storage != "memory":
 		return fmt.Errorf("invalid %s_STORAGE=%v: must be file or memory", prefix, s.Storage)
+	case s.AttemptStorage != "" && s.AttemptStorage != "file" && s.AttemptStorage != "memory":
+		return fmt.Errorf("invalid %s_ATTEMPT_STORAGE=%v: must be file or memory", prefix, s.AttemptStorage)
 	case s.StreamReplicas < 1:
 		return fmt.Errorf("invalid %s_STREAM_REPLICAS=%v: must be at least 1", prefix, s.StreamReplicas)
 	}
@@ -41,6 +48,9 @@ func (s Shared) Config() Config {
 	c := Config{NodeTTL: s.NodeTTL, Replicas: s.StreamReplicas}
 	if s.Storage == "memory" {
 		c.Storage = jetstream.MemoryStorage
+	}
+	if s.AttemptStorage != "file" { // "" (a literal Shared): the default, memory
+		c.AttemptStorage = jetstream.MemoryStorage
 	}
 	return c
 }

@@ -77,6 +77,19 @@ func NodeConsumer(node string) string { return "node-" + node }
 type Config struct {
 	// Storage for every stream (default file).
 	Storage jetstream.StorageType
+	// AttemptStorage is the storage of MLSCHED_DISPATCH and
+	// MLSCHED_OUTCOMES when Storage is file (default file; the binaries'
+	// MLSCHED_ATTEMPT_STORAGE defaults to memory). They need no fsync of
+	// their own: a task stays unacknowledged in MLSCHED_TASKS until its
+	// final result is stored, so an attempt they lose in a crash is
+	// recovered from the task (docs/protocol.md, "What is stored where").
+	// It is a preference: an existing attempt stream of the other storage
+	// is used as it is, and only a dispatcher (UpdateLimits) re-creates it,
+	// when it is empty.
+	AttemptStorage jetstream.StorageType
+	// Notice, when set, is told what Ensure decided that an operator should
+	// know (an attempt stream kept on its old storage, or re-created).
+	Notice func(msg string)
 	// Replicas per stream (default 1).
 	Replicas int
 	// ResultsMaxAge is how long results are kept at most (default 24h).
@@ -185,14 +198,22 @@ func Streams(c Config) []jetstream.StreamConfig {
 	tasks.MaxBytes, tasks.MaxMsgSize, tasks.Discard = c.TasksMaxBytes, c.TasksMaxMsgSize, jetstream.DiscardNew
 	dispatch := base(StreamDispatch, SubjectDispatchAll, jetstream.WorkQueuePolicy)
 	dispatch.AllowDirect = true // the dispatcher reads in-flight dispatches by sequence
+	outcomes := base(StreamOutcomes, SubjectOutcomesAll, jetstream.WorkQueuePolicy)
+	if c.AttemptStorage == jetstream.MemoryStorage {
+		dispatch.Storage, outcomes.Storage = jetstream.MemoryStorage, jetstream.MemoryStorage
+	}
 	return []jetstream.StreamConfig{
 		tasks,
 		dispatch,
-		base(StreamOutcomes, SubjectOutcomesAll, jetstream.WorkQueuePolicy),
+		outcomes,
 		results,
 		dlq,
 	}
 }
+
+// IsAttemptStream reports whether the stream holds attempts (dispatches and
+// outcomes), whose storage is a preference (Config.AttemptStorage).
+func IsAttemptStream(name string) bool { return name == StreamDispatch || name == StreamOutcomes }
 
 // Ensure creates every stream and the node bucket, or checks that existing
 // ones are compatible (and, with UpdateLimits, updates their size limits).
@@ -201,6 +222,11 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 		s, err := EnsureStream(ctx, js, sc)
 		if err != nil {
 			return err
+		}
+		if c.UpdateLimits && s.CachedInfo().Config.Storage != sc.Storage {
+			if s, err = migrateStorage(ctx, js, s, sc, c.Notice); err != nil {
+				return err
+			}
 		}
 		if c.UpdateLimits {
 			if err := updateLimits(ctx, js, s, sc); err != nil {
@@ -227,12 +253,48 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	}
 	got := s.CachedInfo().Config
 	if !slices.Equal(got.Subjects, want.Subjects) || got.Retention != want.Retention ||
-		got.Storage != want.Storage || unlimited(got.MaxMsgsPerSubject) != unlimited(want.MaxMsgsPerSubject) {
+		(got.Storage != want.Storage && !IsAttemptStream(want.Name)) || unlimited(got.MaxMsgsPerSubject) != unlimited(want.MaxMsgsPerSubject) {
 		return nil, fmt.Errorf("stream %s %w: have subjects=%v retention=%v storage=%v max_msgs_per_subject=%d, want subjects=%v retention=%v storage=%v max_msgs_per_subject=%d",
 			want.Name, ErrIncompatible, got.Subjects, got.Retention, got.Storage, got.MaxMsgsPerSubject,
 			want.Subjects, want.Retention, want.Storage, want.MaxMsgsPerSubject)
 	}
 	return s, nil
+}
+
+// migrateStorage re-creates an attempt stream on the storage want names,
+// which JetStream cannot change in place: only when it is empty (deleting
+// it deletes its consumers, which their owners re-create). A stream holding
+// messages is kept as it is, on its old storage, and a later start of a
+// dispatcher, once it is empty, re-creates it. A dispatch or outcome
+// published between the check and the deletion is lost; its task is not
+// (it stays unacknowledged until its result), so this costs one attempt.
+func migrateStorage(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, want jetstream.StreamConfig, notice func(string)) (jetstream.Stream, error) {
+	say := func(format string, args ...any) {
+		if notice != nil {
+			notice(fmt.Sprintf(format, args...))
+		}
+	}
+	if !IsAttemptStream(want.Name) {
+		return s, nil
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", want.Name, err)
+	}
+	if info.State.Msgs > 0 {
+		say("stream %s is on %v storage with %d messages, kept as it is: it is re-created on %v storage by a dispatcher started once it is empty",
+			want.Name, info.Config.Storage, info.State.Msgs, want.Storage)
+		return s, nil
+	}
+	if err := js.DeleteStream(ctx, want.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("stream %s: delete to change its storage: %w", want.Name, err)
+	}
+	ns, err := EnsureStream(ctx, js, want)
+	if err != nil {
+		return nil, err
+	}
+	say("stream %s was empty on %v storage: re-created on %v storage", want.Name, info.Config.Storage, ns.CachedInfo().Config.Storage)
+	return ns, nil
 }
 
 // updateLimits brings the limits mlsched sets on a stream (MaxMsgs,

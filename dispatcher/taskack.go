@@ -1,0 +1,204 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mlsched/mlsched/shared/jsplumb"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// A task stays unacknowledged in MLSCHED_TASKS until its final result is
+// stored: the task message is the durable record of the task while it runs,
+// so the attempt streams (MLSCHED_DISPATCH, MLSCHED_OUTCOMES) need no fsync
+// of their own and may live in memory (docs/protocol.md, "What is stored
+// where, and why nothing is lost"). A crash that loses an attempt loses no
+// task: the server redelivers the task once its ack wait passes, and intake
+// dispatches it again (or acks it, when its result exists).
+//
+// The task's ack subject travels with every attempt (Dispatch.TaskAck), so
+// that whichever replica stores the result acks the task (finalMsg), and
+// the replica that dispatched an attempt keeps the task in progress until
+// the attempt's deadline (taskKeeper). Every ack, nak and in-progress
+// signal still goes through the Completer.
+
+// taskAckFor returns the dispatch's task ack subject when it acknowledges,
+// in the dispatchers' consumer of MLSCHED_TASKS, the submission the dispatch
+// names (its sealed Submission), else "": a worker cannot make a dispatcher
+// ack another task than the one it was given.
+func taskAckFor(pd *protocol.Dispatch) string {
+	if pd.TaskAck == "" || pd.Submission == "" || !strings.HasPrefix(pd.TaskAck, "$JS.ACK.") ||
+		strings.ContainsAny(pd.TaskAck, "*> \t\r\n") {
+		return ""
+	}
+	tok := strings.Split(pd.TaskAck, ".")
+	var stream, consumer, seq string
+	switch {
+	case len(tok) == 9: // $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+		stream, consumer, seq = tok[2], tok[3], tok[5]
+	case len(tok) >= 12: // with the domain and account hash, and a token
+		stream, consumer, seq = tok[4], tok[5], tok[7]
+	default:
+		return ""
+	}
+	if stream != topology.StreamTasks || consumer != topology.ConsumerDispatcher || seq != pd.Submission {
+		return ""
+	}
+	return pd.TaskAck
+}
+
+// subjectMsg is a message known only by its ack subject (a task whose
+// attempt another replica dispatched), settled as the server expects.
+type subjectMsg struct {
+	nc   *nats.Conn
+	subj string
+}
+
+var _ jsplumb.Msg = subjectMsg{}
+
+func (m subjectMsg) Ack() error                         { return m.nc.Publish(m.subj, []byte("+ACK")) }
+func (m subjectMsg) NakWithDelay(d time.Duration) error { return m.nc.Publish(m.subj, []byte("-NAK")) }
+func (m subjectMsg) InProgress() error                  { return m.nc.Publish(m.subj, []byte("+WPI")) }
+
+// finalMsg is a message whose handling stores the task's final result (an
+// outcome, a report, or a task rejected at a retry): acked, it acks the
+// task first, then itself. A nak or in-progress concerns itself only.
+type finalMsg struct {
+	jsplumb.Msg
+	task subjectMsg
+	keep *taskKeeper
+}
+
+func (f finalMsg) Ack() error {
+	f.keep.remove(f.task.subj)
+	return errors.Join(f.task.Ack(), f.Msg.Ack())
+}
+
+// withTask returns msg, or, when the dispatch names its task's ack subject
+// and msg is not the task itself, a finalMsg that also acks the task.
+func (k *taskKeeper) withTask(msg jsplumb.Msg, taskAck string) jsplumb.Msg {
+	if k == nil || taskAck == "" || isTask(msg, taskAck) {
+		return msg
+	}
+	return finalMsg{Msg: msg, task: subjectMsg{nc: k.nc, subj: taskAck}, keep: k}
+}
+
+// isTask reports whether msg is the task message taskAck acknowledges.
+func isTask(msg jsplumb.Msg, taskAck string) bool {
+	r, ok := msg.(interface{ Reply() string })
+	return ok && r.Reply() == taskAck
+}
+
+// dispatchedMsg is the message whose handling dispatched an attempt of a
+// task: the task itself (first attempt) or the outcome of the previous
+// attempt. Acked once the dispatch is stored, it hands the task to the
+// keeper until the attempt's deadline; the task itself is not acked (its
+// result will), an outcome is.
+type dispatchedMsg struct {
+	jsplumb.Msg
+	task  string // the task's ack subject
+	until time.Time
+	self  bool // Msg is the task
+	keep  *taskKeeper
+}
+
+func (d dispatchedMsg) Ack() error {
+	d.keep.add(d.task, d.until)
+	if d.self {
+		return nil
+	}
+	return d.Msg.Ack()
+}
+
+// dispatched returns what intake settles once an attempt's dispatch is
+// stored: msg itself when the task has no ack subject (a task dispatched
+// by an older dispatcher).
+func (k *taskKeeper) dispatched(msg jsplumb.Msg, taskAck string, deadline time.Time) jsplumb.Msg {
+	if k == nil || taskAck == "" {
+		return msg
+	}
+	return dispatchedMsg{Msg: msg, task: taskAck, until: deadline, self: isTask(msg, taskAck), keep: k}
+}
+
+// taskKeeper keeps the tasks whose attempts this replica dispatched in
+// progress (InProgress restarts the task's ack wait) until the attempt's
+// deadline, when the sweeper declares a silent attempt lost and its retry
+// hands the task to a keeper again. A task finished here leaves at once; one
+// finished by another replica at its deadline (its in-progress signals are
+// ignored by the server once the task is acked). Tasks that finish within
+// half the ack wait, the bulk, cost no signal at all.
+type taskKeeper struct {
+	nc       *nats.Conn
+	complete *jsplumb.Completer
+	ackWait  time.Duration
+
+	mu    sync.Mutex
+	tasks map[string]keptTask
+}
+
+type keptTask struct {
+	until time.Time // the attempt's deadline
+	last  time.Time // last in-progress signal, or when it was kept
+}
+
+func newTaskKeeper(nc *nats.Conn, complete *jsplumb.Completer, ackWait time.Duration) *taskKeeper {
+	return &taskKeeper{nc: nc, complete: complete, ackWait: ackWait, tasks: map[string]keptTask{}}
+}
+
+func (k *taskKeeper) add(subj string, until time.Time) {
+	now := time.Now()
+	k.mu.Lock()
+	k.tasks[subj] = keptTask{until: until, last: now}
+	k.mu.Unlock()
+}
+
+func (k *taskKeeper) remove(subj string) {
+	k.mu.Lock()
+	delete(k.tasks, subj)
+	k.mu.Unlock()
+}
+
+// kept is how many tasks the keeper holds (for tests and metrics).
+func (k *taskKeeper) kept() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.tasks)
+}
+
+// run signals progress every quarter ack wait for the tasks kept for half
+// of it, and forgets those past their deadline, until ctx ends.
+func (k *taskKeeper) run(ctx context.Context) {
+	every := max(k.ackWait/4, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var due []string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			due = due[:0]
+			k.mu.Lock()
+			for subj, kt := range k.tasks {
+				switch {
+				case now.After(kt.until):
+					delete(k.tasks, subj)
+				case now.Sub(kt.last) >= k.ackWait/2:
+					kt.last = now
+					k.tasks[subj] = kt
+					due = append(due, subj)
+				}
+			}
+			k.mu.Unlock()
+			for _, subj := range due {
+				k.complete.Progress(subjectMsg{nc: k.nc, subj: subj})
+			}
+		}
+	}
+}

@@ -25,9 +25,14 @@ const (
 	faultKillDispatcher faultKind = "kill-dispatcher" // kill -9 one dispatcher, restart it after Down
 	faultRestartNATS    faultKind = "restart-nats"    // stop nats-server, start it after Down (same port and store)
 	faultRestartRedis   faultKind = "restart-redis"   // stop redis-server, start it after Down (its data is lost)
+	// kill -9 nats-server, start it after Down (same port and store): the
+	// dispatch and outcome streams are in memory (MLSCHED_ATTEMPT_STORAGE's
+	// default) and lost, and every attempt in flight with them; the tasks,
+	// unacknowledged in MLSCHED_TASKS until their results, are not.
+	faultKillNATS faultKind = "kill-nats"
 )
 
-var faultKinds = []faultKind{faultKillWorker, faultKillDispatcher, faultRestartNATS, faultRestartRedis}
+var faultKinds = []faultKind{faultKillWorker, faultKillDispatcher, faultRestartNATS, faultRestartRedis, faultKillNATS}
 
 // Faults of one server of a NATS cluster (TestChaosCluster).
 const (
@@ -71,7 +76,7 @@ func (f fault) String() string {
 	return fmt.Sprintf("t+%.1fs %s%s down %.1fs", f.At.Seconds(), f.Kind, target, f.Down.Seconds())
 }
 
-// chaosSchedule draws the faults of a run from seed: rounds × the four kinds
+// chaosSchedule draws the faults of a run from seed: rounds × the five kinds
 // (in a random order per round), one per equal slot of [10%, 85%] of window
 // at a random moment in its slot, so that faults follow each other and fall
 // while tasks are still being submitted. A worker stays down 1-6s: beyond
@@ -104,7 +109,7 @@ func chaosScheduleOf(kinds []faultKind, seed int64, rounds int, window time.Dura
 				f.Target, f.Down = rng.IntN(workers), between(time.Second, 6*time.Second)
 			case faultKillDispatcher:
 				f.Target, f.Down = rng.IntN(dispatchers), between(500*time.Millisecond, 4*time.Second)
-			case faultRestartNATS:
+			case faultRestartNATS, faultKillNATS:
 				f.Down = between(200*time.Millisecond, 2*time.Second)
 			case faultRestartRedis:
 				f.Down = between(300*time.Millisecond, 2000*time.Millisecond)

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,7 +38,7 @@ const (
 	// EnvChaosRate is the submission rate in tasks/s (default 100): the run
 	// submits for Tasks/Rate seconds and the faults fall in that window.
 	EnvChaosRate = "MLSCHED_CHAOS_RATE"
-	// EnvChaosRounds is how many times each of the four faults is injected
+	// EnvChaosRounds is how many times each of the five faults is injected
 	// (default Tasks/4000, at least 1).
 	EnvChaosRounds = "MLSCHED_CHAOS_ROUNDS"
 )
@@ -105,6 +106,7 @@ func chaosParamsFromEnv(t *testing.T, roundTasks int) chaosParams {
 // redis-server, 2 dispatchers, 4 workers hosting 5 simulated models of 0-30%
 // failure) under a seeded schedule of faults: kill -9 of a worker and of a
 // dispatcher (each restarted), restarts of nats-server and of redis-server,
+// kill -9 of nats-server (losing the in-memory dispatch and outcome streams),
 // while a producer submits tasks through the SDK, re-submitting with the
 // same id whatever failed. It then checks that every task has exactly one
 // final result that never changed, that no task failed while a healthy model
@@ -191,6 +193,18 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	}
 
 	nc, js := c.Connect(nats.Name("chaos-producer"))
+	if slices.Contains(cv.kinds, faultKillNATS) {
+		// The fault is meant for attempt streams not on disk.
+		for _, name := range []string{topology.StreamDispatch, topology.StreamOutcomes} {
+			s, err := js.Stream(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := s.CachedInfo().Config.Storage; st != jetstream.MemoryStorage {
+				t.Fatalf("%s is on %v storage: the %s fault wants it in memory (MLSCHED_ATTEMPT_STORAGE=memory)", name, st, faultKillNATS)
+			}
+		}
+	}
 	cl := client.New(js)
 	tasks := chaosTasks(p.Tasks)
 	var ids []string
@@ -739,6 +753,10 @@ func (r *chaosRunner) inject(ctx context.Context, f fault) (string, error) {
 		if err := r.c.NATS.Stop(); err != nil && !isExit(err) {
 			return "nats", err
 		}
+		sleepCtx(ctx, f.Down)
+		return "nats", r.c.NATS.Start()
+	case faultKillNATS: // the attempt streams are in memory: gone with it
+		r.c.NATS.Kill()
 		sleepCtx(ctx, f.Down)
 		return "nats", r.c.NATS.Start()
 	case faultRestartRedis:

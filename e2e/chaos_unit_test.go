@@ -22,17 +22,18 @@ func TestChaosSchedule(t *testing.T) {
 	if c := chaosSchedule(43, 3, window, 4, 2); reflect.DeepEqual(a, c) {
 		t.Fatalf("seeds 42 and 43 drew the same schedule %v", a)
 	}
-	if len(a) != 12 {
-		t.Fatalf("%d faults, want 12", len(a))
+	k := len(faultKinds)
+	if len(a) != 3*k {
+		t.Fatalf("%d faults, want %d", len(a), 3*k)
 	}
 	for r := 0; r < 3; r++ {
 		seen := map[faultKind]int{}
-		for _, f := range a[4*r : 4*r+4] {
+		for _, f := range a[k*r : k*r+k] {
 			seen[f.Kind]++
 		}
-		for _, k := range faultKinds {
-			if seen[k] != 1 {
-				t.Errorf("round %d has %d × %s: %v", r, seen[k], k, a[4*r:4*r+4])
+		for _, kind := range faultKinds {
+			if seen[kind] != 1 {
+				t.Errorf("round %d has %d × %s: %v", r, seen[kind], kind, a[k*r:k*r+k])
 			}
 		}
 	}

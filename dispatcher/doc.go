@@ -20,6 +20,9 @@
 //     consumed message (or a direct report) is acked once what handling it
 //     published is stored, nak'ed for redelivery otherwise, or kept in
 //     progress;
+//   - taskack.go: the task keeper; a task stays unacknowledged in
+//     MLSCHED_TASKS until its result is stored, so the attempt streams may
+//     be in memory (docs/protocol.md, "What is stored where");
 //   - sweeper.go: finds attempts still unanswered at their deadline in
 //     MLSCHED_DISPATCH (the stream is the in-flight table) and fails them
 //     over;
@@ -60,7 +63,8 @@
 //  10. shared/protocol/dispatch.go: the dispatch's headers;
 //  11. shared/jsplumb/publisher.go: the dispatch is published; its
 //     acknowledgement calls back
-//  12. shared/jsplumb/completer.go: which acks the task;
+//  12. shared/jsplumb/completer.go: which hands the task, unacknowledged,
+//     to the task keeper (taskack.go) until its result;
 //  13. worker/task.go: the node's consumer (2 again) hands the dispatch to
 //     onMessage, process and run, and report encodes the outcome;
 //  14. worker/outcomes.go: the outcome goes as a direct report
@@ -70,8 +74,8 @@
 //  17. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
 //  18. shared/settle/settle.go: Settle says finish;
 //  19. dispatcher/results.go: finish publishes the result; its
-//     acknowledgement (completer.go again) answers the report, acking the
-//     dispatch for the worker,
+//     acknowledgement (completer.go again) acks the task (taskack.go) and
+//     answers the report, acking the dispatch for the worker,
 //  20. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
 //     reads; client.Wait (client.go again) reads the result (jsonscan.go's
 //     DecodeResult).

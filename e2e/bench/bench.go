@@ -275,7 +275,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Date: time.Now().UTC(), Machine: machine(), Options: o,
 		Storage: "file, nats-server sync_interval: " + o.SyncInterval}
 	if o.SyncInterval == "always" {
-		rep.Storage += " (an fsync per write, as in production)"
+		rep.Storage += " (an fsync per write, as in production; mlsched's dispatch and outcome streams in memory, MLSCHED_ATTEMPT_STORAGE's default)"
 	} else {
 		rep.Storage += " (NOT production: acknowledged writes can be lost if the machine dies)"
 	}

@@ -152,3 +152,32 @@ func TestMediansOfRounds(t *testing.T) {
 		t.Error("one round has a median row")
 	}
 }
+
+// The river scenario's throughput and mlsched's ratio to it reach the
+// summary and its medians, with issue 24's target (>= 1) in durable mode.
+func TestRiverInSummary(t *testing.T) {
+	t.Parallel()
+	s := &Suite{}
+	for i, river := range []float64{800, 1000, 2000} {
+		r := sampleReport()
+		r.Options.Round = i + 1
+		r.Scenarios = append(r.Scenarios, Scenario{Name: ScenarioRiver, PublishesPerTask: 1,
+			Throughput: Phase{Tasks: 100, Seconds: 1, Throughput: river}})
+		s.Reports = append(s.Reports, r)
+	}
+	rows := s.Summary()
+	if len(rows) != 3 || rows[0].RiverTput != 800 || rows[0].RiverRatio != 0.5 || rows[2].RiverRatio != 0.2 {
+		t.Fatalf("summary rows %+v", rows)
+	}
+	med := s.Medians()
+	if len(med) != 1 || med[0].RiverTput != 1000 || med[0].RiverRatio != 0.4 {
+		t.Fatalf("medians %+v", med)
+	}
+	var b bytes.Buffer
+	if err := s.WriteSummary(&b); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "mlsched/river") || !strings.Contains(out, "0.40x (>=1 MISSED)") {
+		t.Errorf("summary without the river verdict:\n%s", out)
+	}
+}

@@ -129,7 +129,10 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 		res.PublishesPerTask = 2
 		err = r.startRelay(ctx)
 	case ScenarioMlsched, ScenarioObserved:
-		res.PublishesPerTask = 3 // task, dispatch, result: a success is reported to a dispatcher, not stored
+		// task, dispatch, result: a success is reported to a dispatcher, not
+		// stored; the dispatch is in memory (MLSCHED_ATTEMPT_STORAGE), so
+		// two of them are fsync'd
+		res.PublishesPerTask = 3
 		err = r.startMlsched(ctx)
 	}
 	if err != nil {

@@ -236,15 +236,7 @@ func runRiver(ctx context.Context, o Options, dir string) (Scenario, error) {
 		case <-ctx.Done():
 			return Phase{}, ctx.Err()
 		}
-		p := Phase{Tasks: n, Latency: t.latency(), Failed: t.failed.Load(), CPU: cpuDelta(cpu0, sampleCPU(cpu))}
-		first, lastSent, lastDone := t.span()
-		if n > 0 {
-			p.Seconds = float64(lastDone-first) / 1e9
-			p.Throughput = float64(n) / p.Seconds
-			if lastSent > first {
-				p.OfferedRate = float64(n-1) / (float64(lastSent-first) / 1e9)
-			}
-		}
+		p := t.phase(cpuDelta(cpu0, sampleCPU(cpu)))
 		fmt.Fprintf(o.Progress, "   %-18s %7d jobs in %6.2fs: %8.0f jobs/s, p50 %7.2fms p99 %7.2fms, failed %d\n",
 			label, n, p.Seconds, p.Throughput, p.Latency.P50, p.Latency.P99, p.Failed)
 		return p, nil

@@ -549,16 +549,7 @@ func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n
 	case <-ctx.Done():
 		return Phase{}, ctx.Err()
 	}
-	cpu := cpuDelta(cpu0, sampleCPU(r.cpu))
-	first, lastSent, lastDone := tr.span()
-	p := Phase{Tasks: n, Latency: tr.latency(), Failed: tr.failed.Load(), CPU: cpu}
-	if n > 0 {
-		p.Seconds = float64(lastDone-first) / 1e9
-		p.Throughput = float64(n) / p.Seconds
-		if lastSent > first {
-			p.OfferedRate = float64(n-1) / (float64(lastSent-first) / 1e9)
-		}
-	}
+	p := tr.phase(cpuDelta(cpu0, sampleCPU(r.cpu)))
 	if len(r.points) > 0 {
 		for k, name := range r.hops {
 			p.Hops = append(p.Hops, Hop{Name: name, Latency: tr.hop(k-1, k)})

@@ -109,6 +109,22 @@ func (t *tracker) span() (firstSent, lastSent, lastDone int64) {
 	return firstSent, lastSent, lastDone
 }
 
+// phase summarises a completed phase: its extent, throughput, offered
+// rate, latency and failures, with the CPU it used.
+func (t *tracker) phase(cpu map[string]float64) Phase {
+	n := len(t.sent)
+	first, lastSent, lastDone := t.span()
+	p := Phase{Tasks: n, Latency: t.latency(), Failed: t.failed.Load(), CPU: cpu}
+	if n > 0 {
+		p.Seconds = float64(lastDone-first) / 1e9
+		p.Throughput = float64(n) / p.Seconds
+		if lastSent > first {
+			p.OfferedRate = float64(n-1) / (float64(lastSent-first) / 1e9)
+		}
+	}
+	return p
+}
+
 // Latency summarises submit-to-completion latencies in milliseconds.
 type Latency struct {
 	P50  float64 `json:"p50_ms"`

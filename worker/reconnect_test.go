@@ -43,7 +43,10 @@ func TestSurvivesServerRestart(t *testing.T) {
 	url := s1.ClientURL()
 
 	cfg := Config{NATS: natsconn.Config{URL: url}, NodeID: "n-rs", Concurrency: 2, AckWait: 5 * time.Second,
-		HeartbeatInterval: 100 * time.Millisecond, Shared: topology.Shared{NodeTTL: 3 * time.Second}}
+		// File attempt streams, as the test's own Ensure creates them: this
+		// test is about streams that survive the restart (memory ones are
+		// re-created by a dispatcher, which this test has not).
+		HeartbeatInterval: 100 * time.Millisecond, Shared: topology.Shared{NodeTTL: 3 * time.Second, AttemptStorage: "file"}}
 	w, err := New(cfg, WithLogger(zerolog.Nop()), WithModels([]ModelSpec{goModel("m", "echo")}))
 	if err != nil {
 		t.Fatal(err)

@@ -164,13 +164,6 @@ func (k *taskKeeper) remove(subj string) {
 	k.mu.Unlock()
 }
 
-// kept is how many tasks the keeper holds (for tests and metrics).
-func (k *taskKeeper) kept() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.tasks)
-}
-
 // run signals progress every quarter ack wait for the tasks kept for half
 // of it, and forgets those past their deadline, until ctx ends.
 func (k *taskKeeper) run(ctx context.Context) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -214,7 +213,7 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	s.base = s.base[:0]
 	allowed := 0
 	for _, tc := range te.cands {
-		if len(req.Models) > 0 && !slices.Contains(req.Models, tc.m.Model) {
+		if !protocol.AllowedBy(req.Models, tc.m.Model) {
 			continue
 		}
 		allowed++
@@ -528,7 +527,7 @@ func errConstraints(te *typeEntry, req *Request) error {
 	sep := " "
 	for _, tc := range te.cands {
 		c := &tc.m.Candidate
-		if len(req.Models) > 0 && !slices.Contains(req.Models, c.Model) {
+		if !protocol.AllowedBy(req.Models, c.Model) {
 			continue
 		}
 		fmt.Fprintf(&b, "%s%s:", sep, c.Model)

@@ -48,6 +48,14 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 	}
 	r.Nodes = p.reg.Live()
 	r.Counters["bad_heartbeats"] = p.reg.Refused()
+	for _, v := range p.rolls.list() {
+		ro := v.Rollout
+		ev := ro.Reading()
+		r.Rollouts = append(r.Rollouts, protocol.RolloutReport{Family: v.Family, Model: ro.Model, State: string(ro.State),
+			Step: ro.Step, Steps: ro.Steps, Share: ro.Share(), Split: ro.Split > 0, StepSince: ro.StepSince,
+			New:       protocol.RolloutCounts(ro.New),
+			Incumbent: protocol.RolloutCounts(ro.Incumbent), LLR: ev.LLR, Verdict: ev.Verdict})
+	}
 	r.Held = p.intake.held.len()
 	r.Unserved = p.intake.unserved.len()
 	snap := p.snaps.snap.Load()

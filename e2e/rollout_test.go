@@ -151,7 +151,7 @@ func TestRolloutLive(t *testing.T) {
 		// the run goes on to 4000 tasks after the rollback: the version
 		// gets nothing more
 		on := 0
-		for total < 4000 || on == 0 && total < 4400 {
+		for first := true; first || total < 4000; first = false {
 			o, _, ft := rc.batch(t, 200)
 			total, failedTasks, on = total+200, failedTasks+ft, on+o
 		}

@@ -70,15 +70,8 @@ func (ro *rollouts) observe(model string, kind stats.Kind, attempt int) {
 	if ro == nil || !ro.active.Load() || attempt != 1 {
 		return
 	}
-	var c rollout.Counts
-	switch kind {
-	case stats.KindSuccess:
-		c.Successes = 1
-	case stats.KindModelError:
-		c.Failures = 1
-	case stats.KindTimeout:
-		c.Failures, c.Timeouts = 1, 1
-	default:
+	c, ok := rollout.CountsOf(kind)
+	if !ok {
 		return
 	}
 	ro.mu.Lock()

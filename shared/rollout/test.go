@@ -1,6 +1,10 @@
 package rollout
 
-import "math"
+import (
+	"math"
+
+	"github.com/mlsched/mlsched/shared/stats"
+)
 
 // Counts are first-attempt outcomes of one side of a rollout in one step.
 // Only judged outcomes count: a task error says nothing about a model.
@@ -10,6 +14,22 @@ type Counts struct {
 	Successes int64 `json:"successes"`
 	Failures  int64 `json:"failures"` // model errors and timeouts
 	Timeouts  int64 `json:"timeouts"`
+}
+
+// CountsOf is one outcome of a kind as counts; ok is false for a kind that
+// says nothing of the model (task errors, expired dispatches).
+func CountsOf(kind stats.Kind) (c Counts, ok bool) {
+	switch kind {
+	case stats.KindSuccess:
+		c.Successes = 1
+	case stats.KindModelError:
+		c.Failures = 1
+	case stats.KindTimeout: // lost attempts included
+		c.Failures, c.Timeouts = 1, 1
+	default:
+		return c, false
+	}
+	return c, true
 }
 
 // N is the number of judged outcomes.

@@ -9,6 +9,7 @@ import (
 	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/rollout"
+	"github.com/mlsched/mlsched/shared/stats"
 )
 
 // ScenarioRollout declares a rollout (shared/rollout) of a new version,
@@ -137,19 +138,12 @@ func (ro *simRollout) dispatched(model string) {
 }
 
 // observed counts a first attempt's outcome.
-func (ro *simRollout) observed(task int, model string, st protocol.OutcomeStatus) {
+func (ro *simRollout) observed(task int, model string, kind stats.Kind) {
 	if !ro.inFamily(model) {
 		return
 	}
-	var c rollout.Counts
-	switch st {
-	case protocol.OutcomeSuccess:
-		c.Successes = 1
-	case protocol.OutcomeModelError:
-		c.Failures = 1
-	case protocol.OutcomeTimeout, protocol.OutcomeLost:
-		c.Failures, c.Timeouts = 1, 1
-	default:
+	c, ok := rollout.CountsOf(kind)
+	if !ok {
 		return
 	}
 	isNew := model == ro.r.Model

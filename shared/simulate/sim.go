@@ -696,7 +696,7 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	s.dec.completed(a.model, a.node.spec.Name)
 	if a.n == 1 {
 		if s.ro != nil {
-			s.ro.observed(t.idx, a.model, st)
+			s.ro.observed(t.idx, a.model, dec.Kind)
 		}
 		r := &s.tasks[t.idx]
 		r.firstOK = st == protocol.OutcomeSuccess

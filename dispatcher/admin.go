@@ -55,6 +55,11 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 			Step: ro.Step, Steps: ro.Steps, Share: ro.Share(), Split: ro.Split > 0, StepSince: ro.StepSince,
 			New:       protocol.RolloutCounts(ro.New),
 			Incumbent: protocol.RolloutCounts(ro.Incumbent), LLR: ev.LLR, Verdict: ev.Verdict})
+		if n := len(ro.History); n > 0 {
+			last := &r.Rollouts[len(r.Rollouts)-1]
+			e := ro.History[n-1]
+			last.LastAt, last.LastTo, last.LastReason = e.At, string(e.To), e.Reason
+		}
 	}
 	r.Held = p.intake.held.len()
 	r.Unserved = p.intake.unserved.len()

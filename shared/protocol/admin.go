@@ -69,6 +69,10 @@ type RolloutReport struct {
 	Incumbent RolloutCounts `json:"incumbent"`
 	LLR       float64       `json:"llr"`
 	Verdict   string        `json:"verdict"`
+	// Last is the last transition: when, to what, and why.
+	LastAt     time.Time `json:"last_at"`
+	LastTo     string    `json:"last_to"`
+	LastReason string    `json:"last_reason"`
 }
 
 // RolloutCounts are first-attempt outcomes of one side of a rollout.

@@ -143,8 +143,9 @@ function render() {
       el("td", {}, (r.step + 1) + "/" + (r.steps || []).length), el("td", { class: "share" }, pct(r.share)),
       el("td", { class: "new" }, side(r.new)), el("td", { class: "incumbent" }, side(r.incumbent)),
       el("td", {}, lat(r.model) + " · " + (inc.map(lat).join(", ") || "-")),
-      el("td", {}, "LLR " + r.llr.toFixed(2) + ": " + r.verdict));
-  }), "no rollout", 9);
+      el("td", {}, "LLR " + r.llr.toFixed(2) + ": " + r.verdict),
+      el("td", { class: "last" }, r.last_to ? ago(r.last_at) + " → " + r.last_to + ": " + r.last_reason : "-"));
+  }), "no rollout", 10);
 
   fillBody("#nodes", (v.nodes || []).map(n => {
     const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));

@@ -43,7 +43,7 @@ type rollouts struct {
 	active atomic.Bool // some family has a rollout
 	mu     sync.Mutex
 	fams   map[string]*rollingFamily
-	seen   map[string]int // history length seen per family, to log each transition once
+	seen   map[string]rollout.Event // last transition seen per family, to log each once
 	// transitions counts the transitions this replica saw, by the state
 	// they led to (read by the metrics).
 	transitions map[rollout.State]int64
@@ -59,7 +59,7 @@ type rollingFamily struct {
 
 func newRollouts(kv jetstream.KeyValue, engine *policy.Engine, breakerOpen func(string) bool, every time.Duration, log zerolog.Logger) *rollouts {
 	return &rollouts{store: rollout.Store{KV: kv}, engine: engine, breakerOpen: breakerOpen, every: every, log: log,
-		now: time.Now, fams: map[string]*rollingFamily{}, seen: map[string]int{},
+		now: time.Now, fams: map[string]*rollingFamily{}, seen: map[string]rollout.Event{},
 		transitions: map[rollout.State]int64{}, ready: make(chan struct{})}
 }
 
@@ -116,7 +116,7 @@ func (ro *rollouts) Start(ctx context.Context) error {
 					}
 					continue
 				}
-				ro.apply(e)
+				ro.apply(e, loaded)
 			case <-t.C:
 				ro.flush(rctx)
 			}
@@ -124,8 +124,9 @@ func (ro *rollouts) Start(ctx context.Context) error {
 	})
 }
 
-// apply takes a stored rollout into the engine's splits.
-func (ro *rollouts) apply(e jetstream.KeyValueEntry) {
+// apply takes a stored rollout into the engine's splits, and logs and
+// counts its new transitions once the bucket is loaded (live).
+func (ro *rollouts) apply(e jetstream.KeyValueEntry, live bool) {
 	ro.mu.Lock()
 	defer ro.mu.Unlock()
 	fam := e.Key()
@@ -153,15 +154,23 @@ func (ro *rollouts) apply(e jetstream.KeyValueEntry) {
 	f.r = r
 	f.split.SetShare(r.Share())
 	ro.setSplits()
-	seen, had := ro.seen[fam]
-	if !had { // at start: what happened before is history, not news
-		ro.seen[fam] = len(r.History)
+	last, had := ro.seen[fam]
+	if n := len(r.History); n > 0 {
+		ro.seen[fam] = r.History[n-1]
+	}
+	if !live { // loading the bucket: what happened before is history, not news
 		return
 	}
-	if seen > len(r.History) {
-		seen = 0
+	// the events after the last one seen (the history is trimmed at its
+	// front, so its length says nothing)
+	from := 0
+	for i := len(r.History) - 1; had && i >= 0; i-- {
+		if e := r.History[i]; e.At.Equal(last.At) && e.To == last.To && e.Model == last.Model && e.Reason == last.Reason {
+			from = i + 1
+			break
+		}
 	}
-	for _, ev := range r.History[seen:] {
+	for _, ev := range r.History[from:] {
 		ro.transitions[ev.To]++
 		l := ro.log.Info()
 		if ev.To == rollout.RolledBack {
@@ -175,7 +184,6 @@ func (ro *rollouts) apply(e jetstream.KeyValueEntry) {
 		l.Str("family", fam).Str("model", ev.Model).Str("from", string(ev.From)).Str("to", string(ev.To)).
 			Float64("share_pct", ev.Share).Str("by", ev.By).Str("reason", ev.Reason).Msg("rollout transition")
 	}
-	ro.seen[fam] = len(r.History)
 }
 
 // setSplits gives the engine the current splits; called with mu held.

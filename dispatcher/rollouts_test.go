@@ -62,6 +62,9 @@ func TestRolloutsAcrossReplicasAndRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRollout(t, "both replicas to follow the rollout", func() bool { return len(a.list()) == 1 && len(b.list()) == 1 })
+	if c := b.transitionCounts(); c[rollout.Running] != 1 {
+		t.Fatalf("the start, seen live, counted %v", c)
+	}
 
 	// the engine caps the new version at the step's 10%
 	tab := policy.NewTable(nil, []protocol.Heartbeat{{Node: "n1", Capacity: 100, SentAt: time.Now(), Models: []protocol.ModelInfo{

@@ -167,7 +167,7 @@ func adminPerms() Permissions {
 	// mlsched rollout starts and steers rollouts
 	p.Publish = append(p.Publish, streamAPI(kvRollouts, "INFO", "CREATE", "get", "consume")...)
 	p.Publish = append(p.Publish, "$KV."+topology.BucketRollouts+".>")
-	p.Publish = append(p.Publish, subjectAdminAll)                               // stats, cancel
+	p.Publish = append(p.Publish, subjectAdminAll) // stats, cancel
 	p.Subscribe = []string{natsconn.InboxAdmin + ".>", natsconn.InboxProducer + ".>"}
 	return p
 }

@@ -88,7 +88,7 @@ type Engine struct {
 	perType  map[string]Policy
 	seeded   bool
 	seq      atomic.Uint64
-	marks    marks                     // half-open marks, see next
+	marks    marks                    // half-open marks, see next
 	splits   atomic.Pointer[[]*Split] // rollouts' caps (split.go); nil: none
 }
 

@@ -23,7 +23,7 @@ import (
 // deviation), this one by 0.5 pp per replica.
 type Split struct {
 	// Model is the capped version, family@version.
-	Model string
+	Model  string
 	share  atomic.Uint64 // math.Float64bits of the share in [0, 1]
 	credit atomic.Int64  // in units of 1/splitUnit tasks
 }

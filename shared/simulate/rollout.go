@@ -49,10 +49,10 @@ func (sr *ScenarioRollout) validate(sc *Scenario) error {
 
 // RolloutResult is what a run's rollout did.
 type RolloutResult struct {
-	Model string         `json:"model"`
-	Final rollout.State  `json:"final_state"`
-	Steps []float64      `json:"steps"`
-	Step  int            `json:"step"`
+	Model string        `json:"model"`
+	Final rollout.State `json:"final_state"`
+	Steps []float64     `json:"steps"`
+	Step  int           `json:"step"`
 	// EndedAfterS is the time from the rollout's start to its promotion or
 	// rollback, in simulated seconds (-1: still running at the end).
 	EndedAfterS float64 `json:"ended_after_s"`

@@ -133,9 +133,9 @@ type Scenario struct {
 	ChangeAt *Duration `json:"change_at,omitempty"`
 	// Rollout, when set, runs a rollout of a new version (rollout.go).
 	Rollout *ScenarioRollout `json:"rollout,omitempty"`
-	Models   []Model   `json:"models"`
-	Nodes    []Node    `json:"nodes"`
-	Events   []Event   `json:"events,omitempty"`
+	Models  []Model          `json:"models"`
+	Nodes   []Node           `json:"nodes"`
+	Events  []Event          `json:"events,omitempty"`
 }
 
 // WindowSpec configures the statistics window.

@@ -48,6 +48,19 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 	}
 	r.Nodes = p.reg.Live()
 	r.Counters["bad_heartbeats"] = p.reg.Refused()
+	for _, v := range p.rolls.list() {
+		ro := v.Rollout
+		ev := ro.Reading()
+		r.Rollouts = append(r.Rollouts, protocol.RolloutReport{Family: v.Family, Model: ro.Model, State: string(ro.State),
+			Step: ro.Step, Steps: ro.Steps, Share: ro.Share(), Split: ro.Split > 0, StepSince: ro.StepSince,
+			New:       protocol.RolloutCounts(ro.New),
+			Incumbent: protocol.RolloutCounts(ro.Incumbent), LLR: ev.LLR, Verdict: ev.Verdict})
+		if n := len(ro.History); n > 0 {
+			last := &r.Rollouts[len(r.Rollouts)-1]
+			e := ro.History[n-1]
+			last.LastAt, last.LastTo, last.LastReason = e.At, string(e.To), e.Reason
+		}
+	}
 	r.Held = p.intake.held.len()
 	r.Unserved = p.intake.unserved.len()
 	snap := p.snaps.snap.Load()

@@ -70,6 +70,7 @@ type parts struct {
 	cancel  *canceller
 	backlog *backlogSampler
 	streams *streamSampler // streams.go
+	rolls   *rollouts      // rollouts.go
 }
 
 // Counters are cumulative, per replica.
@@ -353,9 +354,12 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		defer rc.Close()
 	}
 
-	var kv, skv jetstream.KeyValue
+	var kv, skv, rkv jetstream.KeyValue
 	if err := jsplumb.Retry(ctx, d.log, "buckets", func(ctx context.Context) (err error) {
 		if kv, err = topology.EnsureNodesBucket(ctx, js, d.cfg.Topology()); err != nil {
+			return err
+		}
+		if rkv, err = topology.EnsureRolloutsBucket(ctx, js, d.cfg.Topology()); err != nil {
 			return err
 		}
 		skv, err = topology.EnsureSupersededBucket(ctx, js, d.cfg.Topology())
@@ -385,6 +389,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	superseded := newSupersededSet(skv, d.log) // superseded attempts and cancelled tasks
 	reg := registry.New(kv, d.cfg.NodeTTL, d.log)
 	snaps := &refresher{store: store, engine: d.engine, reg: reg, interval: d.cfg.SnapshotInterval, log: d.log}
+	rolls := newRollouts(rkv, d.engine, snaps.breakerOpen, rolloutFlush, d.log.With().Str("component", "rollouts").Logger())
 	// Dispatches and results each have a publisher with room of its own: a
 	// backlog of dispatches awaiting their acknowledgements must not hold
 	// back the results that finish tasks.
@@ -405,7 +410,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
 		snaps: snaps, sealer: sealer, superseded: superseded, keeper: keeper, retry: in, fin: fin,
-		counters: &d.counters, metrics: d.metrics})
+		counters: &d.counters, metrics: d.metrics, rollouts: rolls})
 	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
 		counters: &d.counters, metrics: d.metrics}
 	backlog := &backlogSampler{js: js, reg: reg, log: d.log}
@@ -426,7 +431,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return nil
 	}
 	d.parts.Store(&parts{nc: nc, js: js, store: store, kind: kind, batch: batch, reg: reg, snaps: snaps,
-		intake: in, cancel: cn, backlog: backlog, streams: streams})
+		intake: in, cancel: cn, backlog: backlog, streams: streams, rolls: rolls})
 
 	var g lifecycle.Group
 	start := func(name string, s lifecycle.Service) error {
@@ -465,6 +470,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 			return reg.Run(ctx)
 		})},
 		{"snapshot refresher", snaps},
+		// before the stages: the first decisions obey the rollouts' caps
+		{"rollouts", rolls},
 		// stopped after everything that dispatches or settles outcomes: their
 		// Stop waits for the dispatches and results in flight, which settle
 		// their messages

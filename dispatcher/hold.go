@@ -198,7 +198,7 @@ func (in *intake) failSaturated(ht *heldTask) {
 	models := make([]string, 0, 4)
 	if table := in.snaps.table.Load(); table != nil {
 		for _, c := range table.Candidates(a.task.Type) {
-			if len(a.task.Models) == 0 || containsStr(a.task.Models, c.Model) {
+			if protocol.AllowedBy(a.task.Models, c.Model) {
 				models = append(models, c.Model)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mlsched/mlsched/shared/opshttp"
+	"github.com/mlsched/mlsched/shared/rollout"
 	"github.com/mlsched/mlsched/shared/stats"
 )
 
@@ -83,11 +84,27 @@ var (
 		[]string{"event"}, nil)
 	descSnapshotAge = prometheus.NewDesc("mlsched_stats_snapshot_age_seconds",
 		"Age of the statistics snapshot decisions are made on.", nil, nil)
+	descRolloutShare = prometheus.NewDesc("mlsched_rollout_share",
+		"The share of its family's tasks a rollout's new version may take now (0 rolled back or aborted, 1 promoted), by family and version.",
+		[]string{"family", "model"}, nil)
+	descRolloutState = prometheus.NewDesc("mlsched_rollout_state",
+		"1 for a family's rollout's current state (running, paused, promoted, rolled_back, aborted), by family and version.",
+		[]string{"family", "model", "state"}, nil)
+	descRolloutStep = prometheus.NewDesc("mlsched_rollout_step_seconds",
+		"How long the rollout has been at its current step, by family and version (for a stalled rollout).",
+		[]string{"family", "model", "state"}, nil)
+	descRolloutTasks = prometheus.NewDesc("mlsched_rollout_step_tasks",
+		"First-attempt outcomes in the rollout's current step, by family, side (new, incumbent) and outcome (success, failure).",
+		[]string{"family", "side", "outcome"}, nil)
+	descRolloutTransitions = prometheus.NewDesc("mlsched_rollout_transitions_total",
+		"Rollout transitions this replica saw in the bucket since it started, by the state they led to (every replica sees every transition: take max, not sum).",
+		[]string{"to"}, nil)
 )
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSuccess, descBreaker, descModelInflight, descNodeInflight, descNodeCapacity,
-		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge} {
+		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descRolloutShare, descRolloutState, descRolloutStep,
+		descRolloutTasks, descRolloutTransitions} {
 		ch <- d
 	}
 }
@@ -136,6 +153,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descModelInflight, float64(max(0, m.InFlight)), name)
 		}
 	}
+	collectRollouts(p.rolls, gauge, ch)
 	nodes := p.reg.Live()
 	gauge(descNodes, float64(len(nodes)))
 	for _, n := range nodes {
@@ -159,5 +177,22 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		if len(types) > opshttp.DefaultMaxChildren {
 			gauge(descBacklog, float64(other), opshttp.Overflow)
 		}
+	}
+}
+
+// collectRollouts reports the rollouts a replica follows.
+func collectRollouts(ro *rollouts, gauge func(*prometheus.Desc, float64, ...string), ch chan<- prometheus.Metric) {
+	for _, st := range []rollout.State{rollout.Running, rollout.Paused, rollout.Promoted, rollout.RolledBack, rollout.Aborted} {
+		ch <- prometheus.MustNewConstMetric(descRolloutTransitions, prometheus.CounterValue, float64(ro.transitionCounts()[st]), string(st))
+	}
+	for _, v := range ro.list() {
+		r := v.Rollout
+		gauge(descRolloutShare, r.Share(), v.Family, r.Model)
+		gauge(descRolloutState, 1, v.Family, r.Model, string(r.State))
+		gauge(descRolloutStep, max(0, time.Since(r.StepSince).Seconds()), v.Family, r.Model, string(r.State))
+		gauge(descRolloutTasks, float64(r.New.Successes), v.Family, "new", "success")
+		gauge(descRolloutTasks, float64(r.New.Failures), v.Family, "new", "failure")
+		gauge(descRolloutTasks, float64(r.Incumbent.Successes), v.Family, "incumbent", "success")
+		gauge(descRolloutTasks, float64(r.Incumbent.Failures), v.Family, "incumbent", "failure")
 	}
 }

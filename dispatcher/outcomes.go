@@ -43,6 +43,7 @@ type outcomesParams struct {
 	fin        *finisher   // results and dead letters
 	counters   *Counters
 	metrics    *metrics
+	rollouts   *rollouts // counts first attempts of rolling families (rollouts.go); nil: none
 }
 
 func newOutcomes(p outcomesParams) *outcomes {
@@ -124,6 +125,7 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		oc.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
 			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: dec.Action == settle.Late})
 		oc.snaps.table.Load().Completed(o.Model, o.Node) // the slot is free: tell the load model now
+		oc.rollouts.observe(o.Model, dec.Kind, attempt)
 		oc.retry.wake()
 	}
 	if dec.Supersede {

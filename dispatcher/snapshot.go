@@ -115,3 +115,14 @@ func (r *refresher) rebuild(now time.Time, snap *stats.Snapshot) {
 	r.timeouts.Store(&timeouts)
 	r.table.Store(policy.NewTable(snap, nodes, now))
 }
+
+// breakerOpen reports whether a model's breaker is open in the last
+// snapshot (rollouts roll back a version whose breaker opens).
+func (r *refresher) breakerOpen(model string) bool {
+	snap := r.snap.Load()
+	if snap == nil {
+		return false
+	}
+	m := snap.Models[model]
+	return m != nil && m.Breaker.State == stats.BreakerOpen
+}

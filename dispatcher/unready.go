@@ -20,7 +20,7 @@ func unreadyOnly(live []protocol.Heartbeat, typ string, allow []string) string {
 	var found []string
 	for _, hb := range live {
 		for _, u := range hb.Unready {
-			if !slices.Contains(u.Types, typ) || (len(allow) > 0 && !slices.Contains(allow, u.Name)) {
+			if !slices.Contains(u.Types, typ) || !protocol.AllowedBy(allow, u.Name) {
 				continue
 			}
 			if u.Transient {

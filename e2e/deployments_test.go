@@ -163,7 +163,8 @@ func TestPrometheusConfigAndRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, alert := range []string{"MlschedModelSuccessRatioLow", "MlschedModelSuccessRatioDropping",
-		"MlschedBacklogGrowing", "MlschedBreakerOpen", "MlschedStatsDegraded", "MlschedStreamNearBound", "MlschedResultsExpireEarly"} {
+		"MlschedBacklogGrowing", "MlschedBreakerOpen", "MlschedStatsDegraded", "MlschedStreamNearBound", "MlschedResultsExpireEarly",
+		"MlschedRolloutRolledBack", "MlschedRolloutStalled"} {
 		if !strings.Contains(string(rules), "alert: "+alert+"\n") {
 			t.Errorf("alerts.yml has no %s", alert)
 		}

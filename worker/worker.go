@@ -149,6 +149,8 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 		w.specs = specs
 	} else if err := model.Validate(w.specs); err != nil {
 		return nil, err
+	} else {
+		w.specs = model.Qualify(w.specs)
 	}
 	for _, s := range w.specs {
 		if s.Executor == model.ExecutorGo {

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -41,6 +42,9 @@ type View struct {
 	DeadLetters []DeadLetter     `json:"dead_letters"`
 	// DeadLettersTotal counts every entry stored in MLSCHED_DLQ.
 	DeadLettersTotal uint64 `json:"dead_letters_total"`
+	// Rollouts are the model rollouts, one per family, as the replica
+	// that counted the most of each reports it.
+	Rollouts []protocol.RolloutReport `json:"rollouts,omitempty"`
 	// Problems lists what could not be read (the rest of the view stands).
 	Problems []string `json:"problems,omitempty"`
 }
@@ -208,7 +212,17 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 				nodes[hb.Node] = hb
 			}
 		}
+		for _, ro := range r.Rollouts {
+			i := slices.IndexFunc(v.Rollouts, func(x protocol.RolloutReport) bool { return x.Family == ro.Family })
+			switch {
+			case i < 0:
+				v.Rollouts = append(v.Rollouts, ro)
+			case rolloutAhead(ro, v.Rollouts[i]):
+				v.Rollouts[i] = ro
+			}
+		}
 	}
+	sort.Slice(v.Rollouts, func(i, j int) bool { return v.Rollouts[i].Family < v.Rollouts[j].Family })
 	sort.Slice(v.Replicas, func(i, j int) bool { return v.Replicas[i].Name < v.Replicas[j].Name })
 	if freshest != nil {
 		v.Window = freshest.Window
@@ -327,4 +341,16 @@ func RecentDeadLetters(ctx context.Context, js jetstream.JetStream, n int) ([]De
 		out = append(out, e)
 	}
 	return out, st.Msgs, nil
+}
+
+// rolloutAhead reports whether a replica's reading of a rollout is newer
+// than another's: a later step, or more outcomes counted in the same one.
+func rolloutAhead(a, b protocol.RolloutReport) bool {
+	if !a.StepSince.Equal(b.StepSince) {
+		return a.StepSince.After(b.StepSince)
+	}
+	n := func(r protocol.RolloutReport) int64 {
+		return r.New.Successes + r.New.Failures + r.Incumbent.Successes + r.Incumbent.Failures
+	}
+	return n(a) > n(b)
 }

@@ -48,3 +48,19 @@ func TestMerge(t *testing.T) {
 		t.Fatalf("empty view %+v", empty)
 	}
 }
+
+// A family's rollout comes from the replica whose reading is newest: a
+// later step, or more outcomes in the same one.
+func TestMergeRollouts(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ro := func(family string, since time.Time, n int64) protocol.RolloutReport {
+		return protocol.RolloutReport{Family: family, Model: family + "@v2", StepSince: since, New: protocol.RolloutCounts{Successes: n}}
+	}
+	v := clusterview.Merge([]protocol.StatsReport{
+		{Dispatcher: "a", Rollouts: []protocol.RolloutReport{ro("ocr", t0, 50), ro("fraud", t0, 10)}},
+		{Dispatcher: "b", Rollouts: []protocol.RolloutReport{ro("fraud", t0.Add(time.Minute), 1), ro("ocr", t0, 40)}},
+	}, t0)
+	if len(v.Rollouts) != 2 || v.Rollouts[0].Family != "fraud" || v.Rollouts[0].New.Successes != 1 || v.Rollouts[1].New.Successes != 50 {
+		t.Fatalf("rollouts %+v", v.Rollouts)
+	}
+}

@@ -83,6 +83,7 @@ var (
 	kvNodes      = kvStream(topology.BucketNodes)
 	kvSuperseded = kvStream(topology.BucketSuperseded)
 	kvDispatcher = kvStream(topology.BucketDispatcher)
+	kvRollouts   = kvStream(topology.BucketRollouts)
 )
 
 // streamAPI grants the JetStream API verbs on stream s.
@@ -125,7 +126,7 @@ func For(id Identity) (Permissions, error) {
 func dispatcherPerms() Permissions {
 	p := Permissions{AllowResponses: true}
 	for _, s := range []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes,
-		topology.StreamResults, topology.StreamDLQ, kvNodes, kvSuperseded, kvDispatcher} {
+		topology.StreamResults, topology.StreamDLQ, kvNodes, kvSuperseded, kvDispatcher, kvRollouts} {
 		p.Publish = append(p.Publish, streamAPI(s, "INFO", "CREATE", "UPDATE", "consume", "ack", "get")...)
 	}
 	p.Publish = append(p.Publish,
@@ -136,6 +137,7 @@ func dispatcherPerms() Permissions {
 		topology.SubjectResultsAll, topology.SubjectDLQAll,
 		"$KV."+topology.BucketSuperseded+".>",
 		"$KV."+topology.BucketDispatcher+".>", // the seal key, created once
+		"$KV."+topology.BucketRollouts+".>",   // rollouts' counts and transitions
 		// The dashboard gathers every replica's report (clusterview); it
 		// may not cancel tasks, which is the admin's.
 		protocol.SubjectAdminStats,
@@ -162,7 +164,10 @@ func adminPerms() Permissions {
 	p.Publish = append(p.Publish, streamAPI(kvNodes, "INFO", "get", "consume")...)
 	p.Publish = append(p.Publish, streamAPI(topology.StreamDLQ, "get", "consume", "MSG.DELETE")...)
 	p.Publish = append(p.Publish, streamAPI(topology.StreamResults, "PURGE")...) // dlq replay clears the old result
-	p.Publish = append(p.Publish, subjectAdminAll)                               // stats, cancel
+	// mlsched rollout starts and steers rollouts
+	p.Publish = append(p.Publish, streamAPI(kvRollouts, "INFO", "CREATE", "get", "consume")...)
+	p.Publish = append(p.Publish, "$KV."+topology.BucketRollouts+".>")
+	p.Publish = append(p.Publish, subjectAdminAll) // stats, cancel
 	p.Subscribe = []string{natsconn.InboxAdmin + ".>", natsconn.InboxProducer + ".>"}
 	return p
 }

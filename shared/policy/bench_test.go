@@ -126,6 +126,29 @@ func TestDecideAllocatesNothing(t *testing.T) {
 		}); n != 0 {
 			t.Errorf("%s: %v allocations per decision", pol, n)
 		}
+		e.SetSplits([]*Split{NewSplit("m002", 0.3)})
+		if n := testing.AllocsPerRun(200, func() {
+			if _, err := e.Decide(tab, &Request{Type: "t"}); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("%s with a split: %v allocations per decision", pol, n)
+		}
+	}
+}
+
+// BenchmarkDecide10Split is BenchmarkDecide10 under a rollout's split.
+func BenchmarkDecide10Split(b *testing.B) {
+	snap, hbs := benchWorld(10, 20, 4)
+	tab := NewTable(snap, hbs, t0)
+	e := engine(b, Config{})
+	e.SetSplits([]*Split{NewSplit("m002", 0.05)})
+	req := &Request{Type: "t"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := e.Decide(tab, req); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

@@ -142,3 +142,24 @@ func TestDrainingNodesAreLeftOut(t *testing.T) {
 		}
 	}
 }
+
+func TestAllowListFamilyAndPinnedVersion(t *testing.T) {
+	t.Parallel()
+	e := engine(t, Config{ExploreShare: -1})
+	tab := NewTable(snapshot(map[string]stats.Series{
+		"fraud@v7": series(100, 0, time.Millisecond, 0),
+		"fraud@v8": series(100, 0, time.Millisecond, 0),
+		"fraudx":   series(100, 0, time.Millisecond, 0),
+	}), []protocol.Heartbeat{hb("n1", "t", 4, "fraud@v7", "fraud@v8", "fraudx")}, t0)
+	got := counts(t, e, tab, &Request{Type: "t", Models: []string{"fraud"}}, 400)
+	if got["fraudx"] != 0 || got["fraud@v7"] == 0 || got["fraud@v8"] == 0 {
+		t.Fatalf("family allow-list: %v, want both versions and never fraudx", got)
+	}
+	got = counts(t, e, tab, &Request{Type: "t", Models: []string{"fraud@v8"}}, 100)
+	if got["fraud@v8"] != 100 {
+		t.Fatalf("pinned version: %v", got)
+	}
+	if _, err := e.Decide(tab, &Request{Type: "t", Models: []string{"fraud@v9"}}); protocol.CodeOf(err) != protocol.CodeUnknownModel {
+		t.Fatalf("unknown pinned version: %v", err)
+	}
+}

@@ -88,7 +88,8 @@ type Engine struct {
 	perType  map[string]Policy
 	seeded   bool
 	seq      atomic.Uint64
-	marks    marks // half-open marks, see next
+	marks    marks                    // half-open marks, see next
+	splits   atomic.Pointer[[]*Split] // rollouts' caps (split.go); nil: none
 }
 
 // NewEngine validates cfg, fills its defaults and builds the policies.
@@ -158,6 +159,8 @@ type scratch struct {
 	sel   []*typeCand
 	cands []*Candidate
 	pairs []*pairState
+	// capped are the candidates a split keeps from this task (split.go)
+	capped []*typeCand
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -205,20 +208,31 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 		s.view = s.load
 	}
 
-	if te.plain && !saturated && len(req.Models) == 0 && len(req.Tried) == 0 && req.MaxLatencyMs <= 0 && req.MinSuccessRate <= 0 {
+	var forced *typeCand
+	steered := false
+	if sp := e.splits.Load(); sp != nil {
+		s.capped = s.capped[:0]
+		forced = e.steer(s, te, req, *sp)
+		steered = forced != nil || len(s.capped) > 0
+	}
+	if te.plain && !steered && !saturated && len(req.Models) == 0 && len(req.Tried) == 0 && req.MaxLatencyMs <= 0 && req.MinSuccessRate <= 0 {
 		// the common case: no constraint, no history, no breaker in the way,
 		// no saturated candidate
 		tc := te.cands[pol.Choose(&s.rng, te.list, s.view)]
 		return Decision{Model: tc.m.Model, Node: e.chooseNode(s, tc, req, budget, false)}, nil
 	}
 	s.base = s.base[:0]
-	allowed := 0
+	allowed, capped := 0, 0
 	for _, tc := range te.cands {
-		if len(req.Models) > 0 && !slices.Contains(req.Models, tc.m.Model) {
+		if !protocol.AllowedBy(req.Models, tc.m.Model) {
 			continue
 		}
 		allowed++
 		if !fits(&tc.m.Candidate, req) {
+			continue
+		}
+		if steered && tc != forced && slices.Contains(s.capped, tc) {
+			capped++
 			continue
 		}
 		s.base = append(s.base, tc)
@@ -227,7 +241,34 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 		return Decision{}, errUnknownModel(te, req)
 	}
 	if len(s.base) == 0 {
+		if capped > 0 {
+			return Decision{}, errCapped(te, req, s.capped)
+		}
 		return Decision{}, errConstraints(te, req)
+	}
+	if forced != nil {
+		// the split's model took this task: it goes there if it can (it
+		// fits, its breaker lets it through, it can start in time or
+		// nobody else can), else it is kept from it like the others
+		i := slices.Index(s.base, forced)
+		if i >= 0 && e.usable(forced) {
+			sat := s.view[forced.idx].Saturated
+			others := false
+			for _, tc := range s.base {
+				if tc != forced && !s.view[tc.idx].Saturated && e.usable(tc) {
+					others = true
+					break
+				}
+			}
+			if !sat || !others {
+				if forced.m.breaker.State != stats.BreakerHalfOpen || e.takeProbe(forced.m.inFlight, &forced.m.probes) {
+					return Decision{Model: forced.m.Model, Node: e.chooseNode(s, forced, req, budget, false), Saturated: sat}, nil
+				}
+			}
+		}
+		if i >= 0 && len(s.base) > 1 {
+			s.base = slices.Delete(s.base, i, i+1)
+		}
 	}
 	s.avail = s.avail[:0]
 	ready := 0
@@ -515,6 +556,18 @@ func names(te *typeEntry) []string {
 	return out
 }
 
+func errCapped(te *typeEntry, req *Request, capped []*typeCand) error {
+	var b strings.Builder
+	for i, tc := range capped {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(tc.m.Model)
+	}
+	return protocol.Errorf(protocol.CodeUnknownModel, "for type %q only %s are live and a rollout keeps this task from them (available: %s)",
+		req.Type, b.String(), strings.Join(names(te), ", "))
+}
+
 func errConstraints(te *typeEntry, req *Request) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "no model for type %q meets", req.Type)
@@ -528,7 +581,7 @@ func errConstraints(te *typeEntry, req *Request) error {
 	sep := " "
 	for _, tc := range te.cands {
 		c := &tc.m.Candidate
-		if len(req.Models) > 0 && !slices.Contains(req.Models, c.Model) {
+		if !protocol.AllowedBy(req.Models, c.Model) {
 			continue
 		}
 		fmt.Fprintf(&b, "%s%s:", sep, c.Model)

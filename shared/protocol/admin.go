@@ -49,6 +49,37 @@ type StatsReport struct {
 	// Types counts the final results this replica stored per task type
 	// since it started (at most 256 types; the rest under "(other)").
 	Types map[string]TypeCounts `json:"types,omitempty"`
+	// Rollouts are the model rollouts this replica follows (shared/rollout).
+	Rollouts []RolloutReport `json:"rollouts,omitempty"`
+}
+
+// RolloutReport is a family's rollout as a replica follows it.
+type RolloutReport struct {
+	Family string    `json:"family"`
+	Model  string    `json:"model"`
+	State  string    `json:"state"`
+	Step   int       `json:"step"`
+	Steps  []float64 `json:"steps"`
+	// Share is the new version's share of the family's tasks now (0..1).
+	Share     float64   `json:"share"`
+	Split     bool      `json:"split,omitempty"`
+	StepSince time.Time `json:"step_since"`
+	// New and Incumbent are the step's first-attempt outcomes.
+	New       RolloutCounts `json:"new"`
+	Incumbent RolloutCounts `json:"incumbent"`
+	LLR       float64       `json:"llr"`
+	Verdict   string        `json:"verdict"`
+	// Last is the last transition: when, to what, and why.
+	LastAt     time.Time `json:"last_at"`
+	LastTo     string    `json:"last_to"`
+	LastReason string    `json:"last_reason"`
+}
+
+// RolloutCounts are first-attempt outcomes of one side of a rollout.
+type RolloutCounts struct {
+	Successes int64 `json:"successes"`
+	Failures  int64 `json:"failures"`
+	Timeouts  int64 `json:"timeouts"`
 }
 
 // TypeCounts are final results of one task type, by status.

@@ -119,6 +119,11 @@ type ModelInfo struct {
 	// InFlight is how many attempts of this model are running or waiting
 	// for a slot on the node.
 	InFlight int `json:"in_flight,omitempty"`
+	// Version is the model's version when it has one: Name is then
+	// family@version (ModelName), and Replaces the version of the same
+	// family it replaces, if the models file says.
+	Version  string `json:"version,omitempty"`
+	Replaces string `json:"replaces,omitempty"`
 }
 
 // UnreadyModel is a hosted model a node does not announce, and why.

@@ -50,7 +50,7 @@ func (o *oracle) decide(req *policy.Request) (policy.Decision, error) {
 	o.order = o.order[:0]
 	for i := range s.sc.Models {
 		m := &s.sc.Models[i]
-		if !s.joined[m.Name] || !slices.Contains(m.Types, req.Type) || (len(req.Models) > 0 && !slices.Contains(req.Models, m.Name)) {
+		if !s.joined[m.Name] || !slices.Contains(m.Types, req.Type) || !protocol.AllowedBy(req.Models, m.Name) {
 			continue
 		}
 		lat := m.step(s.now).Latency.mean()

@@ -71,6 +71,8 @@ type Result struct {
 	Timeline []Segment `json:"timeline,omitempty"`
 	// Curve is the rolling first-attempt success rate over time, for plots.
 	Curve []Point `json:"-"`
+	// Rollouts are what the scenario's rollout did, one per run.
+	Rollouts []*RolloutResult `json:"rollouts,omitempty"`
 }
 
 // Segment is the figures of the tasks submitted in [FromS, ToS).
@@ -120,6 +122,7 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 		o := opt
 		o.Seed = opt.Seed + uint64(i)
 		runs := map[string][]taskResult{}
+		ros := map[string]*RolloutResult{}
 		for _, name := range order {
 			s, err := newSim(sc, o, name)
 			if err != nil {
@@ -129,6 +132,9 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 				return nil, fmt.Errorf("policy %s, seed %d: %w", name, o.Seed, err)
 			}
 			runs[name] = s.tasks
+			if s.ro != nil {
+				ros[name] = s.ro.result(s)
+			}
 		}
 		oracleFailed := countFailedFirst(runs[Oracle])
 		// Regret is measured against what the oracle's run got for the
@@ -141,6 +147,9 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 		for _, name := range names {
 			r := summarize(name, runs[name], sc, o)
 			r.ExtraFailedFirst = r.FailedFirst - oracleFailed
+			if ro := ros[name]; ro != nil {
+				r.Rollouts = []*RolloutResult{ro}
+			}
 			per[name] = append(per[name], r)
 		}
 	}
@@ -159,6 +168,9 @@ func aggregate(rs []Result) Result {
 		return rs[0]
 	}
 	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve, Timeline: rs[0].Timeline}
+	for _, r := range rs {
+		out.Rollouts = append(out.Rollouts, r.Rollouts...)
+	}
 	n := float64(len(rs))
 	var failed, extra, qfailed float64
 	for _, r := range rs {
@@ -378,7 +390,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		line(row)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for i := range r.Results {
+		for _, ro := range r.Results[i].Rollouts {
+			if _, err := fmt.Fprintf(w, "%s: %s\n", r.Results[i].Policy, ro.line()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // WriteCSV writes one row per policy with a header row.

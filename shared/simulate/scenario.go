@@ -131,9 +131,11 @@ type Scenario struct {
 	// ChangeAt marks the moment of the change whose recovery is measured
 	// (optional; set for drift).
 	ChangeAt *Duration `json:"change_at,omitempty"`
-	Models   []Model   `json:"models"`
-	Nodes    []Node    `json:"nodes"`
-	Events   []Event   `json:"events,omitempty"`
+	// Rollout, when set, runs a rollout of a new version (rollout.go).
+	Rollout *ScenarioRollout `json:"rollout,omitempty"`
+	Models  []Model          `json:"models"`
+	Nodes   []Node           `json:"nodes"`
+	Events  []Event          `json:"events,omitempty"`
 }
 
 // WindowSpec configures the statistics window.
@@ -555,6 +557,9 @@ func (sc *Scenario) validate() error {
 		default:
 			return invalid(f+".kind", "unknown kind %q (want %s, %s, %s or %s)", e.Kind, EventNodeCrash, EventNodeRecover, EventModelJoin, EventFailureBurst)
 		}
+	}
+	if sc.Rollout != nil {
+		return sc.Rollout.validate(sc)
 	}
 	return nil
 }

@@ -180,6 +180,7 @@ type decider interface {
 // sim is one policy's run.
 type sim struct {
 	sc      *Scenario
+	ro      *simRollout // the scenario's rollout (rollout.go); nil: none
 	retry   settle.Rules
 	opt     Options
 	name    string
@@ -301,6 +302,9 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 		return nil, fmt.Errorf("policy %s: %w", name, err)
 	}
 	s.dec = d
+	if sc.Rollout != nil {
+		s.ro = newSimRollout(sc.Rollout, d.eng)
+	}
 	return s, nil
 }
 
@@ -326,6 +330,9 @@ func (s *sim) run(ctx context.Context, n int) error {
 			if s.finished < n {
 				err = s.dec.refresh(ctx, s.clock(), s.heartbeats())
 				s.push(s.now+s.sc.Refresh.D(), evRefresh, nil)
+				if s.ro != nil {
+					s.ro.tick(s)
+				}
 				if err == nil {
 					err = s.retryHeld(ctx)
 				}
@@ -575,6 +582,9 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 		return nil
 	}
 	t.waitFrom = -1
+	if s.ro != nil && n == 1 {
+		s.ro.dispatched(d.Model)
+	}
 	a := &attempt{t: t, n: n, model: d.Model, node: nd, dispatched: s.now}
 	s.rec[0] = stats.Event{Model: a.model, Node: nd.spec.Name, Kind: stats.KindDispatched, At: s.clock()}
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {
@@ -685,6 +695,9 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	t.history = append(t.history, protocol.Attempt{Attempt: a.n, Model: a.model, Node: a.node.spec.Name, Status: st, LatencyMs: float64(lat) / float64(time.Millisecond)})
 	s.dec.completed(a.model, a.node.spec.Name)
 	if a.n == 1 {
+		if s.ro != nil {
+			s.ro.observed(t.idx, a.model, dec.Kind)
+		}
 		r := &s.tasks[t.idx]
 		r.firstOK = st == protocol.OutcomeSuccess
 		// An attempt that expired in a queue or missed its deadline there

@@ -44,7 +44,7 @@ func run(t *testing.T, name string, opt Options) *Report {
 
 func TestBuiltinScenariosParse(t *testing.T) {
 	t.Parallel()
-	want := []string{"burst", "bursty", "cold-start", "drift", "heavy-tail", "node-crash", "overload", "slow-node", "stationary"}
+	want := []string{"burst", "bursty", "cold-start", "drift", "heavy-tail", "node-crash", "overload", "rollout-bad", "rollout-good", "slow-node", "stationary"}
 	if got := Builtin(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("Builtin() = %v, want %v", got, want)
 	}
@@ -298,5 +298,26 @@ func TestTimelineAddsUp(t *testing.T) {
 	// The drift starts at 60s: the segment [60s, 75s) carries regret.
 	if g := r.Timeline[4]; g.FromS != 60 || g.RegretPoints <= 0 {
 		t.Errorf("segment at the change: %+v", g)
+	}
+}
+
+// The rollout targets, through the whole simulated scheduler: a bad
+// canary (15% against 1%) is rolled back within 300 of its own tasks, its
+// failed first attempts are at most 0.5% of all tasks and every one is
+// retried to success; a good one (0.5%) is promoted to 100% unattended,
+// never above its cap by more than 2pp over windows of 200 tasks.
+func TestRolloutScenarios(t *testing.T) {
+	t.Parallel()
+	for _, pol := range []string{policy.Reliability, policy.Thompson} {
+		for seed := uint64(1); seed <= 3; seed++ {
+			bad := run(t, "rollout-bad", Options{Seed: seed, Policies: []string{pol}}).Get(pol).Rollouts[0]
+			if bad.Final != "rolled_back" || bad.NewTasks > 300 || bad.FailedFirstShare > 0.005 || bad.LostToCanary != 0 {
+				t.Errorf("%s seed %d: bad canary %s", pol, seed, bad.line())
+			}
+			good := run(t, "rollout-good", Options{Seed: seed, Policies: []string{pol}}).Get(pol).Rollouts[0]
+			if good.Final != "promoted" || good.MaxOverCapPP > 2 || len(good.History) != 4 {
+				t.Errorf("%s seed %d: good canary %s", pol, seed, good.line())
+			}
+		}
 	}
 }

@@ -28,6 +28,10 @@ const (
 	// BucketDispatcher holds what only dispatchers may read: the key that
 	// seals dispatches (protocol.Dispatch.Seal).
 	BucketDispatcher = "MLSCHED_DISPATCHER"
+	// BucketRollouts holds one key per model family with a rollout: its
+	// current (or last) rollout and history (shared/rollout). Every
+	// dispatcher replica watches it and updates it by compare-and-set.
+	BucketRollouts = "MLSCHED_ROLLOUTS"
 
 	SubjectTasksAll    = "mlsched.tasks.>"
 	SubjectDispatchAll = "mlsched.node.*.tasks"
@@ -430,6 +434,25 @@ func EnsureDispatcherBucket(ctx context.Context, js jetstream.JetStream, c Confi
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketDispatcher, err)
+	}
+	return kv, nil
+}
+
+// EnsureRolloutsBucket creates the rollouts bucket (no TTL: a rollout and
+// its history survive restarts of every process).
+func EnsureRolloutsBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	c = c.withDefaults()
+	kv, err := js.KeyValue(ctx, BucketRollouts)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: BucketRollouts, Storage: c.Storage, Replicas: c.Replicas, History: 1,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, BucketRollouts)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketRollouts, err)
 	}
 	return kv, nil
 }

@@ -57,7 +57,17 @@ type File struct {
 // Spec is one model hosted by the node.
 type Spec struct {
 	// Name is the model name the dispatcher routes by (a protocol token).
+	// With a Version, Name is the model's family and the model is routed,
+	// counted and announced as name@version (see Qualify), so that two
+	// versions of one family are known to serve the same purpose.
 	Name string `yaml:"name"`
+	// Version names this version of the family Name (a protocol token
+	// without '@'; default none: the model has no version, as before).
+	Version string `yaml:"version,omitempty"`
+	// Replaces is the version of the same family this one replaces
+	// (informational: shown by mlsched nodes; a rollout names its own
+	// incumbents).
+	Replaces string `yaml:"replaces,omitempty"`
 	// Types are the task types the model serves (protocol tokens).
 	Types []string `yaml:"types"`
 	// Executor is go, exec, http or sim.
@@ -249,7 +259,28 @@ func Parse(data []byte) ([]Spec, error) {
 	if err := Validate(f.Models); err != nil {
 		return nil, err
 	}
-	return f.Models, nil
+	return Qualify(f.Models), nil
+}
+
+// ID is the model's routing name: Name, or family@version when Name is
+// the family of a Version.
+func (s Spec) ID() string {
+	if s.Version != "" && protocol.ModelFamily(s.Name) == s.Name {
+		return protocol.ModelName(s.Name, s.Version)
+	}
+	return s.Name
+}
+
+// Qualify returns specs with every versioned model's Name set to its
+// routing name, family@version (protocol.ModelName); a spec already
+// qualified, or without a version, is unchanged.
+func Qualify(specs []Spec) []Spec {
+	out := make([]Spec, len(specs))
+	for i, s := range specs {
+		s.Name = s.ID()
+		out[i] = s
+	}
+	return out
 }
 
 // Validate checks a list of specs. Errors wrap ErrInvalid and name the model
@@ -266,10 +297,11 @@ func Validate(specs []Spec) error {
 			}
 			return fmt.Errorf("%w: model %q: %v", ErrInvalid, s.Name, err)
 		}
-		if seen[s.Name] {
-			return fmt.Errorf("%w: model %q: name: duplicate", ErrInvalid, s.Name)
+		id := s.ID()
+		if seen[id] {
+			return fmt.Errorf("%w: model %q: name: duplicate", ErrInvalid, id)
 		}
-		seen[s.Name] = true
+		seen[id] = true
 	}
 	return nil
 }
@@ -281,6 +313,28 @@ func (s Spec) Validate() error {
 	}
 	if err := protocol.ValidToken(s.Name, 128); err != nil {
 		return fmt.Errorf("name: %v", err)
+	}
+	if s.Version != "" || s.Replaces != "" {
+		if protocol.ModelFamily(s.Name) != s.Name && s.Version != protocol.ModelVersion(s.Name) {
+			return fmt.Errorf("name: %q holds '@', which separates the family from the version: give the family as name and the version as version", s.Name)
+		}
+		if s.Version == "" {
+			return errors.New("version: missing (replaces names the version this one replaces)")
+		}
+		for f, v := range map[string]string{"version": s.Version, "replaces": s.Replaces} {
+			if v == "" {
+				continue
+			}
+			if err := protocol.ValidToken(v, 64); err != nil {
+				return fmt.Errorf("%s: %v", f, err)
+			}
+			if strings.Contains(v, "@") {
+				return fmt.Errorf("%s: %q contains '@'", f, v)
+			}
+		}
+		if s.Replaces == s.Version {
+			return fmt.Errorf("replaces: %q is the model's own version", s.Replaces)
+		}
 	}
 	if len(s.Types) == 0 {
 		return errors.New("types: missing")
@@ -499,6 +553,6 @@ func (s Spec) Info(defTimeout time.Duration) protocol.ModelInfo {
 	if t <= 0 {
 		t = defTimeout
 	}
-	return protocol.ModelInfo{Name: s.Name, Types: append([]string(nil), s.Types...), TimeoutMs: t.Milliseconds(),
-		MaxConcurrency: s.Limit()}
+	return protocol.ModelInfo{Name: s.ID(), Types: append([]string(nil), s.Types...), TimeoutMs: t.Milliseconds(),
+		MaxConcurrency: s.Limit(), Version: s.Version, Replaces: s.Replaces}
 }

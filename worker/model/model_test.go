@@ -139,3 +139,36 @@ func TestMaxConcurrencyAnnounced(t *testing.T) {
 		t.Errorf("b announces max_concurrency %d, want 0 (no limit)", got)
 	}
 }
+
+func TestVersionedModels(t *testing.T) {
+	t.Parallel()
+	specs, err := Parse([]byte(`models:
+  - {name: fraud, version: v7, types: [fraud], executor: sim}
+  - {name: fraud, version: v8, replaces: v7, types: [fraud], executor: sim}
+  - {name: plain, types: [fraud], executor: sim}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if specs[0].Name != "fraud@v7" || specs[1].Name != "fraud@v8" || specs[2].Name != "plain" {
+		t.Fatalf("names %q %q %q", specs[0].Name, specs[1].Name, specs[2].Name)
+	}
+	if i := specs[1].Info(time.Second); i.Name != "fraud@v8" || i.Version != "v8" || i.Replaces != "v7" {
+		t.Fatalf("info %+v", i)
+	}
+	if q := Qualify(specs); q[1].Name != "fraud@v8" {
+		t.Fatalf("qualifying twice: %q", q[1].Name)
+	}
+	for yaml, want := range map[string]string{
+		`{name: f, version: v1, types: [t], executor: sim}, {name: f, version: v1, types: [t], executor: sim}`: `model "f@v1": name: duplicate`,
+		`{name: f, replaces: v1, types: [t], executor: sim}`:                                                   "version: missing",
+		`{name: f, version: "a@b", types: [t], executor: sim}`:                                                 "version:",
+		`{name: f, version: v1, replaces: v1, types: [t], executor: sim}`:                                      "own version",
+		`{name: "f@v1", version: v2, types: [t], executor: sim}`:                                               "separates the family",
+	} {
+		_, err := Parse([]byte("models: [" + yaml + "]"))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err %v, want %q", yaml, err, want)
+		}
+	}
+}

@@ -121,6 +121,9 @@ func modelList(ms []protocol.ModelInfo) string {
 		if len(m.Types) > 0 {
 			parts[i] += "(" + strings.Join(m.Types, ",") + ")"
 		}
+		if m.Replaces != "" {
+			parts[i] += "[replaces " + m.Replaces + "]"
+		}
 	}
 	return strings.Join(parts, " ")
 }

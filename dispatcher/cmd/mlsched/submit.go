@@ -296,7 +296,7 @@ func (a *app) waitHint(ctx context.Context, t *protocol.Task) string {
 			continue
 		}
 		for _, m := range r.Heartbeat.Models {
-			if slices.Contains(m.Types, t.Type) && (len(t.Models) == 0 || slices.Contains(t.Models, m.Name)) {
+			if slices.Contains(m.Types, t.Type) && protocol.AllowedBy(t.Models, m.Name) {
 				return "" // served: it runs, or waits its turn
 			}
 		}

@@ -23,6 +23,12 @@ function el(tag, attrs, ...children) {
 }
 
 function pct(x) { return (100 * x).toFixed(1) + "%"; }
+// wilson is the Wilson score interval at 95% of s successes out of n.
+function wilson(s, n) {
+  const z = 1.96, p = s / n, d = 1 + z * z / n;
+  const mid = p + z * z / (2 * n), half = z * Math.sqrt(p * (1 - p) / n + z * z / (4 * n * n));
+  return [Math.max(0, (mid - half) / d), Math.min(1, (mid + half) / d)];
+}
 function ms(v) {
   if (!v || v <= 0) return "-";
   if (v >= 1000) return (v / 1000).toFixed(2) + "s";
@@ -116,6 +122,30 @@ function render() {
     el("td", {}, ms(m.p95_ms)), el("td", {}, m.in_flight),
     el("td", { class: "breaker breaker-" + (m.breaker || "none") }, m.breaker || "-"), el("td", {}, pct(m.traffic_share)))),
   "no model statistics yet", 11);
+
+  // Rollouts: both versions' first-attempt success in the current step
+  // with Wilson 95% intervals, and their latencies from the models table.
+  const rollouts = v.rollouts || [];
+  document.getElementById("rollouts-section").hidden = rollouts.length === 0;
+  const byName = {};
+  for (const m of v.models || []) byName[m.name] = m;
+  const side = c => {
+    const n = c.successes + c.failures;
+    if (n === 0) return "-";
+    const [lo, hi] = wilson(c.successes, n);
+    return pct(c.successes / n) + " (" + pct(lo) + "–" + pct(hi) + ", n=" + n + ")";
+  };
+  const lat = name => byName[name] ? ms(byName[name].p50_ms) + " / " + ms(byName[name].p95_ms) : "-";
+  fillBody("#rollouts", rollouts.map(r => {
+    const inc = (v.models || []).map(m => m.name).filter(n => n !== r.model && n.split("@")[0] === r.family);
+    return el("tr", { "data-rollout": r.family }, el("td", {}, r.family), el("td", {}, r.model),
+      el("td", { class: "rollout-" + r.state }, r.state + (r.split ? " (pinned split)" : "")),
+      el("td", {}, (r.step + 1) + "/" + (r.steps || []).length), el("td", { class: "share" }, pct(r.share)),
+      el("td", { class: "new" }, side(r.new)), el("td", { class: "incumbent" }, side(r.incumbent)),
+      el("td", {}, lat(r.model) + " · " + (inc.map(lat).join(", ") || "-")),
+      el("td", {}, "LLR " + r.llr.toFixed(2) + ": " + r.verdict),
+      el("td", { class: "last" }, r.last_to ? ago(r.last_at) + " → " + r.last_to + ": " + r.last_reason : "-"));
+  }), "no rollout", 10);
 
   fillBody("#nodes", (v.nodes || []).map(n => {
     const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));

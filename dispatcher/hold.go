@@ -38,6 +38,7 @@ type heldTask struct {
 	msg      jsplumb.Msg
 	since    time.Time // when it was first held
 	until    time.Time // its deadline: fail after
+	expiry   time.Time // the task's own deadline (zero: none)
 	progress time.Time // last InProgress
 }
 
@@ -84,7 +85,7 @@ func (h *holdRoom) len() int {
 
 // hold keeps a saturated task; it reports false when the room is closed
 // (shutting down), and the caller then naks the message.
-func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait time.Duration) bool {
+func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait time.Duration, expiry time.Time) bool {
 	h := in.held
 	now := time.Now()
 	h.mu.Lock()
@@ -98,7 +99,11 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 		in.counters.Saturated.Add(1)
 	}
 	a.heldSince = since
-	h.q = append(h.q, &heldTask{a: a, msg: msg, since: since, until: since.Add(wait), progress: now})
+	until := since.Add(wait)
+	if !expiry.IsZero() && expiry.Before(until) {
+		until = expiry
+	}
+	h.q = append(h.q, &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now})
 	h.n.Store(int64(len(h.q)))
 	logNow := now.Sub(h.lastLog) >= holdLogEvery
 	h.unlogged++
@@ -163,6 +168,10 @@ func (in *intake) retryHeld() {
 		t := &ht.a.task
 		if in.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
 			in.complete.Settle(ht.msg, nil)
+			continue
+		}
+		if !ht.expiry.IsZero() && !now.Before(ht.expiry) {
+			in.expire(&ht.a, ht.msg, ht.expiry, "while it was held for want of capacity")
 			continue
 		}
 		if now.After(ht.until) {

@@ -3,7 +3,6 @@ package dispatcher
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +48,8 @@ type intakeParams struct {
 	counters   *Counters
 	metrics    *metrics
 	tracer     *tracing.Tracer
+	flow       *flowRules  // deadlines and tenants' weights
+	drain      *drainMeter // for retry_after_ms
 }
 
 func newIntake(p intakeParams) *intake {
@@ -80,10 +81,7 @@ func (in *intake) handleTask(msg jetstream.Msg) {
 	}
 	task, err := protocol.DecodeTask(data, in.cfg.Limits())
 	if err == nil {
-		if subj := strings.TrimPrefix(msg.Subject(), "mlsched.tasks."); subj != task.Type {
-			err = protocol.Errorf(protocol.CodeTypeMismatch, "task of type %q was published on %s; publish it on %s",
-				task.Type, msg.Subject(), topology.TaskSubject(task.Type))
-		}
+		err = checkTaskSubject(msg.Subject(), &task)
 	}
 	if first { // a task waiting for a node is redelivered: count it once
 		typ := task.Type
@@ -104,6 +102,22 @@ func (in *intake) handleTask(msg jetstream.Msg) {
 	}
 	in.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission,
 		traceparent: protocol.TraceparentOf(msg.Headers())}, msg)
+}
+
+// checkTaskSubject: a task is published on its type's subject, band 0
+// (any priority: a producer of an earlier version), or its priority's band
+// (topology.BandTaskSubject).
+func checkTaskSubject(subject string, t *protocol.Task) error {
+	typ, band, ok := topology.ParseTaskSubject(subject)
+	if !ok || typ != t.Type {
+		return protocol.Errorf(protocol.CodeTypeMismatch, "task of type %q was published on %s; publish it on %s",
+			t.Type, subject, topology.BandTaskSubject(t.Type, t.Priority))
+	}
+	if band != topology.BandNormal && band != topology.BandOf(t.Priority) {
+		return protocol.Errorf(protocol.CodeBandMismatch, "task of priority %d was published on %s, another band's subject; publish it on %s",
+			t.Priority, subject, topology.BandTaskSubject(t.Type, t.Priority))
+	}
+	return nil
 }
 
 // attemptSpec is one attempt to dispatch.
@@ -135,6 +149,11 @@ func (a *attemptSpec) maxAttempts(def int) int {
 // settled once JetStream has acknowledged the dispatch.
 func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	t := &a.task
+	expiry := in.flow.expiry(t, a.submitted)
+	if !expiry.IsZero() && !time.Now().Before(expiry) {
+		in.expire(&a, msg, expiry, "before it could be dispatched")
+		return
+	}
 	req := in.request(&a)
 	table := in.snaps.table.Load()
 	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
@@ -170,7 +189,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			traceparent: a.traceparent})
 		return
 	}
-	if dec.Saturated && in.hold(a, msg, dec, req.Deadline) {
+	if dec.Saturated && in.hold(a, msg, dec, req.Deadline, expiry) {
 		return // backpressure (hold.go)
 	}
 	if dec.Panic {
@@ -183,6 +202,11 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 		timeout = in.modelTimeout(dec.Model)
 	}
 	deadline := time.Now().Add(timeout + in.cfg.DeadlineSlack)
+	if !expiry.IsZero() && expiry.Before(deadline) {
+		// The worker does not start an attempt past its deadline: nor,
+		// then, a task past its own.
+		deadline = expiry
+	}
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
 		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
 		Submitted: a.submitted, Submission: a.submission, History: a.history}
@@ -215,6 +239,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			return err
 		}
 		if !ack.Duplicate {
+			in.drain.dispatched(time.Now())
 			in.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
 			if redispatch {
 				in.counters.Redispatched.Add(1)
@@ -246,8 +271,26 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 	if timeout <= 0 {
 		timeout = in.cfg.TaskTimeout
 	}
+	deadline := timeout + in.cfg.DeadlineSlack
+	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() {
+		// A task that cannot start before its own deadline makes its
+		// candidates saturated: it is held, not sent to expire on a node.
+		deadline = max(0, min(deadline, time.Until(expiry)))
+	}
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: timeout + in.cfg.DeadlineSlack}
+		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: deadline}
+}
+
+// expire ends a task whose deadline passed before it started: failed with
+// CodeExpired, not dead-lettered (its answer is worthless now), with
+// retry_after_ms.
+func (in *intake) expire(a *attemptSpec, msg jsplumb.Msg, expiry time.Time, where string) {
+	in.counters.Expired.Add(1)
+	err := expiredError(&a.task, expiry, where)
+	in.log.Info().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task expired")
+	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
+		status: protocol.StatusFailed, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
+		submission: a.submission, traceparent: a.traceparent, retryAfter: in.drain.retryAfter(in.held.len())})
 }
 
 func (in *intake) modelTimeout(model string) time.Duration {

@@ -113,6 +113,10 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.Cancelled, "cancelled")
 	counter(descEvents, &cs.Saturated, "saturated")
 	counter(descEvents, &cs.StoreResets, "store_reset")
+	counter(descEvents, &cs.Expired, "expired")
+	counter(descEvents, &cs.ShedFlow, "shed_sheddable")
+	counter(descEvents, &cs.OverQuota, "over_quota")
+	counter(descEvents, &cs.Inversions, "inversions")
 	p := d.parts.Load()
 	if !d.live.Load() || p == nil {
 		return

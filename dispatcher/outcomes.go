@@ -42,6 +42,7 @@ type outcomesParams struct {
 	fin        *finisher // results and dead letters
 	counters   *Counters
 	metrics    *metrics
+	flow       *flowRules // a task past its deadline is not retried
 }
 
 func newOutcomes(p outcomesParams) *outcomes {
@@ -114,6 +115,10 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 			state.TaskErr = fmt.Errorf("the outcome carries no task bytes")
 		} else {
 			task, state.TaskErr = protocol.DecodeTask(o.Task, oc.cfg.Limits())
+		}
+		if exp := oc.flow.expiry(&task, submitted); state.TaskErr == nil && !exp.IsZero() && !time.Now().Before(exp) {
+			state.Expired = true
+			oc.counters.Expired.Add(1)
 		}
 	}
 	dec := settle.Settle(oc.cfg.Retry(), pd, o, state)

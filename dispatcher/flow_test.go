@@ -1,0 +1,98 @@
+package dispatcher_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// A task whose deadline_ms passes while every candidate is saturated is
+// never sent: it fails with code expired, after 0 attempts, with a
+// retry_after_ms, and is not dead-lettered (its answer is worthless now).
+func TestExpiredHeldTaskIsNeverStarted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000 // on 8 slots: hours of work
+	busy := e.startNode("busy", []string{"s"}, map[string]behavior{"m": succeed})
+	e.submit(protocol.Task{ID: "exp1", Type: "s", TimeoutMs: 60_000, DeadlineMs: 300})
+	res := e.result("exp1")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeExpired || res.Attempts != 0 {
+		t.Fatalf("result = %+v, want failed with %s after 0 attempts", res, protocol.CodeExpired)
+	}
+	if res.RetryAfterMs <= 0 {
+		t.Fatalf("retry_after_ms = %d, want > 0", res.RetryAfterMs)
+	}
+	if got := busy.attempts(); len(got) != 0 {
+		t.Fatalf("the node got %v", got)
+	}
+	if n := e.d.Counters().Expired.Load(); n != 1 {
+		t.Fatalf("expired counter = %d, want 1", n)
+	}
+	for _, dl := range e.deadLetters() {
+		if dl.TaskID == "exp1" {
+			t.Fatalf("an expired task was dead-lettered: %+v", dl)
+		}
+	}
+}
+
+// The dispatch of a task with a deadline carries that deadline (not the
+// attempt's longer timeout plus slack), so that a worker does not start it
+// late; an attempt lost past it is not retried: the task fails expired.
+func TestDispatchCarriesTaskDeadline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	hung := e.startNode("hung", []string{"d"}, map[string]behavior{"m": succeed})
+	hung.silent.Store(true) // never answers: the sweeper finds the attempt lost at its deadline
+	before := time.Now()
+	e.submit(protocol.Task{ID: "dl1", Type: "d", TimeoutMs: 60_000, MaxAttempts: 3, DeadlineMs: 800})
+	res := e.result("dl1") // without the cap the attempt would be lost after 70 s
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeExpired || res.Attempts != 1 {
+		t.Fatalf("result = %+v, want failed with %s after 1 attempt", res, protocol.CodeExpired)
+	}
+	hung.mu.Lock()
+	h := hung.headers[0]
+	n := len(hung.headers)
+	hung.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d dispatches, want 1: a task past its deadline is not retried", n)
+	}
+	pd, err := protocol.ParseDispatch(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit := before.Add(800*time.Millisecond + time.Second); pd.Deadline.After(limit) {
+		t.Fatalf("dispatch deadline %s, want at most the task's (about %s)", pd.Deadline, before.Add(800*time.Millisecond))
+	}
+}
+
+// Band subjects: a task on its priority's band subject runs; on another
+// band's it is rejected with band_mismatch; today's subject takes any
+// priority.
+func TestPriorityBandSubjects(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startNode("n1", []string{"b"}, map[string]behavior{"m": succeed})
+	publish := func(subject string, task protocol.Task) {
+		data, _ := json.Marshal(task)
+		e.publish(subject, data, task.ID)
+	}
+	publish(topology.BandTaskSubject("b", 7), protocol.Task{ID: "hi1", Type: "b", Priority: 7})
+	publish(topology.BandTaskSubject("b", -2), protocol.Task{ID: "lo1", Type: "b", Priority: -2, Tenant: "acme"})
+	publish(topology.TaskSubject("b"), protocol.Task{ID: "old1", Type: "b", Priority: 7})
+	publish(topology.BandTaskSubject("b", 7), protocol.Task{ID: "bad1", Type: "b", Priority: -3})
+	publish("mlsched.tasks.b.x.y", protocol.Task{ID: "bad2", Type: "b"})
+	for _, id := range []string{"hi1", "lo1", "old1"} {
+		if res := e.result(id); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("%s: %+v", id, res)
+		}
+	}
+	if res := e.result("bad1"); res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeBandMismatch {
+		t.Fatalf("bad1: %+v, want rejected with %s", res, protocol.CodeBandMismatch)
+	}
+	if res := e.result("bad2"); res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeTypeMismatch {
+		t.Fatalf("bad2: %+v, want rejected with %s", res, protocol.CodeTypeMismatch)
+	}
+}

@@ -117,12 +117,13 @@ type Config struct {
 	// only a Config from DefaultConfig or the environment keeps a zero).
 	UnservedMax int `envconfig:"UNSERVED_MAX" default:"256" desc:"tasks no live node serves that a replica keeps waiting at once, capped at MLSCHED_MAX_IN_FLIGHT (beyond: the type keeping most gives way, rejected at once with no_model)"`
 	// SweepInterval between scans for lost attempts (default 1s).
+	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"1s" desc:"how often the stored dispatches are scanned for lost attempts"`
+
 	// TypeDeadlines is the default deadline_ms per task type, for tasks
 	// that set none: "type:duration,..." (docs/policies.md, "Flow control").
 	TypeDeadlines map[string]string `envconfig:"TYPE_DEADLINES" desc:"per-type default task deadline (deadline_ms, queueing included) of tasks that set none, e.g. fraud:200ms,report:1h; none: no deadline"`
 	// TenantWeights are the tenants' shares inside a priority band.
 	TenantWeights map[string]string `envconfig:"TENANT_WEIGHTS" desc:"tenants' weights inside a priority band of held tasks, e.g. a:3,b:1 (default 1 each)"`
-	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"1s" desc:"how often the stored dispatches are scanned for lost attempts"`
 
 	// MaxPayloadBytes bounds a task message (default 1048576).
 	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576" desc:"largest task message accepted"`

@@ -125,6 +125,16 @@ func (m *drainMeter) dispatched(now time.Time) {
 	}
 }
 
+// perSecond is the measured drain rate (0: none yet).
+func (m *drainMeter) perSecond() float64 {
+	if m == nil {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rate
+}
+
 // retryAfter estimates when waiting work of the given size is drained: at
 // least 100 ms, at most a minute; a second when nothing is measured yet.
 func (m *drainMeter) retryAfter(waiting int) time.Duration {

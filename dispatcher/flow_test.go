@@ -2,6 +2,8 @@ package dispatcher_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,5 +96,46 @@ func TestPriorityBandSubjects(t *testing.T) {
 	}
 	if res := e.result("bad2"); res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeTypeMismatch {
 		t.Fatalf("bad2: %+v, want rejected with %s", res, protocol.CodeTypeMismatch)
+	}
+}
+
+// Held tasks go on highest priority first when capacity returns, whatever
+// their submission order, and no dispatch is an inversion.
+func TestHeldTasksGoHighestPriorityFirst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000 // saturated: everything is held
+	busy := e.startNode("busy", []string{"p"}, map[string]behavior{"m": succeed})
+	prios := []int{-5, 0, 5, 0, -5, 9, 0, 5, -5, 0, 5, -1, 0, 9, 0}
+	for i, p := range prios {
+		data, _ := json.Marshal(protocol.Task{ID: fmt.Sprintf("p%d", i), Type: "p", Priority: p, TimeoutMs: 60_000,
+			Tenant: []string{"a", "b"}[i%2]})
+		e.publish(topology.BandTaskSubject("p", p), data, fmt.Sprintf("p%d", i))
+	}
+	e.waitFor("every task held", func() bool { return e.d.Report().Held == len(prios) })
+	busy.queued.Store(0)
+	busy.beat()
+	for i := range prios {
+		if res := e.result(fmt.Sprintf("p%d", i)); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("p%d: %+v", i, res)
+		}
+	}
+	byID := map[string]int{}
+	for i, p := range prios {
+		byID[fmt.Sprintf("p%d", i)] = p
+	}
+	last := protocol.MaxPriority
+	for _, s := range busy.attempts() { // "id/attempt/model", in dispatch order
+		p := byID[strings.SplitN(s, "/", 2)[0]]
+		if p > last {
+			t.Fatalf("dispatch order %v: priority %d after %d", busy.attempts(), p, last)
+		}
+		last = p
+	}
+	if n := e.d.Counters().Inversions.Load(); n != 0 {
+		t.Fatalf("inversions = %d, want 0", n)
+	}
+	if r := e.d.Report(); r.Counters["inversions"] != 0 {
+		t.Fatalf("stats report inversions = %d", r.Counters["inversions"])
 	}
 }

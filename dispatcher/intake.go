@@ -136,6 +136,9 @@ type attemptSpec struct {
 	// heldSince is when the task was first held for want of capacity
 	// (hold.go); zero if it was not.
 	heldSince time.Time
+	// fromHold: the hold's pass sends it on, in priority and fair order;
+	// it does not queue behind held tasks of its own priority.
+	fromHold bool
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -189,8 +192,22 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			traceparent: a.traceparent})
 		return
 	}
-	if dec.Saturated && in.hold(a, msg, dec, req.Deadline, expiry) {
-		return // backpressure (hold.go)
+	key := ""
+	if in.held.n.Load() > 0 || in.held.inPass.Load() > 0 {
+		key = candidateKey(t)
+	}
+	// Backpressure (hold.go), and no overtaking: while a task of this
+	// candidate set is held with a priority at least this one's (higher,
+	// for a task the hold sends on), this one waits behind it.
+	if (dec.Saturated || (key != "" && in.held.heldAtLeast(key, t.Priority, a.fromHold))) &&
+		in.hold(a, msg, dec, req.Deadline, expiry) {
+		if !dec.Saturated {
+			in.held.wake() // a slot is free: the hold sends on what goes first
+		}
+		return
+	}
+	if key != "" && in.held.heldAtLeast(key, t.Priority, true) {
+		in.counters.Inversions.Add(1) // only when the hold is closed: it must stay 0
 	}
 	if dec.Panic {
 		in.counters.Panic.Add(1)

@@ -139,3 +139,29 @@ func TestHeldTasksGoHighestPriorityFirst(t *testing.T) {
 		t.Fatalf("stats report inversions = %d", r.Counters["inversions"])
 	}
 }
+
+// A sheddable task that cannot start before its deadline is shed, not
+// expired: code shed, retry_after_ms, counted, not dead-lettered.
+func TestSheddableHeldTaskIsShed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000
+	busy := e.startNode("busy", []string{"s"}, map[string]behavior{"m": succeed})
+	data, _ := json.Marshal(protocol.Task{ID: "shed1", Type: "s", TimeoutMs: 60_000, DeadlineMs: 300, Priority: -3})
+	e.publish(topology.BandTaskSubject("s", -3), data, "shed1")
+	res := e.result("shed1")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeShed || res.RetryAfterMs <= 0 {
+		t.Fatalf("result = %+v, want failed with %s and retry_after_ms", res, protocol.CodeShed)
+	}
+	if got := busy.attempts(); len(got) != 0 {
+		t.Fatalf("the node got %v", got)
+	}
+	if n := e.d.Counters().ShedFlow.Load(); n != 1 {
+		t.Fatalf("shed counter = %d, want 1", n)
+	}
+	for _, dl := range e.deadLetters() {
+		if dl.TaskID == "shed1" {
+			t.Fatalf("a shed task was dead-lettered: %+v", dl)
+		}
+	}
+}

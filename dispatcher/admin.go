@@ -51,6 +51,8 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 	r.Nodes = p.reg.Live()
 	r.Counters["bad_heartbeats"] = p.reg.Refused()
 	r.Held = p.intake.held.len()
+	r.HeldBy = p.intake.held.waiting(20)
+	r.QuotaDegraded = p.intake.quota.Degraded()
 	r.Unserved = p.intake.unserved.len()
 	snap := p.snaps.snap.Load()
 	if snap == nil {

@@ -124,6 +124,11 @@ type Config struct {
 	TypeDeadlines map[string]string `envconfig:"TYPE_DEADLINES" desc:"per-type default task deadline (deadline_ms, queueing included) of tasks that set none, e.g. fraud:200ms,report:1h; none: no deadline"`
 	// TenantWeights are the tenants' shares inside a priority band.
 	TenantWeights map[string]string `envconfig:"TENANT_WEIGHTS" desc:"tenants' weights inside a priority band of held tasks, e.g. a:3,b:1 (default 1 each)"`
+	// TenantRates are the tenants' rate quotas, shared by every replica
+	// through Redis (dispatcher/internal/quota).
+	TenantRates map[string]string `envconfig:"TENANT_RATES" desc:"tenants' rate quotas in tasks/s, shared by every replica through Redis, e.g. a:200,b:50 (a tenant absent: none); over it a task is held until its deadline"`
+	// QuotaReject rejects an over-quota task at once instead of holding it.
+	QuotaReject bool `envconfig:"QUOTA_REJECT" default:"false" desc:"reject a task over its tenant's rate quota at once with quota_exceeded and retry_after_ms, instead of holding it until its deadline"`
 
 	// MaxPayloadBytes bounds a task message (default 1048576).
 	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576" desc:"largest task message accepted"`

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
+	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
@@ -409,7 +410,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	}
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: sealer, superseded: superseded, fin: fin,
-		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{}})
+		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
+		quota: quota.New(flow.rates, rc, d.cfg.Name)})
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
 		snaps: snaps, sealer: sealer, superseded: superseded, retry: in, fin: fin,
 		counters: &d.counters, metrics: d.metrics, flow: flow})

@@ -26,11 +26,27 @@ type flowRules struct {
 	// weights are the tenants' shares inside a band
 	// (MLSCHED_TENANT_WEIGHTS, default 1).
 	weights map[string]float64
+	// rates are the tenants' rate quotas (MLSCHED_TENANT_RATES, tasks/s).
+	rates map[string]float64
 }
 
 // parseFlowRules reads the flow-control variables of c.
 func parseFlowRules(c *Config) (*flowRules, error) {
-	r := &flowRules{deadlines: map[string]time.Duration{}, weights: map[string]float64{}}
+	r := &flowRules{deadlines: map[string]time.Duration{}, weights: map[string]float64{}, rates: map[string]float64{}}
+	for k, v := range c.TenantRates {
+		tenant, val := strings.TrimSpace(k), strings.TrimSpace(v)
+		rate, err := strconv.ParseFloat(val, 64)
+		if err == nil && (rate <= 0 || math.IsInf(rate, 0) || math.IsNaN(rate)) {
+			err = fmt.Errorf("must be a positive number of tasks per second")
+		}
+		if err == nil {
+			err = protocol.ValidToken(tenant, protocol.MaxTenantLen)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("invalid %s_TENANT_RATES entry %s:%s: %w", config.Prefix, tenant, val, err)
+		}
+		r.rates[tenant] = rate
+	}
 	for k, v := range c.TypeDeadlines {
 		typ, val := strings.TrimSpace(k), strings.TrimSpace(v)
 		d, err := time.ParseDuration(val)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -163,5 +164,53 @@ func TestSheddableHeldTaskIsShed(t *testing.T) {
 		if dl.TaskID == "shed1" {
 			t.Fatalf("a shed task was dead-lettered: %+v", dl)
 		}
+	}
+}
+
+// A tenant over its rate quota: held until it may go (all succeed, later),
+// or with MLSCHED_QUOTA_REJECT rejected at once with quota_exceeded and
+// retry_after_ms; other tenants are not limited.
+func TestTenantRateQuota(t *testing.T) {
+	t.Parallel()
+	for _, reject := range []bool{false, true} {
+		t.Run(fmt.Sprint("reject=", reject), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(c *dispatcher.Config) {
+				c.TenantRates = map[string]string{"a": "4"}
+				c.QuotaReject = reject
+			})
+			e.startNode("n1", []string{"q"}, map[string]behavior{"m": succeed})
+			const n = 12
+			start := time.Now()
+			for i := range n {
+				e.submit(protocol.Task{ID: fmt.Sprintf("qa%d", i), Type: "q", Tenant: "a", TimeoutMs: 30_000})
+				e.submit(protocol.Task{ID: fmt.Sprintf("qb%d", i), Type: "q", Tenant: "b"})
+			}
+			succeeded, rejected := 0, 0
+			for i := range n {
+				if res := e.result(fmt.Sprintf("qb%d", i)); res.Status != protocol.StatusSucceeded {
+					t.Fatalf("tenant b, without a quota: %+v", res)
+				}
+				res := e.result(fmt.Sprintf("qa%d", i))
+				switch {
+				case res.Status == protocol.StatusSucceeded:
+					succeeded++
+				case res.Status == protocol.StatusRejected && res.ErrorCode == protocol.CodeQuotaExceeded && res.RetryAfterMs > 0:
+					rejected++
+				default:
+					t.Fatalf("tenant a: %+v", res)
+				}
+			}
+			elapsed := time.Since(start).Seconds()
+			if limit := 4*elapsed + 1 + 1; float64(succeeded) > limit {
+				t.Fatalf("%d of tenant a's tasks admitted in %.1fs, quota 4/s allows at most %.0f", succeeded, elapsed, limit)
+			}
+			if reject && rejected == 0 || !reject && succeeded != n {
+				t.Fatalf("reject=%v: %d succeeded, %d rejected", reject, succeeded, rejected)
+			}
+			if e.d.Counters().OverQuota.Load() == 0 {
+				t.Fatal("over_quota not counted")
+			}
+		})
 	}
 }

@@ -60,6 +60,8 @@ type heldTask struct {
 	tenant   string
 	// start and tag are its fair-order start and finish tags in a pass.
 	start, tag float64
+	// counted: it is in the room's counts (not while over its quota).
+	counted bool
 }
 
 // candidateKey names a task's candidate set: tasks of one key compete for
@@ -121,8 +123,12 @@ func (h *holdRoom) countLocked(key string, priority, d int) {
 
 // leave: a held task leaves the hold (dispatched, ended or released).
 func (h *holdRoom) leave(ht *heldTask) {
+	if !ht.counted {
+		return
+	}
 	h.mu.Lock()
 	h.countLocked(ht.key, ht.a.task.Priority, -1)
+	ht.counted = false
 	h.mu.Unlock()
 }
 
@@ -186,7 +192,9 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 	since := a.heldSince
 	if since.IsZero() {
 		since = now
-		in.counters.Saturated.Add(1)
+		if !a.overQuota {
+			in.counters.Saturated.Add(1)
+		}
 	}
 	a.heldSince = since
 	until := since.Add(wait)
@@ -196,9 +204,12 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 	ht := &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now,
 		key: candidateKey(&a.task), tenant: a.task.TenantName()}
 	h.q = append(h.q, ht)
-	h.countLocked(ht.key, a.task.Priority, 1)
+	if !a.overQuota { // a task over its quota holds back no other tenant's
+		h.countLocked(ht.key, a.task.Priority, 1)
+		ht.counted = true
+	}
 	h.n.Store(int64(len(h.q)))
-	logNow := now.Sub(h.lastLog) >= holdLogEvery
+	logNow := now.Sub(h.lastLog) >= holdLogEvery && !a.overQuota
 	h.unlogged++
 	n, held := h.unlogged, len(h.q)
 	if logNow {
@@ -261,7 +272,7 @@ func (in *intake) retryHeld() {
 	}
 	now := time.Now()
 	table := in.snaps.table.Load()
-	var saturated []string
+	var saturated, refused []string // candidate sets saturated, tenants over quota, in this pass
 	var keep []*heldTask
 	rate := in.drain.perSecond()
 	for i, ht := range q {
@@ -282,7 +293,9 @@ func (in *intake) retryHeld() {
 		}
 		if now.After(ht.until) {
 			h.leave(ht)
-			if t.Priority < 0 {
+			if ht.a.overQuota {
+				in.rejectQuota(&ht.a, ht.msg, in.drain.retryAfter(len(keep)))
+			} else if t.Priority < 0 {
 				in.shed(ht, len(keep), "it waited its whole deadline with every candidate saturated")
 			} else {
 				in.failSaturated(ht)
@@ -295,6 +308,24 @@ func (in *intake) retryHeld() {
 			h.leave(ht)
 			in.shed(ht, len(keep), "at the measured drain rate it could not start before its deadline")
 			continue
+		}
+		if ht.a.overQuota {
+			if containsStr(refused, ht.tenant) {
+				in.keepAlive(ht, now)
+				keep = append(keep, ht)
+				continue
+			}
+			if ok, _ := in.quota.Allow(context.Background(), ht.tenant); !ok {
+				refused = append(refused, ht.tenant)
+				in.keepAlive(ht, now)
+				keep = append(keep, ht)
+				continue
+			}
+			ht.a.admitted, ht.a.overQuota = true, false
+			h.mu.Lock()
+			h.countLocked(ht.key, t.Priority, 1)
+			ht.counted = true
+			h.mu.Unlock()
 		}
 		if !containsStr(saturated, ht.key) {
 			req := in.request(&ht.a)
@@ -309,10 +340,7 @@ func (in *intake) retryHeld() {
 			}
 			saturated = append(saturated, ht.key)
 		}
-		if now.Sub(ht.progress) >= in.cfg.AckWait/3 {
-			in.complete.Progress(ht.msg)
-			ht.progress = now
-		}
+		in.keepAlive(ht, now)
 		keep = append(keep, q[i])
 	}
 	h.mu.Lock()
@@ -320,6 +348,14 @@ func (in *intake) retryHeld() {
 	h.q = append(keep, h.q...)
 	h.n.Store(int64(len(h.q)))
 	h.mu.Unlock()
+}
+
+// keepAlive keeps a held message from redelivery.
+func (in *intake) keepAlive(ht *heldTask, now time.Time) {
+	if now.Sub(ht.progress) >= in.cfg.AckWait/3 {
+		in.complete.Progress(ht.msg)
+		ht.progress = now
+	}
 }
 
 // order sorts q for a pass: priority descending, then each task's fair
@@ -424,4 +460,53 @@ func containsStr(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// bandName names a priority's band for metrics and the stats report.
+func bandName(priority int) string {
+	switch topology.BandOf(priority) {
+	case topology.BandHigh:
+		return "high"
+	case topology.BandLow:
+		return "low"
+	}
+	return "normal"
+}
+
+// waiting counts the held tasks by band and tenant, the top tenants by
+// tasks held and the rest as "other": bounded labels.
+func (h *holdRoom) waiting(top int) []protocol.HeldCount {
+	h.mu.Lock()
+	type bt struct{ band, tenant string }
+	n := map[bt]int{}
+	per := map[string]int{}
+	for _, ht := range h.q {
+		n[bt{bandName(ht.a.task.Priority), ht.tenant}]++
+		per[ht.tenant]++
+	}
+	h.mu.Unlock()
+	tenants := make([]string, 0, len(per))
+	for t := range per {
+		tenants = append(tenants, t)
+	}
+	slices.SortFunc(tenants, func(a, b string) int { return cmp.Or(cmp.Compare(per[b], per[a]), cmp.Compare(a, b)) })
+	keepName := map[string]bool{}
+	for _, t := range tenants[:min(top, len(tenants))] {
+		keepName[t] = true
+	}
+	merged := map[bt]int{}
+	for k, v := range n {
+		if !keepName[k.tenant] {
+			k.tenant = "other"
+		}
+		merged[k] += v
+	}
+	out := make([]protocol.HeldCount, 0, len(merged))
+	for k, v := range merged {
+		out = append(out, protocol.HeldCount{Band: k.band, Tenant: k.tenant, Held: v})
+	}
+	slices.SortFunc(out, func(a, b protocol.HeldCount) int {
+		return cmp.Or(cmp.Compare(a.Band, b.Band), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	return out
 }

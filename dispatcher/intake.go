@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/policy"
@@ -30,6 +31,7 @@ type intake struct {
 	intakeParams
 	held     *holdRoom
 	unserved *unservedRoom
+	quotaLog sometimes // bounded-rate log of degraded quotas
 }
 
 // intakeParams is what the intake stage needs.
@@ -50,10 +52,13 @@ type intakeParams struct {
 	tracer     *tracing.Tracer
 	flow       *flowRules  // deadlines and tenants' weights
 	drain      *drainMeter // for retry_after_ms
+	quota      *quota.Limiter
 }
 
 func newIntake(p intakeParams) *intake {
-	return &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}}
+	in := &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}}
+	in.quotaLog.every = 10 * time.Second
+	return in
 }
 
 // retrier is how the outcome stage hands a failed attempt back to intake,
@@ -139,6 +144,9 @@ type attemptSpec struct {
 	// fromHold: the hold's pass sends it on, in priority and fair order;
 	// it does not queue behind held tasks of its own priority.
 	fromHold bool
+	// admitted: its tenant's rate quota let it in (charged once);
+	// overQuota: it is held because the quota did not.
+	admitted, overQuota bool
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -156,6 +164,9 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	if !expiry.IsZero() && !time.Now().Before(expiry) {
 		in.expire(&a, msg, expiry, "before it could be dispatched")
 		return
+	}
+	if a.attempt == 1 && !a.admitted && in.quota.Limited(t.TenantName()) && !in.admit(&a, msg, expiry) {
+		return // held or rejected over its tenant's quota
 	}
 	req := in.request(&a)
 	table := in.snaps.table.Load()
@@ -296,6 +307,41 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 	}
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
 		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: deadline}
+}
+
+// admit charges the task to its tenant's rate quota; over it, the task is
+// held until its deadline (the hold asks again each pass) or, with
+// MLSCHED_QUOTA_REJECT, rejected at once with CodeQuotaExceeded. It
+// reports whether the task goes on now.
+func (in *intake) admit(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
+	ok, wait := in.quota.Allow(context.Background(), a.task.TenantName())
+	if why := in.quota.Degraded(); why != "" {
+		in.quotaLog.log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
+			"quota degraded: enforcing this replica's share of the tenants' rate quotas")
+	}
+	if ok {
+		a.admitted, a.overQuota = true, false
+		return true
+	}
+	if !a.overQuota {
+		in.counters.OverQuota.Add(1)
+	}
+	if in.cfg.QuotaReject {
+		in.rejectQuota(a, msg, wait)
+		return false
+	}
+	a.overQuota = true
+	if !in.hold(*a, msg, policy.Decision{}, in.request(a).Deadline, expiry) {
+		in.complete.Retry(msg, 0) // shutting down
+	}
+	return false
+}
+
+func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duration) {
+	err := protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q is over its rate quota of %g tasks/s", a.task.TenantName(), in.flow.rates[a.task.TenantName()])
+	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
+		status: protocol.StatusRejected, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
+		submission: a.submission, traceparent: a.traceparent, retryAfter: max(wait, time.Millisecond)})
 }
 
 // expire ends a task whose deadline passed before it started: failed with

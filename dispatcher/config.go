@@ -127,6 +127,9 @@ type Config struct {
 	// TenantRates are the tenants' rate quotas, shared by every replica
 	// through Redis (dispatcher/internal/quota).
 	TenantRates map[string]string `envconfig:"TENANT_RATES" desc:"tenants' rate quotas in tasks/s, shared by every replica through Redis, e.g. a:200,b:50 (a tenant absent: none); over it a task is held until its deadline"`
+	// QueueTarget bounds what a node queues (0: its deadline does); the
+	// rest waits in the hold, in priority and fair order.
+	QueueTarget time.Duration `envconfig:"QUEUE_TARGET" default:"0s" desc:"flow control: a node counts as saturated once a task would wait plus run this long there (0: the attempt's deadline), so the rest waits in the dispatcher's hold, in priority and tenant order; e.g. twice the model latency"`
 	// QuotaReject rejects an over-quota task at once instead of holding it.
 	QuotaReject bool `envconfig:"QUOTA_REJECT" default:"false" desc:"reject a task over its tenant's rate quota at once with quota_exceeded and retry_after_ms, instead of holding it until its deadline"`
 
@@ -213,6 +216,8 @@ func (c Config) Validate() error {
 		return bad("SWEEP_INTERVAL", c.SweepInterval, "must be positive")
 	case c.NoNodeWait < 0:
 		return bad("NO_NODE_WAIT", c.NoNodeWait, "must not be negative")
+	case c.QueueTarget < 0:
+		return bad("QUEUE_TARGET", c.QueueTarget, "must not be negative (0: off)")
 	case c.DeadlineSlack < 0:
 		return bad("DEADLINE_SLACK", c.DeadlineSlack, "must not be negative")
 	case c.RetryBackoff < 0:

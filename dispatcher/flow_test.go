@@ -148,7 +148,7 @@ func TestSheddableHeldTaskIsShed(t *testing.T) {
 	e := newEnv(t)
 	e.queued = 100_000
 	busy := e.startNode("busy", []string{"s"}, map[string]behavior{"m": succeed})
-	data, _ := json.Marshal(protocol.Task{ID: "shed1", Type: "s", TimeoutMs: 60_000, DeadlineMs: 300, Priority: -3})
+	data, _ := json.Marshal(protocol.Task{ID: "shed1", Type: "s", TimeoutMs: 60_000, DeadlineMs: 2000, Priority: -3})
 	e.publish(topology.BandTaskSubject("s", -3), data, "shed1")
 	res := e.result("shed1")
 	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeShed || res.RetryAfterMs <= 0 {

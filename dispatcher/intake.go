@@ -211,7 +211,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	// candidate set is held with a priority at least this one's (higher,
 	// for a task the hold sends on), this one waits behind it.
 	if (dec.Saturated || (key != "" && in.held.heldAtLeast(key, t.Priority, a.fromHold))) &&
-		in.hold(a, msg, dec, req.Deadline, expiry) {
+		in.hold(a, msg, dec, in.holdWait(&a), expiry) {
 		if !dec.Saturated {
 			in.held.wake() // a slot is free: the hold sends on what goes first
 		}
@@ -305,6 +305,11 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 		// candidates saturated: it is held, not sent to expire on a node.
 		deadline = max(0, min(deadline, time.Until(expiry)))
 	}
+	if in.cfg.QueueTarget > 0 {
+		// Nodes queue no more than this: the rest waits in the hold, where
+		// priorities and tenants are ordered (docs/policies.md).
+		deadline = min(deadline, in.cfg.QueueTarget)
+	}
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
 		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: deadline}
 }
@@ -331,7 +336,7 @@ func (in *intake) admit(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool 
 		return false
 	}
 	a.overQuota = true
-	if !in.hold(*a, msg, policy.Decision{}, in.request(a).Deadline, expiry) {
+	if !in.hold(*a, msg, policy.Decision{}, in.holdWait(a), expiry) {
 		in.complete.Retry(msg, 0) // shutting down
 	}
 	return false
@@ -342,6 +347,17 @@ func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duratio
 	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
 		status: protocol.StatusRejected, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
 		submission: a.submission, traceparent: a.traceparent, retryAfter: max(wait, time.Millisecond)})
+}
+
+// holdWait is how long a task may be held for want of capacity: its
+// timeout plus the deadline slack (the hold also ends it at its own
+// deadline).
+func (in *intake) holdWait(a *attemptSpec) time.Duration {
+	timeout := time.Duration(a.task.TimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = in.cfg.TaskTimeout
+	}
+	return timeout + in.cfg.DeadlineSlack
 }
 
 // expire ends a task whose deadline passed before it started: failed with

@@ -122,3 +122,43 @@ func subjectMatches(filter, subject string) bool {
 	}
 	return len(f) == len(s)
 }
+
+// The unfiltered task consumer of an earlier version is narrowed to band 0
+// in place, keeping its pending messages, and the other bands' consumers
+// can then be created beside it (their filters overlapped it before).
+func TestBandConsumersReplaceTheUnfilteredOne(t *testing.T) {
+	srv := natstest.New(t)
+	ctx := context.Background()
+	if err := topology.Ensure(ctx, srv.JS, topology.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := srv.JS.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := jetstream.ConsumerConfig{Durable: topology.ConsumerDispatcher, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1}
+	if _, err := s.CreateConsumer(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.JS.Publish(ctx, topology.TaskSubject("x"), []byte(`{"id":"a","type":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, band := range []int{topology.BandNormal, topology.BandHigh, topology.BandLow} {
+		want := old
+		want.Durable, want.FilterSubjects = topology.BandConsumer(band)
+		c, err := topology.EnsureConsumer(ctx, s, want)
+		if err != nil {
+			t.Fatalf("band %d: %v", band, err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(info.Config.FilterSubjects) != fmt.Sprint(want.FilterSubjects) {
+			t.Fatalf("band %d consumer filters %v, want %v", band, info.Config.FilterSubjects, want.FilterSubjects)
+		}
+		if band == topology.BandNormal && info.NumPending != 1 {
+			t.Fatalf("band 0 consumer has %d pending, want the 1 task queued before the update", info.NumPending)
+		}
+	}
+}

@@ -291,6 +291,14 @@ func (in *intake) retryHeld() {
 			}
 			continue
 		}
+		if now.After(ht.until) && in.cfg.QueueTarget > 0 && !ht.a.fullDeadline && !ht.a.overQuota && t.Priority >= 0 {
+			// Held for the queue target, not for its deadline: it may still
+			// queue on a node that starts it in time, as without the target.
+			h.leave(ht)
+			ht.a.fullDeadline, ht.a.fromHold = true, true
+			in.dispatch(ht.a, ht.msg)
+			continue
+		}
 		if now.After(ht.until) {
 			h.leave(ht)
 			if ht.a.overQuota {

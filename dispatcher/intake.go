@@ -147,6 +147,10 @@ type attemptSpec struct {
 	// admitted: its tenant's rate quota let it in (charged once);
 	// overQuota: it is held because the quota did not.
 	admitted, overQuota bool
+	// fullDeadline: its hold time ran out under MLSCHED_QUEUE_TARGET; it
+	// goes to a node that can start it within its own deadline, as it
+	// would without the target, or fails saturated.
+	fullDeadline bool
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -305,7 +309,7 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 		// candidates saturated: it is held, not sent to expire on a node.
 		deadline = max(0, min(deadline, time.Until(expiry)))
 	}
-	if in.cfg.QueueTarget > 0 {
+	if in.cfg.QueueTarget > 0 && !a.fullDeadline {
 		// Nodes queue no more than this: the rest waits in the hold, where
 		// priorities and tenants are ordered (docs/policies.md).
 		deadline = min(deadline, in.cfg.QueueTarget)

@@ -204,7 +204,7 @@ func TestFlowControlLive(t *testing.T) {
 	}
 	if len(waits) > 0 {
 		t.Logf("MLSCHED_QUEUE_TARGET=%s", queueTarget)
-	t.Logf("head of line: %d urgent priority-9 tasks behind %d priority-0: submit-to-start p50 %.0f ms, p99 %.0f ms, max %.0f ms (target p99 ≤ 1000 ms); %d/%d bulk succeeded, others %v",
+		t.Logf("head of line: %d urgent priority-9 tasks behind %d priority-0: submit-to-start p50 %.0f ms, p99 %.0f ms, max %.0f ms (target p99 ≤ 1000 ms); %d/%d bulk succeeded, others %v",
 			len(waits), backlog, pct(waits, 0.50), pct(waits, 0.99), waits[len(waits)-1], bulkOK, backlog, bulkCodes)
 	}
 	win, most := maxWindow(finished, 10*time.Second)

@@ -291,13 +291,23 @@ func (in *intake) retryHeld() {
 			}
 			continue
 		}
-		if now.After(ht.until) && in.cfg.QueueTarget > 0 && !ht.a.fullDeadline && !ht.a.overQuota && t.Priority >= 0 {
-			// Held for the queue target, not for its deadline: it may still
-			// queue on a node that starts it in time, as without the target.
-			h.leave(ht)
-			ht.a.fullDeadline, ht.a.fromHold = true, true
-			in.dispatch(ht.a, ht.msg)
-			continue
+		if now.After(ht.until) && in.cfg.QueueTarget > 0 && !ht.a.overQuota && t.Priority >= 0 {
+			// Held for the queue target: if a node could still start it
+			// within its own deadline it is not saturated, only waiting its
+			// turn (the pulled part of the backlog), and waits on; a task
+			// with a deadline_ms ends at it all the same.
+			full := ht.a
+			full.fullDeadline = true
+			req := in.request(&full)
+			if dec, err := in.engine.Decide(table, &req); err == nil && !dec.Saturated {
+				ht.until = now.Add(in.holdWait(&ht.a))
+				if !ht.expiry.IsZero() && ht.expiry.Before(ht.until) {
+					ht.until = ht.expiry
+				}
+				in.keepAlive(ht, now)
+				keep = append(keep, ht)
+				continue
+			}
 		}
 		if now.After(ht.until) {
 			h.leave(ht)

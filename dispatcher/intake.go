@@ -147,9 +147,8 @@ type attemptSpec struct {
 	// admitted: its tenant's rate quota let it in (charged once);
 	// overQuota: it is held because the quota did not.
 	admitted, overQuota bool
-	// fullDeadline: its hold time ran out under MLSCHED_QUEUE_TARGET; it
-	// goes to a node that can start it within its own deadline, as it
-	// would without the target, or fails saturated.
+	// fullDeadline: decide without MLSCHED_QUEUE_TARGET (the hold asks
+	// whether a task whose hold time ran out is saturated at all).
 	fullDeadline bool
 }
 

@@ -113,7 +113,7 @@ func TestFlowControlLive(t *testing.T) {
 	if err := cl.WaitAll(ctx, urgentIDs, func(r *protocol.Result) { results[r.ID] = r }); err != nil {
 		t.Fatalf("waiting for the urgent results: %v", err)
 	}
-	t.Logf("the %d urgent results are in, %s after the backlog was submitted", urgent, time.Since(start).Round(time.Millisecond))
+	t.Logf("the %d urgent results are in, %s after the backlog's submission began", urgent, time.Since(start).Round(time.Millisecond))
 	if err := cl.WaitAll(ctx, ids, func(r *protocol.Result) { results[r.ID] = r }); err != nil {
 		t.Fatalf("waiting for results: %v (have %d of %d)", err, len(results), len(ids))
 	}

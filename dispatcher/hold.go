@@ -46,6 +46,9 @@ import (
 // to prompt it.
 const holdRetry = 100 * time.Millisecond
 
+// holdPassGap is the least time from one pass of the hold to the next.
+const holdPassGap = 5 * time.Millisecond
+
 // holdLogEvery bounds the rate of the saturation log line.
 const holdLogEvery = 5 * time.Second
 
@@ -246,7 +249,17 @@ func (in *intake) holdLoop(ctx context.Context) {
 		case <-t.C:
 		case <-in.held.kick:
 		}
+		start := time.Now()
 		in.retryHeld()
+		// A pass orders the whole hold: under overload an outcome wakes it
+		// hundreds of times a second, so passes are spaced by at least
+		// holdPassGap; the slots freed meanwhile are filled by the next.
+		if gap := holdPassGap - time.Since(start); gap > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(gap):
+			}
+		}
 	}
 }
 

@@ -36,6 +36,8 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		"forged":    c.Forged.Load(), "unserved_refused": c.UnservedRefused.Load(),
 		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
 		"succeeded": c.Succeeded.Load(), "failed": c.Failed.Load(), "shed": c.Shed.Load(),
+		"expired": c.Expired.Load(), "shed_sheddable": c.ShedFlow.Load(), "over_quota": c.OverQuota.Load(),
+		"inversions": c.Inversions.Load(),
 	}
 	r.Types = c.types.snapshot()
 	if reason := p.snaps.degraded.Load(); reason != nil {
@@ -62,6 +64,8 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		}
 	}
 	r.Held = p.intake.held.len()
+	r.HeldBy = p.intake.held.waiting(20)
+	r.QuotaDegraded = p.intake.quota.Degraded()
 	r.Unserved = p.intake.unserved.len()
 	snap := p.snaps.snap.Load()
 	if snap == nil {

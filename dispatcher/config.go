@@ -119,6 +119,20 @@ type Config struct {
 	// SweepInterval between scans for lost attempts (default 1s).
 	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"1s" desc:"how often the stored dispatches are scanned for lost attempts"`
 
+	// TypeDeadlines is the default deadline_ms per task type, for tasks
+	// that set none: "type:duration,..." (docs/policies.md, "Flow control").
+	TypeDeadlines map[string]string `envconfig:"TYPE_DEADLINES" desc:"per-type default task deadline (deadline_ms, queueing included) of tasks that set none, e.g. fraud:200ms,report:1h; none: no deadline"`
+	// TenantWeights are the tenants' shares inside a priority band.
+	TenantWeights map[string]string `envconfig:"TENANT_WEIGHTS" desc:"tenants' weights inside a priority band of held tasks, e.g. a:3,b:1 (default 1 each)"`
+	// TenantRates are the tenants' rate quotas, shared by every replica
+	// through Redis (dispatcher/internal/quota).
+	TenantRates map[string]string `envconfig:"TENANT_RATES" desc:"tenants' rate quotas in tasks/s, shared by every replica through Redis, e.g. a:200,b:50 (a tenant absent: none); over it a task is held until its deadline"`
+	// QueueTarget bounds what a node queues (0: its deadline does); the
+	// rest waits in the hold, in priority and fair order.
+	QueueTarget time.Duration `envconfig:"QUEUE_TARGET" default:"0s" desc:"flow control: a node counts as saturated once a task would wait plus run this long there (0: the attempt's deadline), so the rest waits in the dispatcher's hold, in priority and tenant order; e.g. twice the model latency"`
+	// QuotaReject rejects an over-quota task at once instead of holding it.
+	QuotaReject bool `envconfig:"QUOTA_REJECT" default:"false" desc:"reject a task over its tenant's rate quota at once with quota_exceeded and retry_after_ms, instead of holding it until its deadline"`
+
 	// MaxPayloadBytes bounds a task message (default 1048576).
 	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576" desc:"largest task message accepted"`
 	// MaxInFlight bounds tasks being dispatched but not yet acknowledged by
@@ -202,6 +216,8 @@ func (c Config) Validate() error {
 		return bad("SWEEP_INTERVAL", c.SweepInterval, "must be positive")
 	case c.NoNodeWait < 0:
 		return bad("NO_NODE_WAIT", c.NoNodeWait, "must not be negative")
+	case c.QueueTarget < 0:
+		return bad("QUEUE_TARGET", c.QueueTarget, "must not be negative (0: off)")
 	case c.DeadlineSlack < 0:
 		return bad("DEADLINE_SLACK", c.DeadlineSlack, "must not be negative")
 	case c.RetryBackoff < 0:
@@ -252,6 +268,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	// What is left for the engine to refuse is a policy name.
+	if _, err := parseFlowRules(&c); err != nil {
+		return err
+	}
 	if _, err := policy.NewEngine(c.PolicyConfig()); err != nil {
 		return fmt.Errorf("invalid %s_POLICY or %s_POLICY_BY_TYPE: %w", config.Prefix, config.Prefix, err)
 	}

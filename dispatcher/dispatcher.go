@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
+	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
@@ -106,6 +107,12 @@ type Counters struct {
 	// above, the rejected ones); Shed the failed ones that waited their
 	// deadline with every candidate saturated (code saturated).
 	Succeeded, Failed, Shed atomic.Int64
+	// Expired counts tasks whose deadline_ms passed before they started;
+	// ShedFlow the sheddable tasks shed (code shed); OverQuota the tasks
+	// found over their tenant's quota; Inversions the dispatches of a
+	// lower-priority task while a higher-priority held task of the same
+	// type could have used the slot (flow control: it must stay 0).
+	Expired, ShedFlow, OverQuota, Inversions atomic.Int64
 	// types counts results per task type (types.go).
 	types typeCounts
 }
@@ -405,17 +412,29 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	fin := newFinisher(finisherParams{log: d.log, resPub: resPub, complete: complete, dlq: dlq,
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
 	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
+	flow, err := parseFlowRules(&d.cfg)
+	if err != nil {
+		return err
+	}
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: sealer, superseded: superseded, fin: fin, keeper: keeper,
-		counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
+		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
+		quota: quota.New(flow.rates, rc, d.cfg.Name)})
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
 		snaps: snaps, sealer: sealer, superseded: superseded, keeper: keeper, retry: in, fin: fin,
-		counters: &d.counters, metrics: d.metrics, rollouts: rolls})
+		counters: &d.counters, metrics: d.metrics, rollouts: rolls, flow: flow})
 	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
 		counters: &d.counters, metrics: d.metrics}
 	backlog := &backlogSampler{js: js, reg: reg, log: d.log}
 	streams := &streamSampler{js: js, log: d.log}
-	tasks := newConsumer(js, d.cfg, d.log, topology.StreamTasks, in.handleTask)
+	// One task consumer per priority band, band 0 first: it narrows the
+	// unfiltered consumer of an earlier version, which the others' filters
+	// would overlap (topology.BandConsumer).
+	var bandConsumers [len(topology.Bands)]*jsplumb.Consumer
+	for i, band := range []int{topology.BandNormal, topology.BandHigh, topology.BandLow} {
+		bandConsumers[i] = newTaskConsumer(js, d.cfg, d.log, band, in.handleTask)
+	}
+	tasks := bandConsumers[0]
 	outcomes := newConsumer(js, d.cfg, d.log, topology.StreamOutcomes, out.handleOutcome)
 	// The attempt streams are memory-backed by default, and a single
 	// nats-server restarted has lost them: the outcome consumer notices
@@ -494,6 +513,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// before the task consumer: a dispatch's report finds a replica
 		{"direct reports", out.reportsService()},
 		{"task consumer", tasks},
+		{"task consumer (high band)", bandConsumers[1]},
+		{"task consumer (low band)", bandConsumers[2]},
 		{"outcome consumer", outcomes},
 	}
 	for _, c := range components {
@@ -507,6 +528,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case <-tasks.Done(): // a consumer ends on its own only when it cannot go on
+	case <-bandConsumers[1].Done():
+	case <-bandConsumers[2].Done():
 	case <-outcomes.Done():
 	}
 	d.live.Store(false)
@@ -543,6 +566,16 @@ func subscription(serve func() (*nats.Subscription, error)) lifecycle.Service {
 		OnStart: func(context.Context) (err error) { sub, err = serve(); return err },
 		OnStop:  func() error { return sub.Unsubscribe() },
 	}
+}
+
+// newTaskConsumer consumes one priority band of the task stream through the
+// band's durable consumer (topology.BandConsumer). Each band has its own
+// MaxAckPending, so held tasks of one band never stop another's pulls.
+func newTaskConsumer(js jetstream.JetStream, cfg Config, log zerolog.Logger, band int, h jetstream.MessageHandler) *jsplumb.Consumer {
+	c := newConsumer(js, cfg, log, topology.StreamTasks, h)
+	c.Config.Durable, c.Config.FilterSubjects = topology.BandConsumer(band)
+	c.Log = c.Log.With().Int("band", band).Logger()
+	return c
 }
 
 // newConsumer consumes one stream through the durable consumer all replicas

@@ -1,7 +1,9 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,10 +27,27 @@ import (
 // consumer's MaxAckPending, so a saturated replica pulls less. A task waits
 // at most its own deadline (timeout plus slack), then fails with
 // CodeSaturated. On shutdown held messages are nak'ed for another replica.
+//
+// Flow control (docs/policies.md, "Flow control"): held tasks are decided
+// again highest priority first and, inside one priority, in start-time
+// fair order between tenants by weight (MLSCHED_TENANT_WEIGHTS): each
+// tenant's next task is tagged max(virtual time, the tenant's last tag) +
+// 1/weight, so a tenant that leaves its share unused gives it to the others
+// (work-conserving) and one that floods waits behind its own tasks. While a
+// task of some priority is held for a candidate set (type and allow-list),
+// a new task of that set with no higher priority is held behind it: no
+// lower-priority task takes a slot a higher one could use (the inversions
+// counter, which must stay 0, counts the dispatches that did). A sheddable
+// (negative-priority) task that cannot start before its deadline at the
+// measured drain rate is shed at once (code shed), the most-over-share
+// tenants' first, so that the replica's slots go to work that can finish.
 
 // holdRetry is how often held tasks are decided again without an outcome
 // to prompt it.
 const holdRetry = 100 * time.Millisecond
+
+// holdPassGap is the least time from one pass of the hold to the next.
+const holdPassGap = 5 * time.Millisecond
 
 // holdLogEvery bounds the rate of the saturation log line.
 const holdLogEvery = 5 * time.Second
@@ -38,8 +57,27 @@ type heldTask struct {
 	msg      jsplumb.Msg
 	since    time.Time // when it was first held
 	until    time.Time // its deadline: fail after
+	expiry   time.Time // the task's own deadline (zero: none)
 	progress time.Time // last InProgress
+	key      string    // its candidate set: type, and allow-list if any
+	tenant   string
+	// start and tag are its fair-order start and finish tags in a pass.
+	start, tag float64
+	// counted: it is in the room's counts (not while over its quota).
+	counted bool
 }
+
+// candidateKey names a task's candidate set: tasks of one key compete for
+// the same slots.
+func candidateKey(t *protocol.Task) string {
+	if len(t.Models) == 0 {
+		return t.Type
+	}
+	return t.Type + "|" + strings.Join(t.Models, ",")
+}
+
+// priorityLevels is the number of priorities, MinPriority..MaxPriority.
+const priorityLevels = protocol.MaxPriority - protocol.MinPriority + 1
 
 // holdRoom is the replica's list of held tasks, oldest first.
 type holdRoom struct {
@@ -48,14 +86,76 @@ type holdRoom struct {
 	kick    chan struct{}
 	stopped bool
 	// n is len(q), readable without mu: wake costs nothing while nothing
-	// is held (every outcome calls it).
-	n atomic.Int64
+	// is held (every outcome calls it); inPass the tasks taken out for a
+	// pass of retryHeld.
+	n, inPass atomic.Int64
 
 	lastLog  time.Time
 	unlogged int64
+
+	// counts are the held tasks per candidate key and priority, those
+	// taken out for a pass included (until each leaves the hold).
+	counts map[string]*[priorityLevels]int
+	// vtime is the fair order's virtual time, last each tenant's last tag
+	// (hold.go's doc).
+	vtime float64
+	last  map[string]float64
 }
 
-func newHoldRoom() *holdRoom { return &holdRoom{kick: make(chan struct{}, 1)} }
+func newHoldRoom() *holdRoom {
+	return &holdRoom{kick: make(chan struct{}, 1), counts: map[string]*[priorityLevels]int{}, last: map[string]float64{}}
+}
+
+// countLocked adds d to the held count of the key and priority.
+func (h *holdRoom) countLocked(key string, priority, d int) {
+	c := h.counts[key]
+	if c == nil {
+		c = new([priorityLevels]int)
+		h.counts[key] = c
+	}
+	c[priority-protocol.MinPriority] += d
+	if d < 0 {
+		for _, n := range c {
+			if n != 0 {
+				return
+			}
+		}
+		delete(h.counts, key)
+	}
+}
+
+// leave: a held task leaves the hold (dispatched, ended or released).
+func (h *holdRoom) leave(ht *heldTask) {
+	if !ht.counted {
+		return
+	}
+	h.mu.Lock()
+	h.countLocked(ht.key, ht.a.task.Priority, -1)
+	ht.counted = false
+	h.mu.Unlock()
+}
+
+// heldAtLeast reports whether a task of the key with at least (strict:
+// more than) the priority is held. Free while nothing is held.
+func (h *holdRoom) heldAtLeast(key string, priority int, strict bool) bool {
+	if h.n.Load() == 0 && h.inPass.Load() == 0 {
+		return false
+	}
+	from := priority - protocol.MinPriority
+	if strict {
+		from++
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.counts[key]; c != nil {
+		for _, n := range c[from:] {
+			if n > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // wake prompts the hold loop (an outcome freed a slot). While nothing is
 // held it does nothing: waking the loop for every outcome cost a goroutine
@@ -84,7 +184,7 @@ func (h *holdRoom) len() int {
 
 // hold keeps a saturated task; it reports false when the room is closed
 // (shutting down), and the caller then naks the message.
-func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait time.Duration) bool {
+func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait time.Duration, expiry time.Time) bool {
 	h := in.held
 	now := time.Now()
 	h.mu.Lock()
@@ -95,12 +195,24 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 	since := a.heldSince
 	if since.IsZero() {
 		since = now
-		in.counters.Saturated.Add(1)
+		if !a.overQuota {
+			in.counters.Saturated.Add(1)
+		}
 	}
 	a.heldSince = since
-	h.q = append(h.q, &heldTask{a: a, msg: msg, since: since, until: since.Add(wait), progress: now})
+	until := since.Add(wait)
+	if !expiry.IsZero() && expiry.Before(until) {
+		until = expiry
+	}
+	ht := &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now,
+		key: candidateKey(&a.task), tenant: a.task.TenantName()}
+	h.q = append(h.q, ht)
+	if !a.overQuota { // a task over its quota holds back no other tenant's
+		h.countLocked(ht.key, a.task.Priority, 1)
+		ht.counted = true
+	}
 	h.n.Store(int64(len(h.q)))
-	logNow := now.Sub(h.lastLog) >= holdLogEvery
+	logNow := now.Sub(h.lastLog) >= holdLogEvery && !a.overQuota
 	h.unlogged++
 	n, held := h.unlogged, len(h.q)
 	if logNow {
@@ -137,59 +249,206 @@ func (in *intake) holdLoop(ctx context.Context) {
 		case <-t.C:
 		case <-in.held.kick:
 		}
+		start := time.Now()
 		in.retryHeld()
+		// A pass orders the whole hold: under overload an outcome wakes it
+		// hundreds of times a second, so passes are spaced by at least
+		// holdPassGap; the slots freed meanwhile are filled by the next.
+		if gap := holdPassGap - time.Since(start); gap > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(gap):
+			}
+		}
 	}
 }
 
-// retryHeld takes the held tasks, oldest first, and dispatches those whose
-// type is no longer saturated; a type found saturated is not decided again
-// in this pass. Tasks past their deadline fail; tasks cancelled meanwhile
-// are dropped (their result is stored), never dispatched.
+// retryHeld takes the held tasks, highest priority first and in fair
+// order between tenants inside a priority (order), and dispatches those
+// whose candidate set is no longer saturated; a set found saturated is not
+// decided again in this pass, so no lower-priority task of it goes before
+// a higher one. Tasks past their deadline fail; tasks cancelled meanwhile
+// are dropped (their result is stored), never dispatched; sheddable tasks
+// that cannot start in time are shed.
 func (in *intake) retryHeld() {
 	h := in.held
 	h.mu.Lock()
 	q := h.q
 	h.q = nil
 	h.n.Store(0)
+	h.inPass.Store(int64(len(q)))
+	h.order(q, in.flow)
 	h.mu.Unlock()
+	defer h.inPass.Store(0)
 	if len(q) == 0 {
 		return
 	}
 	now := time.Now()
 	table := in.snaps.table.Load()
-	var saturated []string
+	var saturated, refused []string // candidate sets saturated, tenants over quota, in this pass
 	var keep []*heldTask
+	rate := in.drain.perSecond()
 	for i, ht := range q {
 		t := &ht.a.task
 		if in.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
+			h.leave(ht)
 			in.complete.Settle(ht.msg, nil)
 			continue
 		}
-		if now.After(ht.until) {
-			in.failSaturated(ht)
+		if !ht.expiry.IsZero() && !now.Before(ht.expiry) {
+			h.leave(ht)
+			if t.Priority < 0 {
+				in.shed(ht, len(keep), "its deadline passed while it was held")
+			} else {
+				in.expire(&ht.a, ht.msg, ht.expiry, "while it was held for want of capacity")
+			}
 			continue
 		}
-		if !containsStr(saturated, t.Type) {
+		if now.After(ht.until) && in.cfg.QueueTarget > 0 && !ht.a.overQuota && t.Priority >= 0 {
+			// Held for the queue target: if a node could still start it
+			// within its own deadline it is not saturated, only waiting its
+			// turn (the pulled part of the backlog), and waits on; a task
+			// with a deadline_ms ends at it all the same.
+			full := ht.a
+			full.fullDeadline = true
+			req := in.request(&full)
+			if dec, err := in.engine.Decide(table, &req); err == nil && !dec.Saturated {
+				ht.until = now.Add(in.holdWait(&ht.a))
+				if !ht.expiry.IsZero() && ht.expiry.Before(ht.until) {
+					ht.until = ht.expiry
+				}
+				in.keepAlive(ht, now)
+				keep = append(keep, ht)
+				continue
+			}
+		}
+		if now.After(ht.until) {
+			h.leave(ht)
+			if ht.a.overQuota {
+				in.rejectQuota(&ht.a, ht.msg, in.drain.retryAfter(len(keep)))
+			} else if t.Priority < 0 {
+				in.shed(ht, len(keep), "it waited its whole deadline with every candidate saturated")
+			} else {
+				in.failSaturated(ht)
+			}
+			continue
+		}
+		if t.Priority < 0 && rate > 0 && !ht.expiry.IsZero() &&
+			now.Add(time.Duration(float64(len(keep)+1)/rate*float64(time.Second))).After(ht.expiry) {
+			// At the measured drain rate it would start after its deadline.
+			h.leave(ht)
+			in.shed(ht, len(keep), "at the measured drain rate it could not start before its deadline")
+			continue
+		}
+		if ht.a.overQuota {
+			if containsStr(refused, ht.tenant) {
+				in.keepAlive(ht, now)
+				keep = append(keep, ht)
+				continue
+			}
+			if ok, _ := in.quota.Allow(context.Background(), ht.tenant); !ok {
+				refused = append(refused, ht.tenant)
+				in.keepAlive(ht, now)
+				keep = append(keep, ht)
+				continue
+			}
+			ht.a.admitted, ht.a.overQuota = true, false
+			h.mu.Lock()
+			h.countLocked(ht.key, t.Priority, 1)
+			ht.counted = true
+			h.mu.Unlock()
+		}
+		if !containsStr(saturated, ht.key) {
 			req := in.request(&ht.a)
 			dec, err := in.engine.Decide(table, &req)
 			if err != nil || !dec.Saturated {
 				// dispatch decides again (and handles an error)
+				h.leave(ht)
+				h.served(ht)
+				ht.a.fromHold = true
 				in.dispatch(ht.a, ht.msg)
 				continue
 			}
-			saturated = append(saturated, t.Type)
+			saturated = append(saturated, ht.key)
 		}
-		if now.Sub(ht.progress) >= in.cfg.AckWait/3 {
-			in.complete.Progress(ht.msg)
-			ht.progress = now
-		}
+		in.keepAlive(ht, now)
 		keep = append(keep, q[i])
 	}
 	h.mu.Lock()
-	// tasks held meanwhile come after the older ones
+	// tasks held meanwhile come after the older ones (the next pass orders)
 	h.q = append(keep, h.q...)
 	h.n.Store(int64(len(h.q)))
 	h.mu.Unlock()
+}
+
+// keepAlive keeps a held message from redelivery.
+func (in *intake) keepAlive(ht *heldTask, now time.Time) {
+	if now.Sub(ht.progress) >= in.cfg.AckWait/3 {
+		in.complete.Progress(ht.msg)
+		ht.progress = now
+	}
+}
+
+// order sorts q for a pass: priority descending, then each task's fair
+// tag ascending (a tenant's k-th oldest held task of a priority is tagged
+// max(vtime, the tenant's last tag) + k/weight), then age. Called with mu
+// held.
+func (h *holdRoom) order(q []*heldTask, rules *flowRules) {
+	slices.SortStableFunc(q, func(a, b *heldTask) int {
+		if c := cmp.Compare(b.a.task.Priority, a.a.task.Priority); c != 0 {
+			return c
+		}
+		return a.since.Compare(b.since)
+	})
+	type pt struct {
+		tenant   string
+		priority int
+	}
+	next := map[pt]float64{}
+	for _, ht := range q {
+		k := pt{ht.tenant, ht.a.task.Priority}
+		base, ok := next[k]
+		if !ok {
+			base = max(h.vtime, h.last[ht.tenant])
+		}
+		ht.start, ht.tag = base, base+1/rules.weight(ht.tenant)
+		next[k] = ht.tag
+	}
+	slices.SortStableFunc(q, func(a, b *heldTask) int {
+		if c := cmp.Compare(b.a.task.Priority, a.a.task.Priority); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.tag, b.tag)
+	})
+	if len(h.last) > 4096 { // tenants with no credit left are as new ones
+		for t, v := range h.last {
+			if v <= h.vtime {
+				delete(h.last, t)
+			}
+		}
+	}
+}
+
+// served: a held task goes on; the fair order's clocks advance.
+func (h *holdRoom) served(ht *heldTask) {
+	h.mu.Lock()
+	h.last[ht.tenant] = max(h.last[ht.tenant], ht.tag)
+	h.vtime = max(h.vtime, ht.start)
+	h.mu.Unlock()
+}
+
+// shed ends a sheddable held task that cannot start in time: failed with
+// CodeShed, not dead-lettered (the producer's to retry, after
+// retry_after_ms), counted.
+func (in *intake) shed(ht *heldTask, ahead int, why string) {
+	a := &ht.a
+	in.counters.ShedFlow.Add(1)
+	err := protocol.Errorf(protocol.CodeShed, "priority %d is sheddable and %s (%d tasks of this replica ahead of it); retry after retry_after_ms",
+		a.task.Priority, why, ahead)
+	in.log.Debug().Err(err).Str("task_id", a.task.ID).Str("tenant", ht.tenant).Msg("task shed")
+	in.fin.reject(ht.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
+		status: protocol.StatusFailed, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
+		submission: a.submission, traceparent: a.traceparent, retryAfter: in.drain.retryAfter(ahead)})
 }
 
 func (in *intake) failSaturated(ht *heldTask) {
@@ -220,6 +479,7 @@ func (in *intake) releaseHeld() {
 	h.n.Store(0)
 	h.mu.Unlock()
 	for _, ht := range q {
+		h.leave(ht)
 		in.complete.Retry(ht.msg, 0)
 	}
 }
@@ -231,4 +491,53 @@ func containsStr(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// bandName names a priority's band for metrics and the stats report.
+func bandName(priority int) string {
+	switch topology.BandOf(priority) {
+	case topology.BandHigh:
+		return "high"
+	case topology.BandLow:
+		return "low"
+	}
+	return "normal"
+}
+
+// waiting counts the held tasks by band and tenant, the top tenants by
+// tasks held and the rest as "other": bounded labels.
+func (h *holdRoom) waiting(top int) []protocol.HeldCount {
+	h.mu.Lock()
+	type bt struct{ band, tenant string }
+	n := map[bt]int{}
+	per := map[string]int{}
+	for _, ht := range h.q {
+		n[bt{bandName(ht.a.task.Priority), ht.tenant}]++
+		per[ht.tenant]++
+	}
+	h.mu.Unlock()
+	tenants := make([]string, 0, len(per))
+	for t := range per {
+		tenants = append(tenants, t)
+	}
+	slices.SortFunc(tenants, func(a, b string) int { return cmp.Or(cmp.Compare(per[b], per[a]), cmp.Compare(a, b)) })
+	keepName := map[string]bool{}
+	for _, t := range tenants[:min(top, len(tenants))] {
+		keepName[t] = true
+	}
+	merged := map[bt]int{}
+	for k, v := range n {
+		if !keepName[k.tenant] {
+			k.tenant = "other"
+		}
+		merged[k] += v
+	}
+	out := make([]protocol.HeldCount, 0, len(merged))
+	for k, v := range merged {
+		out = append(out, protocol.HeldCount{Band: k.band, Tenant: k.tenant, Held: v})
+	}
+	slices.SortFunc(out, func(a, b protocol.HeldCount) int {
+		return cmp.Or(cmp.Compare(a.Band, b.Band), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	return out
 }

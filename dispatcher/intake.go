@@ -3,7 +3,6 @@ package dispatcher
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/policy"
@@ -31,6 +31,7 @@ type intake struct {
 	intakeParams
 	held     *holdRoom
 	unserved *unservedRoom
+	quotaLog sometimes // bounded-rate log of degraded quotas
 }
 
 // intakeParams is what the intake stage needs.
@@ -50,10 +51,15 @@ type intakeParams struct {
 	counters   *Counters
 	metrics    *metrics
 	tracer     *tracing.Tracer
+	flow       *flowRules  // deadlines and tenants' weights
+	drain      *drainMeter // for retry_after_ms
+	quota      *quota.Limiter
 }
 
 func newIntake(p intakeParams) *intake {
-	return &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}}
+	in := &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}}
+	in.quotaLog.every = 10 * time.Second
+	return in
 }
 
 // retrier is how the outcome stage hands a failed attempt back to intake,
@@ -81,10 +87,7 @@ func (in *intake) handleTask(msg jetstream.Msg) {
 	}
 	task, err := protocol.DecodeTask(data, in.cfg.Limits())
 	if err == nil {
-		if subj := strings.TrimPrefix(msg.Subject(), "mlsched.tasks."); subj != task.Type {
-			err = protocol.Errorf(protocol.CodeTypeMismatch, "task of type %q was published on %s; publish it on %s",
-				task.Type, msg.Subject(), topology.TaskSubject(task.Type))
-		}
+		err = checkTaskSubject(msg.Subject(), &task)
 	}
 	if first { // a task waiting for a node is redelivered: count it once
 		typ := task.Type
@@ -113,6 +116,22 @@ func (in *intake) handleTask(msg jetstream.Msg) {
 		traceparent: protocol.TraceparentOf(msg.Headers()), taskAck: msg.Reply()}, msg)
 }
 
+// checkTaskSubject: a task is published on its type's subject, band 0
+// (any priority: a producer of an earlier version), or its priority's band
+// (topology.BandTaskSubject).
+func checkTaskSubject(subject string, t *protocol.Task) error {
+	typ, band, ok := topology.ParseTaskSubject(subject)
+	if !ok || typ != t.Type {
+		return protocol.Errorf(protocol.CodeTypeMismatch, "task of type %q was published on %s; publish it on %s",
+			t.Type, subject, topology.BandTaskSubject(t.Type, t.Priority))
+	}
+	if band != topology.BandNormal && band != topology.BandOf(t.Priority) {
+		return protocol.Errorf(protocol.CodeBandMismatch, "task of priority %d was published on %s, another band's subject; publish it on %s",
+			t.Priority, subject, topology.BandTaskSubject(t.Type, t.Priority))
+	}
+	return nil
+}
+
 // attemptSpec is one attempt to dispatch.
 type attemptSpec struct {
 	task      protocol.Task
@@ -132,6 +151,15 @@ type attemptSpec struct {
 	// taskAck is the task message's ack subject (Dispatch.TaskAck), ""
 	// for a task dispatched by an older dispatcher.
 	taskAck string
+	// fromHold: the hold's pass sends it on, in priority and fair order;
+	// it does not queue behind held tasks of its own priority.
+	fromHold bool
+	// admitted: its tenant's rate quota let it in (charged once);
+	// overQuota: it is held because the quota did not.
+	admitted, overQuota bool
+	// fullDeadline: decide without MLSCHED_QUEUE_TARGET (the hold asks
+	// whether a task whose hold time ran out is saturated at all).
+	fullDeadline bool
 }
 
 func (a *attemptSpec) maxAttempts(def int) int {
@@ -145,6 +173,14 @@ func (a *attemptSpec) maxAttempts(def int) int {
 // settled once JetStream has acknowledged the dispatch.
 func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	t := &a.task
+	expiry := in.flow.expiry(t, a.submitted)
+	if !expiry.IsZero() && !time.Now().Before(expiry) {
+		in.expire(&a, msg, expiry, "before it could be dispatched")
+		return
+	}
+	if a.attempt == 1 && !a.admitted && in.quota.Limited(t.TenantName()) && !in.admit(&a, msg, expiry) {
+		return // held or rejected over its tenant's quota
+	}
 	req := in.request(&a)
 	table := in.snaps.table.Load()
 	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
@@ -180,8 +216,22 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			traceparent: a.traceparent})
 		return
 	}
-	if dec.Saturated && in.hold(a, msg, dec, req.Deadline) {
-		return // backpressure (hold.go)
+	key := ""
+	if in.held.n.Load() > 0 || in.held.inPass.Load() > 0 {
+		key = candidateKey(t)
+	}
+	// Backpressure (hold.go), and no overtaking: while a task of this
+	// candidate set is held with a priority at least this one's (higher,
+	// for a task the hold sends on), this one waits behind it.
+	if (dec.Saturated || (key != "" && in.held.heldAtLeast(key, t.Priority, a.fromHold))) &&
+		in.hold(a, msg, dec, in.holdWait(&a), expiry) {
+		if !dec.Saturated {
+			in.held.wake() // a slot is free: the hold sends on what goes first
+		}
+		return
+	}
+	if key != "" && in.held.heldAtLeast(key, t.Priority, true) {
+		in.counters.Inversions.Add(1) // only when the hold is closed: it must stay 0
 	}
 	if dec.Panic {
 		in.counters.Panic.Add(1)
@@ -193,6 +243,11 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 		timeout = in.modelTimeout(dec.Model)
 	}
 	deadline := time.Now().Add(timeout + in.cfg.DeadlineSlack)
+	if !expiry.IsZero() && expiry.Before(deadline) {
+		// The worker does not start an attempt past its deadline: nor,
+		// then, a task past its own.
+		deadline = expiry
+	}
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
 		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
 		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck}
@@ -228,6 +283,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			return err
 		}
 		if !ack.Duplicate {
+			in.drain.dispatched(time.Now())
 			in.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
 			if redispatch {
 				in.counters.Redispatched.Add(1)
@@ -259,8 +315,77 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 	if timeout <= 0 {
 		timeout = in.cfg.TaskTimeout
 	}
+	deadline := timeout + in.cfg.DeadlineSlack
+	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() {
+		// A task that cannot start before its own deadline makes its
+		// candidates saturated: it is held, not sent to expire on a node.
+		deadline = max(0, min(deadline, time.Until(expiry)))
+	}
+	if in.cfg.QueueTarget > 0 && !a.fullDeadline {
+		// Nodes queue no more than this: the rest waits in the hold, where
+		// priorities and tenants are ordered (docs/policies.md).
+		deadline = min(deadline, in.cfg.QueueTarget)
+	}
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: timeout + in.cfg.DeadlineSlack}
+		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: deadline}
+}
+
+// admit charges the task to its tenant's rate quota; over it, the task is
+// held until its deadline (the hold asks again each pass) or, with
+// MLSCHED_QUOTA_REJECT, rejected at once with CodeQuotaExceeded. It
+// reports whether the task goes on now.
+func (in *intake) admit(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
+	ok, wait := in.quota.Allow(context.Background(), a.task.TenantName())
+	if why := in.quota.Degraded(); why != "" {
+		in.quotaLog.log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
+			"quota degraded: enforcing this replica's share of the tenants' rate quotas")
+	}
+	if ok {
+		a.admitted, a.overQuota = true, false
+		return true
+	}
+	if !a.overQuota {
+		in.counters.OverQuota.Add(1)
+	}
+	if in.cfg.QuotaReject {
+		in.rejectQuota(a, msg, wait)
+		return false
+	}
+	a.overQuota = true
+	if !in.hold(*a, msg, policy.Decision{}, in.holdWait(a), expiry) {
+		in.complete.Retry(msg, 0) // shutting down
+	}
+	return false
+}
+
+func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duration) {
+	err := protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q is over its rate quota of %g tasks/s", a.task.TenantName(), in.flow.rates[a.task.TenantName()])
+	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
+		status: protocol.StatusRejected, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
+		submission: a.submission, traceparent: a.traceparent, retryAfter: max(wait, time.Millisecond)})
+}
+
+// holdWait is how long a task may be held for want of capacity: its
+// timeout plus the deadline slack (the hold also ends it at its own
+// deadline).
+func (in *intake) holdWait(a *attemptSpec) time.Duration {
+	timeout := time.Duration(a.task.TimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = in.cfg.TaskTimeout
+	}
+	return timeout + in.cfg.DeadlineSlack
+}
+
+// expire ends a task whose deadline passed before it started: failed with
+// CodeExpired, not dead-lettered (its answer is worthless now), with
+// retry_after_ms.
+func (in *intake) expire(a *attemptSpec, msg jsplumb.Msg, expiry time.Time, where string) {
+	in.counters.Expired.Add(1)
+	err := expiredError(&a.task, expiry, where)
+	in.log.Info().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task expired")
+	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
+		status: protocol.StatusFailed, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
+		submission: a.submission, traceparent: a.traceparent, retryAfter: in.drain.retryAfter(in.held.len())})
 }
 
 func (in *intake) modelTimeout(model string) time.Duration {

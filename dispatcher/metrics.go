@@ -80,8 +80,12 @@ var (
 	descDegraded = prometheus.NewDesc("mlsched_stats_degraded",
 		"1 while the replica cannot reach the statistics store and decides on its last snapshot.", nil, nil)
 	descEvents = prometheus.NewDesc("mlsched_dispatcher_events_total",
-		"Replica events by kind: dispatched, redispatched, suppressed (a second result refused), late (outcome of a superseded attempt), lost (attempt unanswered at its deadline), panic (decision with every breaker open), cancelled (tasks an operator cancelled), saturated (task held back: every candidate's queue too long for its deadline), store_reset (the Redis statistics store was found reset, restarted empty or failed over, and re-seeded from this replica's snapshot).",
+		"Replica events by kind: dispatched, redispatched, suppressed (a second result refused), late (outcome of a superseded attempt), lost (attempt unanswered at its deadline), panic (decision with every breaker open), cancelled (tasks an operator cancelled), saturated (task held back: every candidate's queue too long for its deadline), store_reset (the Redis statistics store was found reset, restarted empty or failed over, and re-seeded from this replica's snapshot); flow control: expired (deadline_ms passed before the task started), shed_sheddable (a negative-priority task shed, code shed), over_quota (a task found over its tenant's rate quota), inversions (a lower-priority task dispatched while a higher one of its candidate set was held: must stay 0).",
 		[]string{"event"}, nil)
+	descQuotaDegraded = prometheus.NewDesc("mlsched_quota_degraded",
+		"1 while Redis does not answer the tenants' rate quotas and this replica enforces its share, the quota divided by the live replicas it last saw.", nil, nil)
+	descHeldBand = prometheus.NewDesc("mlsched_held_tasks",
+		"Tasks this replica holds, by priority band (high, normal, low) and tenant (the 20 holding most, the rest as other).", []string{"band", "tenant"}, nil)
 	descSnapshotAge = prometheus.NewDesc("mlsched_stats_snapshot_age_seconds",
 		"Age of the statistics snapshot decisions are made on.", nil, nil)
 	descRolloutShare = prometheus.NewDesc("mlsched_rollout_share",
@@ -103,8 +107,8 @@ var (
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSuccess, descBreaker, descModelInflight, descNodeInflight, descNodeCapacity,
-		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descRolloutShare, descRolloutState, descRolloutStep,
-		descRolloutTasks, descRolloutTransitions} {
+		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descQuotaDegraded, descHeldBand,
+		descRolloutShare, descRolloutState, descRolloutStep, descRolloutTasks, descRolloutTransitions} {
 		ch <- d
 	}
 }
@@ -130,6 +134,10 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.Cancelled, "cancelled")
 	counter(descEvents, &cs.Saturated, "saturated")
 	counter(descEvents, &cs.StoreResets, "store_reset")
+	counter(descEvents, &cs.Expired, "expired")
+	counter(descEvents, &cs.ShedFlow, "shed_sheddable")
+	counter(descEvents, &cs.OverQuota, "over_quota")
+	counter(descEvents, &cs.Inversions, "inversions")
 	p := d.parts.Load()
 	if !d.live.Load() || p == nil {
 		return
@@ -139,6 +147,14 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		degraded = 1
 	}
 	gauge(descDegraded, degraded)
+	quotaDegraded := 0.0
+	if p.intake.quota.Degraded() != "" {
+		quotaDegraded = 1
+	}
+	gauge(descQuotaDegraded, quotaDegraded)
+	for _, w := range p.intake.held.waiting(20) {
+		gauge(descHeldBand, float64(w.Held), w.Band, w.Tenant)
+	}
 	if snap := p.snaps.snap.Load(); snap != nil {
 		gauge(descSnapshotAge, max(0, time.Since(snap.Taken).Seconds()))
 		for name, m := range snap.Models {

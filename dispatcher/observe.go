@@ -163,7 +163,11 @@ func (b *backlogSampler) sample(ctx context.Context) (map[string]int64, error) {
 	}
 	out := make(map[string]int64, len(info.State.Subjects))
 	for subj, n := range info.State.Subjects {
-		out[strings.TrimPrefix(subj, topology.TaskSubject(""))] += int64(n)
+		typ, _, ok := topology.ParseTaskSubject(subj) // a type's priority bands sum up
+		if !ok {
+			typ = strings.TrimPrefix(subj, topology.TaskSubject(""))
+		}
+		out[typ] += int64(n)
 	}
 	for _, n := range b.reg.Live() {
 		for _, m := range n.Models {

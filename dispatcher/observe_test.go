@@ -138,6 +138,9 @@ func TestMetricsAndReadiness(t *testing.T) {
 		{"mlsched_nodes", nil, 1, 1},
 		{"mlsched_dead_letters_total", []string{"kind=exhausted"}, 0, 0},
 		{"mlsched_dispatcher_events_total", []string{"event=dispatched"}, n, n},
+		{"mlsched_dispatcher_events_total", []string{"event=inversions"}, 0, 0},
+		{"mlsched_dispatcher_events_total", []string{"event=expired"}, 0, 0},
+		{"mlsched_quota_degraded", nil, 0, 0},
 		{"go_goroutines", nil, 1, 1e9},
 	} {
 		v, ok := value(fams, c.name, c.labels...)

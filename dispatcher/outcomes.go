@@ -43,7 +43,8 @@ type outcomesParams struct {
 	fin        *finisher   // results and dead letters
 	counters   *Counters
 	metrics    *metrics
-	rollouts   *rollouts // counts first attempts of rolling families (rollouts.go); nil: none
+	rollouts   *rollouts  // counts first attempts of rolling families (rollouts.go); nil: none
+	flow       *flowRules // a task past its deadline is not retried
 }
 
 func newOutcomes(p outcomesParams) *outcomes {
@@ -117,6 +118,10 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 			state.TaskErr = fmt.Errorf("the outcome carries no task bytes")
 		} else {
 			task, state.TaskErr = protocol.DecodeTask(o.Task, oc.cfg.Limits())
+		}
+		if exp := oc.flow.expiry(&task, submitted); state.TaskErr == nil && !exp.IsZero() && !time.Now().Before(exp) {
+			state.Expired = true
+			oc.counters.Expired.Add(1)
 		}
 	}
 	dec := settle.Settle(oc.cfg.Retry(), pd, o, state)

@@ -195,6 +195,9 @@ type ending struct {
 	submission string
 	// traceparent is the task's trace context, carried to the result.
 	traceparent string
+	// retryAfter, when positive, is the result's retry_after_ms: a task
+	// shed, expired or over its quota.
+	retryAfter time.Duration
 }
 
 // reject ends a task that cannot run or succeed, then settles msg: a keyed
@@ -208,7 +211,8 @@ func (f *finisher) reject(msg jsplumb.Msg, e ending) {
 		return
 	}
 	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
-		Error: protocol.Message(e.err), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted)}
+		Error: protocol.Message(e.err), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted),
+		RetryAfterMs: int(e.retryAfter.Milliseconds())}
 	if e.status == protocol.StatusFailed && (code == protocol.CodeAttemptsExhausted || code == protocol.CodeSaturated) {
 		f.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
 			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, e.traceparent)

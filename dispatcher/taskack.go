@@ -29,7 +29,7 @@ import (
 // signal still goes through the Completer.
 
 // taskAckFor returns the dispatch's task ack subject when it acknowledges,
-// in the dispatchers' consumer of MLSCHED_TASKS, the submission the dispatch
+// in a dispatchers' consumer of MLSCHED_TASKS (one per priority band), the submission the dispatch
 // names (its sealed Submission), else "": a worker cannot make a dispatcher
 // ack another task than the one it was given.
 func taskAckFor(pd *protocol.Dispatch) string {
@@ -47,10 +47,22 @@ func taskAckFor(pd *protocol.Dispatch) string {
 	default:
 		return ""
 	}
-	if stream != topology.StreamTasks || consumer != topology.ConsumerDispatcher || seq != pd.Submission {
+	if stream != topology.StreamTasks || !isTaskConsumer(consumer) || seq != pd.Submission {
 		return ""
 	}
 	return pd.TaskAck
+}
+
+// isTaskConsumer: the durable is one of the priority bands' consumers of
+// MLSCHED_TASKS (topology.BandConsumer), each of which a task may have
+// been delivered by.
+func isTaskConsumer(name string) bool {
+	for _, band := range topology.Bands {
+		if durable, _ := topology.BandConsumer(band); durable == name {
+			return true
+		}
+	}
+	return false
 }
 
 // subjectMsg is a message known only by its ack subject (a task whose

@@ -19,6 +19,9 @@ func TestTaskAckFor(t *testing.T) {
 		{"$JS.ACK.MLSCHED_TASKS.dispatcher.1.43.7.1800000000000000000.0", "42", false}, // another task
 		{"$JS.ACK.MLSCHED_OUTCOMES.dispatcher.1.42.7.1800000000000000000.0", "42", false},
 		{"$JS.ACK.MLSCHED_TASKS.other.1.42.7.1800000000000000000.0", "42", false},
+		{"$JS.ACK.MLSCHED_TASKS.dispatcher-high.1.42.7.1800000000000000000.0", "42", true}, // a band's consumer
+		{"$JS.ACK.MLSCHED_TASKS.dispatcher-low.1.42.7.1800000000000000000.0", "42", true},
+		{"$JS.ACK.MLSCHED_TASKS.dispatcher-urgent.1.42.7.1800000000000000000.0", "42", false},
 		{"$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.0", "42", false}, // too short
 		{"mlsched.results.x", "42", false},
 		{"$JS.ACK.MLSCHED_TASKS.dispatcher.*.42.7.1800000000000000000.0", "42", false},

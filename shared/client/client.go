@@ -113,7 +113,7 @@ func (c *Client) Close() {
 
 // Submit validates t locally, so a bad task fails here with the same
 // *protocol.Error the dispatcher would put in a rejected result, then
-// publishes it to topology.TaskSubject(t.Type) with Nats-Msg-Id t.ID: a
+// publishes it to topology.BandTaskSubject(t.Type, t.Priority) (its priority band) with Nats-Msg-Id t.ID: a
 // re-submission within the duplicate window is acknowledged as Duplicate
 // and not queued twice.
 func (c *Client) Submit(ctx context.Context, t protocol.Task, opts ...SubmitOption) (SubmitAck, error) {
@@ -128,7 +128,7 @@ func (c *Client) Submit(ctx context.Context, t protocol.Task, opts ...SubmitOpti
 	if so.traceparent != "" && !protocol.ValidTraceparent(so.traceparent) {
 		return SubmitAck{}, fmt.Errorf("task %s: traceparent %q is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)", t.ID, so.traceparent)
 	}
-	return c.publishMsg(ctx, topology.TaskSubject(t.Type), data, t.ID, so.traceparent)
+	return c.publishMsg(ctx, topology.BandTaskSubject(t.Type, t.Priority), data, t.ID, so.traceparent)
 }
 
 // SubmitOption configures one Submit.

@@ -44,7 +44,7 @@ func (c *Client) SubmitMany(ctx context.Context, tasks []protocol.Task, window i
 	}
 	queue := make([]inflight, 0, window)
 	settle := func(f inflight) {
-		subj := topology.TaskSubject(tasks[f.i].Type)
+		subj := topology.BandTaskSubject(tasks[f.i].Type, tasks[f.i].Priority)
 		select {
 		case ack := <-f.fut.Ok():
 			acks[f.i] = SubmitAck{Seq: ack.Sequence, Duplicate: ack.Duplicate}
@@ -68,7 +68,7 @@ func (c *Client) SubmitMany(ctx context.Context, tasks []protocol.Task, window i
 			errs[i] = err
 			continue
 		}
-		m := &nats.Msg{Subject: topology.TaskSubject(t.Type), Data: data, Header: nats.Header{}}
+		m := &nats.Msg{Subject: topology.BandTaskSubject(t.Type, t.Priority), Data: data, Header: nats.Header{}}
 		fut, err := c.js.PublishMsgAsync(m, jetstream.WithMsgID(t.ID), jetstream.WithExpectStream(topology.StreamTasks))
 		if err != nil {
 			errs[i] = fmt.Errorf("submit to %s: %w", m.Subject, err)

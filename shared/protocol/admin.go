@@ -38,6 +38,12 @@ type StatsReport struct {
 	// Held is how many tasks the replica holds back now, for want of
 	// capacity.
 	Held int `json:"held"`
+	// HeldBy breaks Held down by priority band and tenant (the tenants
+	// holding most; the rest as "other").
+	HeldBy []HeldCount `json:"held_by,omitempty"`
+	// QuotaDegraded says why the replica enforces the tenants' rate
+	// quotas alone, its share of them ("" when Redis answers).
+	QuotaDegraded string `json:"quota_degraded,omitempty"`
 	// Unserved is how many tasks the replica keeps waiting now for a node
 	// to serve their type (at most MLSCHED_UNSERVED_MAX).
 	Unserved int         `json:"unserved"`
@@ -147,4 +153,12 @@ type CancelReply struct {
 	Where      []string `json:"where,omitempty"`
 	Error      string   `json:"error,omitempty"`
 	Dispatcher string   `json:"dispatcher"`
+}
+
+// HeldCount is how many tasks of one priority band ("high", "normal",
+// "low") and tenant a replica holds.
+type HeldCount struct {
+	Band   string `json:"band"`
+	Tenant string `json:"tenant"`
+	Held   int    `json:"held"`
 }

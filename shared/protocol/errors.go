@@ -39,6 +39,23 @@ const (
 	// CodeSaturated: every candidate's nodes held more work than they could
 	// start before the task's deadline, for as long as the task could wait.
 	CodeSaturated Code = "saturated"
+	// CodeInvalidPriority, CodeInvalidTenant, CodeInvalidDeadline: the
+	// flow-control fields are out of range.
+	CodeInvalidPriority Code = "invalid_priority"
+	CodeInvalidTenant   Code = "invalid_tenant"
+	CodeInvalidDeadline Code = "invalid_deadline"
+	// CodeBandMismatch: a task was published on a priority band's subject
+	// (topology.BandTaskSubject) that its priority does not belong to.
+	CodeBandMismatch Code = "band_mismatch"
+	// CodeExpired: the task's deadline_ms passed before it could start; it
+	// was never started, so no stale answer was computed.
+	CodeExpired Code = "expired"
+	// CodeShed: the cluster could not finish the held work within its
+	// deadlines and dropped this sheddable (negative-priority) task first.
+	CodeShed Code = "shed"
+	// CodeQuotaExceeded: the task's tenant was over its rate or
+	// concurrency quota, and the quota is configured to reject.
+	CodeQuotaExceeded Code = "quota_exceeded"
 )
 
 // Error is a protocol error with a stable Code and a human-readable message.

@@ -34,6 +34,9 @@ func FuzzDecodeTask(f *testing.F) {
 		`{"id":"a\u0031","type":"echo"}`, `{"Id":"a1","type":"echo"}`, `{"id":"a1","type":"echo","payload":"é"}`,
 		`{"id":"a1","type":"echo","payload":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]`,
 		`{"id":"a1","type":"echo","payload":{"a":1,}}`, `{"id":"a1","type":"echo","payload":[1,]}`, `{"id":"a1","type":"echo","x":"\q"}`,
+		`{"id":"a1","type":"echo","priority":9,"tenant":"acme","deadline_ms":5000}`, `{"id":"a1","type":"echo","priority":-11}`,
+		`{"id":"a1","type":"echo","priority":1e1}`, `{"id":"a1","type":"echo","tenant":"a\u0062"}`, `{"id":"a1","type":"echo","tenant":null}`,
+		`{"id":"a1","type":"echo","deadline_ms":-5,"Priority":3}`, `{"id":"a1","type":"echo","priority":99999999999999999999}`,
 		`{"id":"a1","type":"echo",}`, `{"id":"a1" "type":"echo"}`, `{"id":"a1","type":"echo","payload":tru}`, `{"id":"a1","type":"echo","payload":-}`,
 	} {
 		f.Add([]byte(s))

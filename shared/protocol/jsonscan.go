@@ -667,7 +667,7 @@ func DecodeTaskHead(data []byte) (id, typ string, payload json.RawMessage, err e
 // resultFields and attemptFields are Result's and Attempt's JSON member
 // names, in DecodeResult's order.
 var (
-	resultFields  = []string{"id", "type", "status", "model", "node", "attempts", "output", "error", "error_code", "latency_ms", "history", "finished_at"}
+	resultFields  = []string{"id", "type", "status", "model", "node", "attempts", "output", "error", "error_code", "latency_ms", "history", "finished_at", "retry_after_ms"}
 	attemptFields = []string{"attempt", "model", "node", "status", "error", "latency_ms"}
 )
 
@@ -713,6 +713,8 @@ func DecodeResult(data []byte) (Result, error) {
 				return &JSONError{Offset: r.pos, Msg: "field \"finished_at\": " + err.Error()}
 			}
 			return nil
+		case 12:
+			return r.intField("retry_after_ms", &res.RetryAfterMs)
 		}
 		return r.skip(1)
 	})

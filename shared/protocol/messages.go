@@ -35,6 +35,9 @@ type Result struct {
 	History   []Attempt       `json:"history,omitempty"`
 	// FinishedAt is when the dispatcher published the result (RFC 3339).
 	FinishedAt time.Time `json:"finished_at"`
+	// RetryAfterMs is set on a task shed, expired or over its quota: when a
+	// resubmission could be served, estimated from the measured drain rate.
+	RetryAfterMs int `json:"retry_after_ms,omitempty"`
 }
 
 // Attempt is one entry of a result's history.

@@ -22,6 +22,34 @@ type Task struct {
 	MaxLatencyMs int64 `json:"max_latency_ms,omitempty"`
 	// MinSuccessRate excludes models whose smoothed success rate is lower.
 	MinSuccessRate float64 `json:"min_success_rate,omitempty"`
+	// Priority orders tasks: higher is served first, -10..10, default 0.
+	// Negative means sheddable: shed first when the cluster cannot keep up
+	// (docs/policies.md, "Flow control").
+	Priority int `json:"priority,omitempty"`
+	// Tenant is the fairness and quota key, one subject token; empty means
+	// DefaultTenant.
+	Tenant string `json:"tenant,omitempty"`
+	// DeadlineMs is the task's whole budget from submission, queueing
+	// included: past it the task is not started and fails with
+	// CodeExpired. Zero: none (or the type's configured default).
+	DeadlineMs int64 `json:"deadline_ms,omitempty"`
+}
+
+// Priority bounds and the default tenant.
+const (
+	MinPriority   = -10
+	MaxPriority   = 10
+	DefaultTenant = "default"
+	// MaxTenantLen bounds a tenant name in bytes.
+	MaxTenantLen = 64
+)
+
+// TenantName is the task's tenant, DefaultTenant when it names none.
+func (t *Task) TenantName() string {
+	if t.Tenant == "" {
+		return DefaultTenant
+	}
+	return t.Tenant
 }
 
 // Limits bound what a task may carry. The zero value applies DefaultLimits.
@@ -36,6 +64,8 @@ type Limits struct {
 	MaxTimeoutMs int64
 	// MaxAttempts bounds max_attempts (default 10).
 	MaxAttempts int
+	// MaxDeadlineMs bounds deadline_ms (default 24 hours).
+	MaxDeadlineMs int64
 }
 
 // DefaultLimits are applied for every zero field of Limits.
@@ -45,6 +75,7 @@ var DefaultLimits = Limits{
 	MaxIDLen:        128,
 	MaxTimeoutMs:    3_600_000,
 	MaxAttempts:     10,
+	MaxDeadlineMs:   86_400_000,
 }
 
 func (l Limits) withDefaults() Limits {
@@ -62,6 +93,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxAttempts <= 0 {
 		l.MaxAttempts = DefaultLimits.MaxAttempts
+	}
+	if l.MaxDeadlineMs <= 0 {
+		l.MaxDeadlineMs = DefaultLimits.MaxDeadlineMs
 	}
 	return l
 }
@@ -142,6 +176,17 @@ func (t *Task) Validate(lim Limits) error {
 	}
 	if t.MinSuccessRate < 0 || t.MinSuccessRate > 1 {
 		return Errorf(CodeInvalidField, "min_success_rate %g is outside 0..1", t.MinSuccessRate)
+	}
+	if t.Priority < MinPriority || t.Priority > MaxPriority {
+		return Errorf(CodeInvalidPriority, "priority %d is outside %d..%d", t.Priority, MinPriority, MaxPriority)
+	}
+	if t.Tenant != "" {
+		if err := ValidToken(t.Tenant, MaxTenantLen); err != nil {
+			return Errorf(CodeInvalidTenant, "tenant %q: %v", truncate(t.Tenant, 64), err)
+		}
+	}
+	if t.DeadlineMs < 0 || t.DeadlineMs > lim.MaxDeadlineMs {
+		return Errorf(CodeInvalidDeadline, "deadline_ms %d is outside 0..%d", t.DeadlineMs, lim.MaxDeadlineMs)
 	}
 	if len(t.Models) > lim.MaxModels {
 		return Errorf(CodeTooManyModels, "allow-list has %d models, the limit is %d", len(t.Models), lim.MaxModels)

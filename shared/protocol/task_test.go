@@ -111,12 +111,27 @@ func TestDecodeTaskBadInput(t *testing.T) {
 		{"models has a number", `{"id":"a1","type":"echo","models":["m1",2]}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
 		{"min_success_rate is a string", `{"id":"a1","type":"echo","min_success_rate":"high"}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
 
+		// Flow control (docs/policies.md, "Flow control").
+		{"priority too high", `{"id":"a1","type":"echo","priority":11}`, protocol.Limits{}, protocol.CodeInvalidPriority, "a1"},
+		{"priority too low", `{"id":"a1","type":"echo","priority":-11}`, protocol.Limits{}, protocol.CodeInvalidPriority, "a1"},
+		{"priority is a string", `{"id":"a1","type":"echo","priority":"high"}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"priority is a float", `{"id":"a1","type":"echo","priority":1.5}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"tenant with a dot", `{"id":"a1","type":"echo","tenant":"a.b"}`, protocol.Limits{}, protocol.CodeInvalidTenant, "a1"},
+		{"tenant with a space", `{"id":"a1","type":"echo","tenant":"a b"}`, protocol.Limits{}, protocol.CodeInvalidTenant, "a1"},
+		{"tenant too long", `{"id":"a1","type":"echo","tenant":"` + strings.Repeat("t", 65) + `"}`, protocol.Limits{}, protocol.CodeInvalidTenant, "a1"},
+		{"tenant is a number", `{"id":"a1","type":"echo","tenant":3}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"negative deadline", `{"id":"a1","type":"echo","deadline_ms":-1}`, protocol.Limits{}, protocol.CodeInvalidDeadline, "a1"},
+		{"deadline past a day", `{"id":"a1","type":"echo","deadline_ms":86400001}`, protocol.Limits{}, protocol.CodeInvalidDeadline, "a1"},
+		{"deadline is a string", `{"id":"a1","type":"echo","deadline_ms":"5s"}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"flow control accepted", `{"id":"a1","type":"echo","priority":-10,"tenant":"acme-1","deadline_ms":5000}`, protocol.Limits{}, "", "a1"},
+		{"priority 10 accepted", `{"id":"a1","type":"echo","priority":10}`, protocol.Limits{}, "", "a1"},
+
 		// Accepted.
 		{"minimal", `{"id":"a1","type":"echo"}`, protocol.Limits{}, "", "a1"},
 		{"surrounding white space", " \n{\"id\":\"a1\",\"type\":\"echo\"}\n", protocol.Limits{}, "", "a1"},
 		{"full", `{"id":"a-1_B:2","type":"ocr","payload":{"url":"s3://x","pages":[1,2]},"models":["m1","m2"],
 			"timeout_ms":3600000,"max_attempts":10,"max_latency_ms":250,"min_success_rate":0.9}`, protocol.Limits{}, "", "a-1_B:2"},
-		{"unknown fields ignored", `{"id":"a1","type":"echo","priority":"high","extra":{"deep":[1,2]},"v":2}`, protocol.Limits{}, "", "a1"},
+		{"unknown fields ignored", `{"id":"a1","type":"echo","prio":"high","extra":{"deep":[1,2]},"v":2}`, protocol.Limits{}, "", "a1"},
 		{"null optional fields", `{"id":"a1","type":"echo","payload":null,"models":null,"timeout_ms":null}`, protocol.Limits{}, "", "a1"},
 		{"zero values", `{"id":"a1","type":"echo","timeout_ms":0,"max_attempts":0,"models":[]}`, protocol.Limits{}, "", "a1"},
 		{"payload string", `{"id":"a1","type":"echo","payload":"just text"}`, protocol.Limits{}, "", "a1"},
@@ -155,12 +170,13 @@ func TestDecodeTaskBadInput(t *testing.T) {
 func TestDecodeTaskFields(t *testing.T) {
 	t.Parallel()
 	task, err := protocol.DecodeTask([]byte(`{"id":"a1","type":"ocr","payload":{"k":[1,2]},"models":["m1","m2"],
-		"timeout_ms":500,"max_attempts":3,"max_latency_ms":250,"min_success_rate":0.9,"ignored":1}`), protocol.Limits{})
+		"timeout_ms":500,"max_attempts":3,"max_latency_ms":250,"min_success_rate":0.9,"ignored":1,
+		"priority":-3,"tenant":"acme","deadline_ms":5000}`), protocol.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := protocol.Task{ID: "a1", Type: "ocr", Payload: json.RawMessage(`{"k":[1,2]}`), Models: []string{"m1", "m2"},
-		TimeoutMs: 500, MaxAttempts: 3, MaxLatencyMs: 250, MinSuccessRate: 0.9}
+		TimeoutMs: 500, MaxAttempts: 3, MaxLatencyMs: 250, MinSuccessRate: 0.9, Priority: -3, Tenant: "acme", DeadlineMs: 5000}
 	if fmt.Sprint(task) != fmt.Sprint(want) {
 		t.Fatalf("got %+v\nwant %+v", task, want)
 	}

@@ -7,8 +7,8 @@ import (
 
 // decodeTaskFast is DecodeTask's single pass for the common shape of a task:
 // one JSON object whose keys are Task's field names exactly (others are
-// skipped), unescaped strings for id, type and models, integers for the
-// *_ms and max_attempts fields, any valid JSON as payload. It validates the
+// skipped), unescaped strings for id, type, tenant and models, integers for the
+// *_ms, max_attempts and priority fields, any valid JSON as payload. It validates the
 // JSON syntax and the UTF-8 of the whole message as it decodes. Whenever the
 // input is anything else (invalid, an escape in a field's string, a key
 // that only case-insensitively names a field, a duplicate key, a null, a
@@ -23,7 +23,7 @@ func decodeTaskFast(data []byte) (Task, bool) {
 	if !s.byte('{') {
 		return t, false
 	}
-	var seen uint8
+	var seen uint16
 	s.space()
 	if s.byte('}') {
 		return t, s.end()
@@ -76,11 +76,14 @@ const (
 	fMaxAttempts
 	fMaxLatencyMs
 	fMinSuccessRate
+	fPriority
+	fTenant
+	fDeadlineMs
 )
 
 var taskFields = [...]string{fID: "id", fType: "type", fPayload: "payload", fModels: "models",
 	fTimeoutMs: "timeout_ms", fMaxAttempts: "max_attempts", fMaxLatencyMs: "max_latency_ms",
-	fMinSuccessRate: "min_success_rate"}
+	fMinSuccessRate: "min_success_rate", fPriority: "priority", fTenant: "tenant", fDeadlineMs: "deadline_ms"}
 
 func taskField(key []byte) int {
 	for i, f := range taskFields {
@@ -171,15 +174,18 @@ func (s *fastScanner) plainString() ([]byte, bool) {
 
 func (s *fastScanner) field(t *Task, f int) bool {
 	switch f {
-	case fID, fType:
+	case fID, fType, fTenant:
 		v, ok := s.plainString()
 		if !ok {
 			return false
 		}
-		if f == fID {
+		switch f {
+		case fID:
 			t.ID = string(v)
-		} else {
+		case fType:
 			t.Type = string(v)
+		default:
+			t.Tenant = string(v)
 		}
 		return true
 	case fPayload:
@@ -214,7 +220,7 @@ func (s *fastScanner) field(t *Task, f int) bool {
 			}
 			return s.byte(']')
 		}
-	case fTimeoutMs, fMaxLatencyMs, fMaxAttempts:
+	case fTimeoutMs, fMaxLatencyMs, fMaxAttempts, fPriority, fDeadlineMs:
 		start := s.i
 		if !s.number() {
 			return false
@@ -228,11 +234,17 @@ func (s *fastScanner) field(t *Task, f int) bool {
 			t.TimeoutMs = n
 		case fMaxLatencyMs:
 			t.MaxLatencyMs = n
+		case fDeadlineMs:
+			t.DeadlineMs = n
 		default:
 			if int64(int(n)) != n {
 				return false
 			}
-			t.MaxAttempts = int(n)
+			if f == fPriority {
+				t.Priority = int(n)
+			} else {
+				t.MaxAttempts = int(n)
+			}
 		}
 		return true
 	case fMinSuccessRate:

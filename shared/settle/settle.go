@@ -7,6 +7,7 @@
 package settle
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -46,6 +47,9 @@ type State struct {
 	// TaskErr is why the outcome's task bytes cannot be dispatched again
 	// (nil: they can). Only looked at for an outcome that may be retried.
 	TaskErr error
+	// Expired: the task's own deadline (deadline_ms) has passed, so a
+	// failed attempt is not retried: the task fails with CodeExpired.
+	Expired bool
 }
 
 // Action is what to do with the task.
@@ -116,6 +120,13 @@ func Settle(r Rules, d protocol.Dispatch, o protocol.Outcome, s State) Decision 
 	}
 	// A failed, timed-out, lost or expired attempt (or an unknown status,
 	// treated as a model error).
+	if s.Expired {
+		// Its answer is worthless now: no retry, and no dead letter.
+		dec.Action, dec.Status, dec.Code = Finish, protocol.StatusFailed, protocol.CodeExpired
+		dec.Error = "the task's deadline passed: attempt " + strconv.Itoa(d.Attempt) + " on model " + o.Model + " node " + o.Node +
+			" ended " + string(o.Status) + " (" + o.Error + ") and the task was not started again"
+		return dec
+	}
 	if d.Attempt < d.MaxAttempts && s.TaskErr == nil {
 		dec.Action = Retry
 		if !s.Redelivered && o.Status != protocol.OutcomeExpired {

@@ -47,6 +47,9 @@ func TestSettle(t *testing.T) {
 		{"exhausted", 3, protocol.OutcomeModelError, settle.State{}, settle.DeadLetter, protocol.StatusFailed, protocol.CodeAttemptsExhausted, "all 3 attempts failed", 0, true, stats.KindModelError, false},
 		{"exhausted by expiry", 3, protocol.OutcomeExpired, settle.State{}, settle.DeadLetter, protocol.StatusFailed, protocol.CodeAttemptsExhausted, "ended expired", 0, true, stats.KindExpired, false},
 		{"unretryable task bytes", 1, protocol.OutcomeTimeout, settle.State{TaskErr: bad}, settle.DeadLetter, protocol.StatusFailed, protocol.CodeAttemptsExhausted, "cannot be retried: task bytes", 0, true, stats.KindTimeout, false},
+		{"past the task's deadline: not retried", 1, protocol.OutcomeExpired, settle.State{Expired: true}, settle.Finish, protocol.StatusFailed, protocol.CodeExpired, "deadline passed", 0, true, stats.KindExpired, false},
+		{"lost past the task's deadline", 1, protocol.OutcomeLost, settle.State{Expired: true}, settle.Finish, protocol.StatusFailed, protocol.CodeExpired, "ended lost", 0, true, stats.KindTimeout, true},
+		{"success past the task's deadline is kept", 1, protocol.OutcomeSuccess, settle.State{Expired: true}, settle.Finish, protocol.StatusSucceeded, "", "", 0, true, stats.KindSuccess, false},
 		{"task bytes ignored on success", 1, protocol.OutcomeSuccess, settle.State{TaskErr: bad}, settle.Finish, protocol.StatusSucceeded, "", "", 0, true, stats.KindSuccess, false},
 	}
 	for _, c := range cases {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,8 +52,95 @@ const (
 	ConsumerDispatcher = "dispatcher"
 )
 
-// TaskSubject is where producers publish a task of the given type.
+// TaskSubject is where producers publish a task of the given type: band 0
+// of the priority bands (BandTaskSubject).
 func TaskSubject(taskType string) string { return "mlsched.tasks." + taskType }
+
+// Priority bands. The task stream is pulled through one durable consumer
+// per band, with non-overlapping filters (a work-queue stream allows no
+// other kind), and every band has its own MaxAckPending: the tasks a
+// replica holds in band 0 never stop it pulling band 1, so a priority-9
+// task behind 50 000 queued priority-0 tasks is pulled at once
+// (docs/policies.md, "Flow control"). Inside what is pulled, the hold
+// orders by exact priority.
+const (
+	BandLow    = -1 // priority < 0: sheddable
+	BandNormal = 0  // priority 0, and every task on TaskSubject
+	BandHigh   = 1  // priority > 0
+)
+
+// Bands lists the bands, highest first.
+var Bands = [...]int{BandHigh, BandNormal, BandLow}
+
+// BandOf is the band of a priority.
+func BandOf(priority int) int {
+	switch {
+	case priority > 0:
+		return BandHigh
+	case priority < 0:
+		return BandLow
+	}
+	return BandNormal
+}
+
+// bandSuffix is the last subject token of a band's tasks ("" for band 0).
+func bandSuffix(band int) string {
+	switch band {
+	case BandHigh:
+		return "high"
+	case BandLow:
+		return "low"
+	}
+	return ""
+}
+
+// BandTaskSubject is where a producer publishes a task of the given type
+// and priority: mlsched.tasks.<type> for priority 0,
+// mlsched.tasks.<type>.high above, mlsched.tasks.<type>.low below.
+func BandTaskSubject(taskType string, priority int) string {
+	if sfx := bandSuffix(BandOf(priority)); sfx != "" {
+		return "mlsched.tasks." + taskType + "." + sfx
+	}
+	return TaskSubject(taskType)
+}
+
+// ParseTaskSubject splits a task subject into its type and band; ok is
+// false for a subject no band consumer reads as such (the dispatcher
+// rejects the task).
+func ParseTaskSubject(subject string) (taskType string, band int, ok bool) {
+	rest, found := strings.CutPrefix(subject, "mlsched.tasks.")
+	if !found {
+		return "", 0, false
+	}
+	typ, sfx, banded := strings.Cut(rest, ".")
+	if !banded {
+		return typ, BandNormal, true
+	}
+	switch sfx {
+	case "high":
+		return typ, BandHigh, true
+	case "low":
+		return typ, BandLow, true
+	}
+	return typ, BandNormal, false
+}
+
+// BandConsumer is the durable name and filters of a band's consumer on
+// MLSCHED_TASKS. Band 0 keeps ConsumerDispatcher, the name of the one
+// task consumer of earlier versions, and subjects of five tokens or more
+// too, so that they are read and rejected, not left in the stream. A
+// four-token subject other than a band's (mlsched.tasks.<type>.<other>)
+// is not read by any: a work-queue stream's filters cannot express "every
+// fourth token but two" (docs/protocol.md says to publish nothing there).
+func BandConsumer(band int) (durable string, filters []string) {
+	switch band {
+	case BandHigh:
+		return ConsumerDispatcher + "-high", []string{"mlsched.tasks.*.high"}
+	case BandLow:
+		return ConsumerDispatcher + "-low", []string{"mlsched.tasks.*.low"}
+	}
+	return ConsumerDispatcher, []string{"mlsched.tasks.*", "mlsched.tasks.*.*.>"}
+}
 
 // DispatchSubject is the subject a node consumes its dispatches from.
 func DispatchSubject(node string) string { return "mlsched.node." + node + ".tasks" }
@@ -366,6 +454,13 @@ func EnsureConsumer(ctx context.Context, s jetstream.Stream, want jetstream.Cons
 		return nil, fmt.Errorf("consumer %s: %w", want.Durable, err)
 	}
 	got := c.CachedInfo().Config
+	if got.FilterSubject == "" && len(got.FilterSubjects) == 0 && (want.FilterSubject != "" || len(want.FilterSubjects) > 0) &&
+		got.AckPolicy == want.AckPolicy && got.DeliverPolicy == want.DeliverPolicy {
+		// An unfiltered consumer of an earlier version (the task stream's
+		// before the priority bands) is narrowed to its band: an update,
+		// which keeps its pending messages.
+		return s.UpdateConsumer(ctx, want)
+	}
 	if got.FilterSubject != want.FilterSubject || !slices.Equal(got.FilterSubjects, want.FilterSubjects) ||
 		got.AckPolicy != want.AckPolicy || got.DeliverPolicy != want.DeliverPolicy {
 		return nil, fmt.Errorf("consumer %s %w: have filter=%q ack=%v, want filter=%q ack=%v",

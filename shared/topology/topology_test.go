@@ -3,6 +3,7 @@ package topology_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,5 +69,96 @@ func TestEnsureBoundsExistingResultsStream(t *testing.T) {
 	}
 	if c := dlq.CachedInfo().Config; c.MaxBytes != topology.DefaultDLQMaxBytes || c.Discard != jetstream.DiscardOld {
 		t.Fatalf("dlq: max_bytes=%d discard=%v", c.MaxBytes, c.Discard)
+	}
+}
+
+func TestBandSubjects(t *testing.T) {
+	for _, c := range []struct {
+		prio    int
+		subject string
+		band    int
+	}{{0, "mlsched.tasks.x", topology.BandNormal}, {10, "mlsched.tasks.x.high", topology.BandHigh},
+		{1, "mlsched.tasks.x.high", topology.BandHigh}, {-1, "mlsched.tasks.x.low", topology.BandLow}} {
+		if got := topology.BandTaskSubject("x", c.prio); got != c.subject {
+			t.Errorf("BandTaskSubject(x, %d) = %q, want %q", c.prio, got, c.subject)
+		}
+		typ, band, ok := topology.ParseTaskSubject(c.subject)
+		if !ok || typ != "x" || band != c.band {
+			t.Errorf("ParseTaskSubject(%q) = %q %d %v", c.subject, typ, band, ok)
+		}
+	}
+	for _, bad := range []string{"mlsched.tasks.x.mid", "mlsched.other.x"} {
+		if _, _, ok := topology.ParseTaskSubject(bad); ok {
+			t.Errorf("ParseTaskSubject(%q) accepted", bad)
+		}
+	}
+	// The band consumers' filters must not overlap (a work-queue stream
+	// refuses it), and each band's subject must match its own filter only.
+	for _, band := range topology.Bands {
+		subj := topology.BandTaskSubject("x", band*5)
+		for _, other := range topology.Bands {
+			_, filters := topology.BandConsumer(other)
+			matched := false
+			for _, f := range filters {
+				matched = matched || subjectMatches(f, subj)
+			}
+			if matched != (band == other) {
+				t.Errorf("subject %s matched by band %d's filters %v: %v", subj, other, filters, matched)
+			}
+		}
+	}
+}
+
+// subjectMatches is NATS subject matching for the test's filters.
+func subjectMatches(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, tok := range f {
+		if tok == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (tok != "*" && tok != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
+// The unfiltered task consumer of an earlier version is narrowed to band 0
+// in place, keeping its pending messages, and the other bands' consumers
+// can then be created beside it (their filters overlapped it before).
+func TestBandConsumersReplaceTheUnfilteredOne(t *testing.T) {
+	srv := natstest.New(t)
+	ctx := context.Background()
+	if err := topology.Ensure(ctx, srv.JS, topology.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := srv.JS.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := jetstream.ConsumerConfig{Durable: topology.ConsumerDispatcher, AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1}
+	if _, err := s.CreateConsumer(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.JS.Publish(ctx, topology.TaskSubject("x"), []byte(`{"id":"a","type":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, band := range []int{topology.BandNormal, topology.BandHigh, topology.BandLow} {
+		want := old
+		want.Durable, want.FilterSubjects = topology.BandConsumer(band)
+		c, err := topology.EnsureConsumer(ctx, s, want)
+		if err != nil {
+			t.Fatalf("band %d: %v", band, err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(info.Config.FilterSubjects) != fmt.Sprint(want.FilterSubjects) {
+			t.Fatalf("band %d consumer filters %v, want %v", band, info.Config.FilterSubjects, want.FilterSubjects)
+		}
+		if band == topology.BandNormal && info.NumPending != 1 {
+			t.Fatalf("band 0 consumer has %d pending, want the 1 task queued before the update", info.NumPending)
+		}
 	}
 }

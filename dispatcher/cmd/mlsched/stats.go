@@ -141,6 +141,16 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 	if r.Held > 0 {
 		fmt.Fprintf(w, "held back now: %d tasks (every candidate's nodes saturated; see docs/policies.md)\n", r.Held)
 	}
+	if len(r.HeldBy) > 0 {
+		fmt.Fprint(w, "held by band/tenant:")
+		for _, h := range r.HeldBy {
+			fmt.Fprintf(w, " %s/%s=%d", h.Band, h.Tenant, h.Held)
+		}
+		fmt.Fprintln(w)
+	}
+	if r.QuotaDegraded != "" {
+		fmt.Fprintf(w, "quotas DEGRADED: %s\n", oneLine(r.QuotaDegraded, 160))
+	}
 	if r.Unserved > 0 {
 		fmt.Fprintf(w, "waiting for a node now: %d tasks (no live node serves their type; at most MLSCHED_UNSERVED_MAX)\n", r.Unserved)
 	}

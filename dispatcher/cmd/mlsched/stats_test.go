@@ -36,6 +36,8 @@ var sampleReport = protocol.StatsReport{
 	Nodes: []protocol.Heartbeat{{Node: "n1"}, {Node: "n2", Unready: []protocol.UnreadyModel{
 		{Name: "remote", Types: []string{"classify"}, Reason: "GET http://127.0.0.1:9000/healthz: connection refused"}}}},
 	Counters: map[string]int64{"suppressed": 4, "late": 1, "panic": 0},
+	Held:     5, HeldBy: []protocol.HeldCount{{Band: "high", Tenant: "fraud", Held: 1}, {Band: "normal", Tenant: "bulk", Held: 4}},
+	QuotaDegraded: "Redis does not answer",
 }
 
 func TestStatsTable(t *testing.T) {
@@ -52,6 +54,7 @@ func TestStatsTable(t *testing.T) {
 		"nodes=2", "policies=*:reliability,ocr:latency", "window=5m0s",
 		"unready remote on n2: GET http://127.0.0.1:9000/healthz: connection refused",
 		"MODEL", "BREAKER", "TIMEOUTS", "LATE", "tesseract", "97.8%", "since start: late=1 panic=0 suppressed=4", "42.0ms", "1.25s", "0.250ms", "75.0%", "open", "40.0%",
+		"held by band/tenant: high/fraud=1 normal/bulk=4", "quotas DEGRADED: Redis does not answer",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

@@ -38,7 +38,7 @@ type summary struct {
 }
 
 func runSubmit(ctx context.Context, a *app, args []string) error {
-	fs := a.newFlags("submit", "submit -type T [-id ID] [-payload JSON] [-models a,b] [-timeout-ms N] [-max-attempts N] [-wait]\n       mlsched submit -f tasks.jsonl [-wait]   (- reads stdin)")
+	fs := a.newFlags("submit", "submit -type T [-id ID] [-payload JSON] [-models a,b] [-timeout-ms N] [-max-attempts N] [-priority P] [-tenant T] [-deadline-ms N] [-wait]\n       mlsched submit -f tasks.jsonl [-wait]   (- reads stdin)")
 	file := fs.String("f", "", "JSON-lines file of tasks, one task object per line (- for stdin); ids are generated when missing")
 	typ := fs.String("type", "", "task type")
 	id := fs.String("id", "", "task id (default: generated)")
@@ -48,6 +48,9 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 	maxAttempts := fs.Int("max-attempts", 0, "attempts before the task fails (0: the dispatcher's default)")
 	maxLatency := fs.Int64("max-latency-ms", 0, "latency budget: only models whose p95 fits it; the task is rejected when none does (0: none)")
 	minRate := fs.Float64("min-success-rate", 0, "exclude models below this success rate (0: none)")
+	priority := fs.Int("priority", 0, "priority -10..10: higher is served first, negative is sheddable")
+	tenant := fs.String("tenant", "", "tenant, the fairness and quota key (default: default)")
+	deadlineMs := fs.Int64("deadline-ms", 0, "the task's whole budget from submission, queueing included; past it the task fails with expired, never started (0: none)")
 	wait := fs.Bool("wait", false, "wait for every result, print each as a JSON line, then a summary; exit 3 unless all succeeded")
 	waitTimeout := fs.Duration("wait-timeout", 0, "give up waiting after this long (0: wait until interrupted)")
 	window := fs.Int("window", 256, "submissions awaiting their acknowledgement at once")
@@ -88,7 +91,7 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 		return a.submitStream(ctx, in, size, *window, *wait, *waitTimeout, *progressEvery)
 	case *typ != "":
 		t := protocol.Task{ID: *id, Type: *typ, TimeoutMs: *timeoutMs, MaxAttempts: *maxAttempts,
-			MaxLatencyMs: *maxLatency, MinSuccessRate: *minRate}
+			MaxLatencyMs: *maxLatency, MinSuccessRate: *minRate, Priority: *priority, Tenant: *tenant, DeadlineMs: *deadlineMs}
 		if *payload != "" {
 			if !json.Valid([]byte(*payload)) {
 				fmt.Fprintln(a.stderr, "mlsched submit: -payload is not valid JSON")
@@ -104,7 +107,7 @@ func runSubmit(ctx context.Context, a *app, args []string) error {
 		}
 		if err := t.Validate(a.limits()); err != nil {
 			fmt.Fprintln(a.stderr, "mlsched submit:", err)
-			return errUsage // a bad flag value: -id, -type, -timeout-ms, -models ...
+			return errUsage // a bad flag value: -id, -type, -timeout-ms, -models, -priority ...
 		}
 		if err := a.connect(); err != nil {
 			return err

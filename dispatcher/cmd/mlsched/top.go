@@ -103,6 +103,10 @@ func renderView(w io.Writer, v *clusterview.View, now time.Time) {
 	c := v.Counters
 	fmt.Fprintf(w, "results=%d dispatched=%d redispatched=%d waiting=%d dead_letters=%d cancelled=%d late=%d lost=%d\n",
 		c["results"], c["dispatched"], c["redispatched"], v.BacklogTotal(), v.DeadLettersTotal, c["cancelled"], c["late"], c["lost"])
+	if c["expired"]+c["shed_sheddable"]+c["over_quota"]+c["inversions"] > 0 {
+		fmt.Fprintf(w, "flow control: expired=%d shed=%d over_quota=%d inversions=%d\n",
+			c["expired"], c["shed_sheddable"], c["over_quota"], c["inversions"])
+	}
 	for _, p := range v.Problems {
 		fmt.Fprintln(w, "problem:", p)
 	}

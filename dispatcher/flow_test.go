@@ -1,0 +1,216 @@
+package dispatcher_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// A task whose deadline_ms passes while every candidate is saturated is
+// never sent: it fails with code expired, after 0 attempts, with a
+// retry_after_ms, and is not dead-lettered (its answer is worthless now).
+func TestExpiredHeldTaskIsNeverStarted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000 // on 8 slots: hours of work
+	busy := e.startNode("busy", []string{"s"}, map[string]behavior{"m": succeed})
+	e.submit(protocol.Task{ID: "exp1", Type: "s", TimeoutMs: 60_000, DeadlineMs: 300})
+	res := e.result("exp1")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeExpired || res.Attempts != 0 {
+		t.Fatalf("result = %+v, want failed with %s after 0 attempts", res, protocol.CodeExpired)
+	}
+	if res.RetryAfterMs <= 0 {
+		t.Fatalf("retry_after_ms = %d, want > 0", res.RetryAfterMs)
+	}
+	if got := busy.attempts(); len(got) != 0 {
+		t.Fatalf("the node got %v", got)
+	}
+	if n := e.d.Counters().Expired.Load(); n != 1 {
+		t.Fatalf("expired counter = %d, want 1", n)
+	}
+	for _, dl := range e.deadLetters() {
+		if dl.TaskID == "exp1" {
+			t.Fatalf("an expired task was dead-lettered: %+v", dl)
+		}
+	}
+}
+
+// The dispatch of a task with a deadline carries that deadline (not the
+// attempt's longer timeout plus slack), so that a worker does not start it
+// late; an attempt lost past it is not retried: the task fails expired.
+func TestDispatchCarriesTaskDeadline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	hung := e.startNode("hung", []string{"d"}, map[string]behavior{"m": succeed})
+	hung.silent.Store(true) // never answers: the sweeper finds the attempt lost at its deadline
+	before := time.Now()
+	e.submit(protocol.Task{ID: "dl1", Type: "d", TimeoutMs: 60_000, MaxAttempts: 3, DeadlineMs: 800})
+	res := e.result("dl1") // without the cap the attempt would be lost after 70 s
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeExpired || res.Attempts != 1 {
+		t.Fatalf("result = %+v, want failed with %s after 1 attempt", res, protocol.CodeExpired)
+	}
+	hung.mu.Lock()
+	h := hung.headers[0]
+	n := len(hung.headers)
+	hung.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d dispatches, want 1: a task past its deadline is not retried", n)
+	}
+	pd, err := protocol.ParseDispatch(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit := before.Add(800*time.Millisecond + time.Second); pd.Deadline.After(limit) {
+		t.Fatalf("dispatch deadline %s, want at most the task's (about %s)", pd.Deadline, before.Add(800*time.Millisecond))
+	}
+}
+
+// Band subjects: a task on its priority's band subject runs; on another
+// band's it is rejected with band_mismatch; today's subject takes any
+// priority.
+func TestPriorityBandSubjects(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startNode("n1", []string{"b"}, map[string]behavior{"m": succeed})
+	publish := func(subject string, task protocol.Task) {
+		data, _ := json.Marshal(task)
+		e.publish(subject, data, task.ID)
+	}
+	publish(topology.BandTaskSubject("b", 7), protocol.Task{ID: "hi1", Type: "b", Priority: 7})
+	publish(topology.BandTaskSubject("b", -2), protocol.Task{ID: "lo1", Type: "b", Priority: -2, Tenant: "acme"})
+	publish(topology.TaskSubject("b"), protocol.Task{ID: "old1", Type: "b", Priority: 7})
+	publish(topology.BandTaskSubject("b", 7), protocol.Task{ID: "bad1", Type: "b", Priority: -3})
+	publish("mlsched.tasks.b.x.y", protocol.Task{ID: "bad2", Type: "b"})
+	for _, id := range []string{"hi1", "lo1", "old1"} {
+		if res := e.result(id); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("%s: %+v", id, res)
+		}
+	}
+	if res := e.result("bad1"); res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeBandMismatch {
+		t.Fatalf("bad1: %+v, want rejected with %s", res, protocol.CodeBandMismatch)
+	}
+	if res := e.result("bad2"); res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeTypeMismatch {
+		t.Fatalf("bad2: %+v, want rejected with %s", res, protocol.CodeTypeMismatch)
+	}
+}
+
+// Held tasks go on highest priority first when capacity returns, whatever
+// their submission order, and no dispatch is an inversion.
+func TestHeldTasksGoHighestPriorityFirst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000 // saturated: everything is held
+	busy := e.startNode("busy", []string{"p"}, map[string]behavior{"m": succeed})
+	prios := []int{-5, 0, 5, 0, -5, 9, 0, 5, -5, 0, 5, -1, 0, 9, 0}
+	for i, p := range prios {
+		data, _ := json.Marshal(protocol.Task{ID: fmt.Sprintf("p%d", i), Type: "p", Priority: p, TimeoutMs: 60_000,
+			Tenant: []string{"a", "b"}[i%2]})
+		e.publish(topology.BandTaskSubject("p", p), data, fmt.Sprintf("p%d", i))
+	}
+	e.waitFor("every task held", func() bool { return e.d.Report().Held == len(prios) })
+	busy.queued.Store(0)
+	busy.beat()
+	for i := range prios {
+		if res := e.result(fmt.Sprintf("p%d", i)); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("p%d: %+v", i, res)
+		}
+	}
+	byID := map[string]int{}
+	for i, p := range prios {
+		byID[fmt.Sprintf("p%d", i)] = p
+	}
+	last := protocol.MaxPriority
+	for _, s := range busy.attempts() { // "id/attempt/model", in dispatch order
+		p := byID[strings.SplitN(s, "/", 2)[0]]
+		if p > last {
+			t.Fatalf("dispatch order %v: priority %d after %d", busy.attempts(), p, last)
+		}
+		last = p
+	}
+	if n := e.d.Counters().Inversions.Load(); n != 0 {
+		t.Fatalf("inversions = %d, want 0", n)
+	}
+	if r := e.d.Report(); r.Counters["inversions"] != 0 {
+		t.Fatalf("stats report inversions = %d", r.Counters["inversions"])
+	}
+}
+
+// A sheddable task that cannot start before its deadline is shed, not
+// expired: code shed, retry_after_ms, counted, not dead-lettered.
+func TestSheddableHeldTaskIsShed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000
+	busy := e.startNode("busy", []string{"s"}, map[string]behavior{"m": succeed})
+	data, _ := json.Marshal(protocol.Task{ID: "shed1", Type: "s", TimeoutMs: 60_000, DeadlineMs: 2000, Priority: -3})
+	e.publish(topology.BandTaskSubject("s", -3), data, "shed1")
+	res := e.result("shed1")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeShed || res.RetryAfterMs <= 0 {
+		t.Fatalf("result = %+v, want failed with %s and retry_after_ms", res, protocol.CodeShed)
+	}
+	if got := busy.attempts(); len(got) != 0 {
+		t.Fatalf("the node got %v", got)
+	}
+	if n := e.d.Counters().ShedFlow.Load(); n != 1 {
+		t.Fatalf("shed counter = %d, want 1", n)
+	}
+	for _, dl := range e.deadLetters() {
+		if dl.TaskID == "shed1" {
+			t.Fatalf("a shed task was dead-lettered: %+v", dl)
+		}
+	}
+}
+
+// A tenant over its rate quota: held until it may go (all succeed, later),
+// or with MLSCHED_QUOTA_REJECT rejected at once with quota_exceeded and
+// retry_after_ms; other tenants are not limited.
+func TestTenantRateQuota(t *testing.T) {
+	t.Parallel()
+	for _, reject := range []bool{false, true} {
+		t.Run(fmt.Sprint("reject=", reject), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(c *dispatcher.Config) {
+				c.TenantRates = map[string]string{"a": "4"}
+				c.QuotaReject = reject
+			})
+			e.startNode("n1", []string{"q"}, map[string]behavior{"m": succeed})
+			const n = 12
+			start := time.Now()
+			for i := range n {
+				e.submit(protocol.Task{ID: fmt.Sprintf("qa%d", i), Type: "q", Tenant: "a", TimeoutMs: 30_000})
+				e.submit(protocol.Task{ID: fmt.Sprintf("qb%d", i), Type: "q", Tenant: "b"})
+			}
+			succeeded, rejected := 0, 0
+			for i := range n {
+				if res := e.result(fmt.Sprintf("qb%d", i)); res.Status != protocol.StatusSucceeded {
+					t.Fatalf("tenant b, without a quota: %+v", res)
+				}
+				res := e.result(fmt.Sprintf("qa%d", i))
+				switch {
+				case res.Status == protocol.StatusSucceeded:
+					succeeded++
+				case res.Status == protocol.StatusRejected && res.ErrorCode == protocol.CodeQuotaExceeded && res.RetryAfterMs > 0:
+					rejected++
+				default:
+					t.Fatalf("tenant a: %+v", res)
+				}
+			}
+			elapsed := time.Since(start).Seconds()
+			if limit := 4*elapsed + 1 + 1; float64(succeeded) > limit {
+				t.Fatalf("%d of tenant a's tasks admitted in %.1fs, quota 4/s allows at most %.0f", succeeded, elapsed, limit)
+			}
+			if reject && rejected == 0 || !reject && succeeded != n {
+				t.Fatalf("reject=%v: %d succeeded, %d rejected", reject, succeeded, rejected)
+			}
+			if e.d.Counters().OverQuota.Load() == 0 {
+				t.Fatal("over_quota not counted")
+			}
+		})
+	}
+}

@@ -77,9 +77,20 @@ func TestExistingTaskStreamGetsLimits(t *testing.T) {
 	if si, err := s.Info(ctx); err != nil || si.State.Msgs != 1 {
 		t.Fatalf("stream state after the update: %+v, %v; want the waiting task kept", si, err)
 	}
-	ost, err := ns.JS.Stream(ctx, topology.StreamOutcomes)
-	if err != nil || ost.CachedInfo().Config.MaxBytes != 32<<20 {
-		t.Fatalf("outcomes stream: %v; want the operator's 32 MiB kept", err)
+	// the empty outcome stream moves to memory (the attempt streams'
+	// default storage), re-created with the operator's limit
+	for {
+		ost, err := ns.JS.Stream(ctx, topology.StreamOutcomes)
+		if err == nil && ost.CachedInfo().Config.Storage == jetstream.MemoryStorage {
+			if c := ost.CachedInfo().Config; c.MaxBytes != 32<<20 {
+				t.Fatalf("outcomes stream re-created with max_bytes=%d; want the operator's 32 MiB kept", c.MaxBytes)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outcomes stream not moved to memory: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	// the results stream, which mlsched bounds, has the dispatcher's bounds
 	rs, err := ns.JS.Stream(ctx, topology.StreamResults)

@@ -378,10 +378,14 @@ func migrateStorage(ctx context.Context, js jetstream.JetStream, s jetstream.Str
 			want.Name, info.Config.Storage, info.State.Msgs, want.Storage)
 		return s, nil
 	}
+	// Re-created as it was but for its storage: limits or replicas an
+	// operator set on it stay.
+	again := info.Config
+	again.Storage = want.Storage
 	if err := js.DeleteStream(ctx, want.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("stream %s: delete to change its storage: %w", want.Name, err)
 	}
-	ns, err := EnsureStream(ctx, js, want)
+	ns, err := EnsureStream(ctx, js, again)
 	if err != nil {
 		return nil, err
 	}

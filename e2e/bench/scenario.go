@@ -286,7 +286,9 @@ func (r *run) connect(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return topology.Ensure(cctx, r.ctlJS, topology.Config{Replicas: r.o.replicas()})
+	// The attempt streams on the processes' default storage (memory), so
+	// that the dispatcher has none to migrate.
+	return topology.Ensure(cctx, r.ctlJS, topology.Config{Replicas: r.o.replicas(), AttemptStorage: jetstream.MemoryStorage})
 }
 
 func (r *run) close() {

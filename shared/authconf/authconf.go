@@ -132,6 +132,9 @@ func dispatcherPerms() Permissions {
 	p.Publish = append(p.Publish,
 		"$JS.API.INFO",
 		"$JS.API.STREAM.MSG.DELETE."+topology.StreamDispatch, // the sweeper deletes lost dispatches
+		// An empty attempt stream is re-created on the configured storage
+		// (topology.migrateStorage): it holds no task, only attempts.
+		"$JS.API.STREAM.DELETE."+topology.StreamDispatch, "$JS.API.STREAM.DELETE."+topology.StreamOutcomes,
 		topology.SubjectDispatchAll,                          // dispatches
 		topology.OutcomeSubject("*"),                         // the sweeper's lost outcomes
 		topology.SubjectResultsAll, topology.SubjectDLQAll,

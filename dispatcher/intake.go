@@ -278,6 +278,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	hb.Put(protocol.HdrMsgID, pd.MsgID("d"))
 	id, attempt := t.ID, a.attempt
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
+	band, submitted := bandName(t.Priority), a.submitted
 	table.Dispatched(dec.Model, dec.Node)
 	// Publish-then-ack: msg is settled on the publisher's reply goroutine
 	// once JetStream has stored the dispatch (or refused it).
@@ -297,6 +298,8 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 				in.counters.Redispatched.Add(1)
 			} else {
 				in.counters.Dispatched.Add(1)
+				in.metrics.admitted.Get(band).Inc()
+				in.metrics.wait.Get(band).Observe(time.Since(submitted).Seconds())
 			}
 		}
 		in.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")

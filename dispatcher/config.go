@@ -127,11 +127,14 @@ type Config struct {
 	// TenantRates are the tenants' rate quotas, shared by every replica
 	// through Redis (dispatcher/internal/quota).
 	TenantRates map[string]string `envconfig:"TENANT_RATES" desc:"tenants' rate quotas in tasks/s, shared by every replica through Redis, e.g. a:200,b:50 (a tenant absent: none); over it a task is held until its deadline"`
+	// TenantConcurrency caps the tenants' tasks in flight, shared by every
+	// replica through Redis (dispatcher/internal/quota).
+	TenantConcurrency map[string]string `envconfig:"TENANT_CONCURRENCY" desc:"tenants' concurrency caps, tasks in flight (dispatched, not yet finished), shared by every replica through Redis, e.g. a:64,b:8 (a tenant absent: none); over it a task is held until its deadline"`
 	// QueueTarget bounds what a node queues (0: its deadline does); the
 	// rest waits in the hold, in priority and fair order.
 	QueueTarget time.Duration `envconfig:"QUEUE_TARGET" default:"0s" desc:"flow control: a node counts as saturated once a task would wait plus run this long there (0: the attempt's deadline), so the rest waits in the dispatcher's hold, in priority and tenant order; e.g. twice the model latency"`
 	// QuotaReject rejects an over-quota task at once instead of holding it.
-	QuotaReject bool `envconfig:"QUOTA_REJECT" default:"false" desc:"reject a task over its tenant's rate quota at once with quota_exceeded and retry_after_ms, instead of holding it until its deadline"`
+	QuotaReject bool `envconfig:"QUOTA_REJECT" default:"false" desc:"reject a task over its tenant's rate quota or concurrency cap at once with quota_exceeded and retry_after_ms, instead of holding it until its deadline"`
 
 	// MaxPayloadBytes bounds a task message (default 1048576).
 	MaxPayloadBytes int `envconfig:"MAX_PAYLOAD_BYTES" default:"1048576" desc:"largest task message accepted"`

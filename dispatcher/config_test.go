@@ -10,18 +10,19 @@ import (
 // An invalid value stops start-up with a message naming the variable.
 func TestInvalidConfigurationNamesTheVariable(t *testing.T) {
 	cases := map[string]string{
-		"MLSCHED_STATS_WINDOW":    "banana",
-		"MLSCHED_MAX_ATTEMPTS":    "0",
-		"MLSCHED_POLICY":          "fastest",
-		"MLSCHED_STORAGE":         "tape",
-		"MLSCHED_STATS_BUCKET":    "10m",
-		"MLSCHED_EXPLORE_SHARE":   "2",
-		"MLSCHED_STREAM_REPLICAS": "0",
-		"MLSCHED_LOG_FORMAT":      "xml",
-		"MLSCHED_MAX_IN_FLIGHT":   "abc",
-		"MLSCHED_ACK_WAIT":        "-1s",
-		"MLSCHED_NO_NODE_WAIT":    "-1s",
-		"MLSCHED_SWEEP_INTERVAL":  "0s",
+		"MLSCHED_STATS_WINDOW":       "banana",
+		"MLSCHED_MAX_ATTEMPTS":       "0",
+		"MLSCHED_POLICY":             "fastest",
+		"MLSCHED_STORAGE":            "tape",
+		"MLSCHED_STATS_BUCKET":       "10m",
+		"MLSCHED_EXPLORE_SHARE":      "2",
+		"MLSCHED_STREAM_REPLICAS":    "0",
+		"MLSCHED_LOG_FORMAT":         "xml",
+		"MLSCHED_MAX_IN_FLIGHT":      "abc",
+		"MLSCHED_ACK_WAIT":           "-1s",
+		"MLSCHED_NO_NODE_WAIT":       "-1s",
+		"MLSCHED_SWEEP_INTERVAL":     "0s",
+		"MLSCHED_TENANT_CONCURRENCY": "a:0",
 	}
 	for name, value := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -409,17 +409,18 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// The stages. complete is publish-then-ack, the one place a consumed
 	// message is settled.
 	complete := &jsplumb.Completer{NakDelay: time.Second}
-	fin := newFinisher(finisherParams{log: d.log, resPub: resPub, complete: complete, dlq: dlq,
-		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer})
-	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
 	flow, err := parseFlowRules(&d.cfg)
 	if err != nil {
 		return err
 	}
+	limiter := quota.New(quota.Params{Rates: flow.rates, Caps: flow.caps, Redis: rc, Replica: d.cfg.Name})
+	fin := newFinisher(finisherParams{log: d.log, resPub: resPub, complete: complete, dlq: dlq,
+		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter})
+	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: sealer, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
-		quota: quota.New(flow.rates, rc, d.cfg.Name)})
+		quota: limiter})
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
 		snaps: snaps, sealer: sealer, superseded: superseded, keeper: keeper, retry: in, fin: fin,
 		counters: &d.counters, metrics: d.metrics, rollouts: rolls, flow: flow})

@@ -28,11 +28,15 @@ type flowRules struct {
 	weights map[string]float64
 	// rates are the tenants' rate quotas (MLSCHED_TENANT_RATES, tasks/s).
 	rates map[string]float64
+	// caps are the tenants' concurrency caps (MLSCHED_TENANT_CONCURRENCY,
+	// tasks in flight).
+	caps map[string]int
 }
 
 // parseFlowRules reads the flow-control variables of c.
 func parseFlowRules(c *Config) (*flowRules, error) {
-	r := &flowRules{deadlines: map[string]time.Duration{}, weights: map[string]float64{}, rates: map[string]float64{}}
+	r := &flowRules{deadlines: map[string]time.Duration{}, weights: map[string]float64{}, rates: map[string]float64{},
+		caps: map[string]int{}}
 	for k, v := range c.TenantRates {
 		tenant, val := strings.TrimSpace(k), strings.TrimSpace(v)
 		rate, err := strconv.ParseFloat(val, 64)
@@ -46,6 +50,20 @@ func parseFlowRules(c *Config) (*flowRules, error) {
 			return nil, fmt.Errorf("invalid %s_TENANT_RATES entry %s:%s: %w", config.Prefix, tenant, val, err)
 		}
 		r.rates[tenant] = rate
+	}
+	for k, v := range c.TenantConcurrency {
+		tenant, val := strings.TrimSpace(k), strings.TrimSpace(v)
+		n, err := strconv.Atoi(val)
+		if err == nil && (n <= 0 || n > 1_000_000) {
+			err = fmt.Errorf("must be a whole number of tasks in flight, 1 to 1000000")
+		}
+		if err == nil {
+			err = protocol.ValidToken(tenant, protocol.MaxTenantLen)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("invalid %s_TENANT_CONCURRENCY entry %s:%s: %w", config.Prefix, tenant, val, err)
+		}
+		r.caps[tenant] = n
 	}
 	for k, v := range c.TypeDeadlines {
 		typ, val := strings.TrimSpace(k), strings.TrimSpace(v)

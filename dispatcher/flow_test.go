@@ -214,3 +214,66 @@ func TestTenantRateQuota(t *testing.T) {
 		})
 	}
 }
+
+// A tenant at its concurrency cap (tasks dispatched, not yet finished):
+// its next task is held, not sent, while other tenants' go on; it goes once
+// a place frees (here: the silent node's attempts are lost at their
+// deadline), or with MLSCHED_QUOTA_REJECT it is rejected at once with
+// quota_exceeded and retry_after_ms.
+func TestTenantConcurrencyCap(t *testing.T) {
+	t.Parallel()
+	for _, reject := range []bool{false, true} {
+		t.Run(fmt.Sprint("reject=", reject), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(c *dispatcher.Config) {
+				c.TenantConcurrency = map[string]string{"a": "2"}
+				c.QuotaReject = reject
+			})
+			n := e.startNode("n1", []string{"c"}, map[string]behavior{"m": succeed})
+			n.silent.Store(true)          // takes the dispatches, answers none: they stay in flight
+			seen := func(id string) int { // index of its first dispatch, -1 if none
+				for i, s := range n.attempts() {
+					if strings.HasPrefix(s, id+"/") {
+						return i
+					}
+				}
+				return -1
+			}
+			e.submit(protocol.Task{ID: "ca0", Type: "c", Tenant: "a", TimeoutMs: 1000})
+			e.submit(protocol.Task{ID: "ca1", Type: "c", Tenant: "a", TimeoutMs: 1000})
+			e.waitFor("a's first two dispatched", func() bool { return seen("ca0") >= 0 && seen("ca1") >= 0 })
+			// held up to its timeout plus slack: past the lost attempts' deadlines
+			e.submit(protocol.Task{ID: "ca2", Type: "c", Tenant: "a", TimeoutMs: 10_000})
+			e.submit(protocol.Task{ID: "cb0", Type: "c", Tenant: "b", TimeoutMs: 1000})
+			e.waitFor("over_quota counted and b dispatched", func() bool {
+				return e.d.Counters().OverQuota.Load() == 1 && seen("cb0") >= 0
+			})
+			if seen("ca2") >= 0 {
+				t.Fatalf("tenant a (cap 2) got a third task dispatched: %v", n.attempts())
+			}
+			third := "ca2"
+			n.silent.Store(false) // the retries of the lost attempts are answered
+			if reject {
+				res := e.result(third)
+				if res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeQuotaExceeded || res.RetryAfterMs <= 0 ||
+					!strings.Contains(res.Error, "concurrency cap of 2") {
+					t.Fatalf("over the cap: %+v, want rejected with %s and retry_after_ms", res, protocol.CodeQuotaExceeded)
+				}
+				return
+			}
+			for _, id := range []string{"ca0", "ca1", "ca2", "cb0"} {
+				if res := e.result(id); res.Status != protocol.StatusSucceeded {
+					t.Fatalf("%s: %+v", id, res)
+				}
+			}
+			for _, id := range []string{"ca0", "ca1", "ca2", "cb0"} {
+				if c := e.resultCount(id); c != 1 {
+					t.Fatalf("%s has %d results, want 1", id, c)
+				}
+			}
+			if e.d.Counters().Inversions.Load() != 0 {
+				t.Fatal("inversions")
+			}
+		})
+	}
+}

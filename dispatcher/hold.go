@@ -63,7 +63,8 @@ type heldTask struct {
 	tenant   string
 	// start and tag are its fair-order start and finish tags in a pass.
 	start, tag float64
-	// counted: it is in the room's counts (not while over its quota).
+	// counted: it is in the room's counts (not while over its quota or
+	// cap).
 	counted bool
 }
 
@@ -195,7 +196,7 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 	since := a.heldSince
 	if since.IsZero() {
 		since = now
-		if !a.overQuota {
+		if !a.overLimit() {
 			in.counters.Saturated.Add(1)
 		}
 	}
@@ -207,12 +208,12 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 	ht := &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now,
 		key: candidateKey(&a.task), tenant: a.task.TenantName()}
 	h.q = append(h.q, ht)
-	if !a.overQuota { // a task over its quota holds back no other tenant's
+	if !a.overLimit() { // a task over its quota holds back no other tenant's
 		h.countLocked(ht.key, a.task.Priority, 1)
 		ht.counted = true
 	}
 	h.n.Store(int64(len(h.q)))
-	logNow := now.Sub(h.lastLog) >= holdLogEvery && !a.overQuota
+	logNow := now.Sub(h.lastLog) >= holdLogEvery && !a.overLimit()
 	h.unlogged++
 	n, held := h.unlogged, len(h.q)
 	if logNow {
@@ -285,7 +286,9 @@ func (in *intake) retryHeld() {
 	}
 	now := time.Now()
 	table := in.snaps.table.Load()
-	var saturated, refused []string // candidate sets saturated, tenants over quota, in this pass
+	// candidate sets saturated, tenants over their rate quota, tenants at
+	// their concurrency cap, in this pass
+	var saturated, refused, capped []string
 	var keep []*heldTask
 	rate := in.drain.perSecond()
 	for i, ht := range q {
@@ -304,7 +307,7 @@ func (in *intake) retryHeld() {
 			}
 			continue
 		}
-		if now.After(ht.until) && in.cfg.QueueTarget > 0 && !ht.a.overQuota && t.Priority >= 0 {
+		if now.After(ht.until) && in.cfg.QueueTarget > 0 && !ht.a.overLimit() && t.Priority >= 0 {
 			// Held for the queue target: if a node could still start it
 			// within its own deadline it is not saturated, only waiting its
 			// turn (the pulled part of the backlog), and waits on; a task
@@ -324,7 +327,7 @@ func (in *intake) retryHeld() {
 		}
 		if now.After(ht.until) {
 			h.leave(ht)
-			if ht.a.overQuota {
+			if ht.a.overLimit() {
 				in.rejectQuota(&ht.a, ht.msg, in.drain.retryAfter(len(keep)))
 			} else if t.Priority < 0 {
 				in.shed(ht, len(keep), "it waited its whole deadline with every candidate saturated")
@@ -362,6 +365,11 @@ func (in *intake) retryHeld() {
 			req := in.request(&ht.a)
 			dec, err := in.engine.Decide(table, &req)
 			if err != nil || !dec.Saturated {
+				if ht.a.overCap && !in.capRoom(ht, &capped) {
+					in.keepAlive(ht, now)
+					keep = append(keep, ht)
+					continue
+				}
 				// dispatch decides again (and handles an error)
 				h.leave(ht)
 				h.served(ht)
@@ -379,6 +387,22 @@ func (in *intake) retryHeld() {
 	h.q = append(keep, h.q...)
 	h.n.Store(int64(len(h.q)))
 	h.mu.Unlock()
+}
+
+// capRoom reports whether a task held at its tenant's concurrency cap may
+// go now: its place is taken (until its hold time; dispatch counts it again
+// until the attempt's deadline). A tenant found at its cap is not asked
+// again in the pass.
+func (in *intake) capRoom(ht *heldTask, capped *[]string) bool {
+	if containsStr(*capped, ht.tenant) {
+		return false
+	}
+	if ok, _ := in.quota.Acquire(context.Background(), ht.tenant, ht.a.task.ID, in.holdWait(&ht.a), false); !ok {
+		*capped = append(*capped, ht.tenant)
+		return false
+	}
+	ht.a.overCap = false
+	return true
 }
 
 // keepAlive keeps a held message from redelivery.

@@ -155,12 +155,17 @@ type attemptSpec struct {
 	// it does not queue behind held tasks of its own priority.
 	fromHold bool
 	// admitted: its tenant's rate quota let it in (charged once);
-	// overQuota: it is held because the quota did not.
-	admitted, overQuota bool
+	// overQuota: it is held because the quota did not; overCap: it is
+	// held because its tenant has its cap of tasks in flight.
+	admitted, overQuota, overCap bool
 	// fullDeadline: decide without MLSCHED_QUEUE_TARGET (the hold asks
 	// whether a task whose hold time ran out is saturated at all).
 	fullDeadline bool
 }
+
+// overLimit: held over its tenant's quota or cap, not for capacity (it
+// holds back no other tenant's task).
+func (a *attemptSpec) overLimit() bool { return a.overQuota || a.overCap }
 
 func (a *attemptSpec) maxAttempts(def int) int {
 	if a.task.MaxAttempts > 0 {
@@ -248,6 +253,9 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 		// then, a task past its own.
 		deadline = expiry
 	}
+	if in.quota.Capped(t.TenantName()) && !in.acquire(&a, msg, deadline, expiry) {
+		return // held or rejected over its tenant's concurrency cap
+	}
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
 		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
 		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck}
@@ -270,6 +278,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	hb.Put(protocol.HdrMsgID, pd.MsgID("d"))
 	id, attempt := t.ID, a.attempt
 	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
+	band, submitted := bandName(t.Priority), a.submitted
 	table.Dispatched(dec.Model, dec.Node)
 	// Publish-then-ack: msg is settled on the publisher's reply goroutine
 	// once JetStream has stored the dispatch (or refused it).
@@ -289,6 +298,8 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 				in.counters.Redispatched.Add(1)
 			} else {
 				in.counters.Dispatched.Add(1)
+				in.metrics.admitted.Get(band).Inc()
+				in.metrics.wait.Get(band).Observe(time.Since(submitted).Seconds())
 			}
 		}
 		in.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
@@ -336,10 +347,7 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 // reports whether the task goes on now.
 func (in *intake) admit(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
 	ok, wait := in.quota.Allow(context.Background(), a.task.TenantName())
-	if why := in.quota.Degraded(); why != "" {
-		in.quotaLog.log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
-			"quota degraded: enforcing this replica's share of the tenants' rate quotas")
-	}
+	in.logQuotaDegraded()
 	if ok {
 		a.admitted, a.overQuota = true, false
 		return true
@@ -358,8 +366,45 @@ func (in *intake) admit(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool 
 	return false
 }
 
+// acquire counts the task in flight for its tenant's concurrency cap
+// until the attempt's deadline; over the cap the task is held (the hold
+// asks again each pass) or, with MLSCHED_QUOTA_REJECT, rejected at once
+// with CodeQuotaExceeded. A retry (attempt > 1) was in flight already and
+// is counted again whatever the cap. It reports whether the task goes on.
+func (in *intake) acquire(a *attemptSpec, msg jsplumb.Msg, deadline, expiry time.Time) bool {
+	ok, wait := in.quota.Acquire(context.Background(), a.task.TenantName(), a.task.ID, time.Until(deadline), a.attempt > 1)
+	in.logQuotaDegraded()
+	if ok {
+		a.overCap = false
+		return true
+	}
+	if !a.overCap {
+		in.counters.OverQuota.Add(1)
+	}
+	a.overCap = true
+	if in.cfg.QuotaReject {
+		in.rejectQuota(a, msg, min(wait, in.drain.retryAfter(in.held.len())))
+		return false
+	}
+	if !in.hold(*a, msg, policy.Decision{}, in.holdWait(a), expiry) {
+		in.complete.Retry(msg, 0) // shutting down
+	}
+	return false
+}
+
+func (in *intake) logQuotaDegraded() {
+	if why := in.quota.Degraded(); why != "" {
+		in.quotaLog.log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
+			"quota degraded: enforcing this replica's share of the tenants' quotas")
+	}
+}
+
 func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duration) {
-	err := protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q is over its rate quota of %g tasks/s", a.task.TenantName(), in.flow.rates[a.task.TenantName()])
+	tenant := a.task.TenantName()
+	err := protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q is over its rate quota of %g tasks/s", tenant, in.flow.rates[tenant])
+	if a.overCap {
+		err = protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q has its concurrency cap of %d tasks in flight", tenant, in.flow.caps[tenant])
+	}
 	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
 		status: protocol.StatusRejected, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
 		submission: a.submission, traceparent: a.traceparent, retryAfter: max(wait, time.Millisecond)})

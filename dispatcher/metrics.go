@@ -25,6 +25,11 @@ type metrics struct {
 	decision prometheus.Histogram
 	taskDur  *opshttp.Children[string, prometheus.Observer] // type
 	dead     *opshttp.Children[string, prometheus.Counter]  // kind
+	// admitted and wait are flow control's, by priority band (high,
+	// normal, low: bounded): tasks sent on (first dispatch stored), and
+	// their wait from submission to that dispatch.
+	admitted *opshttp.Children[string, prometheus.Counter]  // band
+	wait     *opshttp.Children[string, prometheus.Observer] // band
 }
 
 // Buckets of submit-to-result and execution durations: 5ms to 2 minutes.
@@ -47,12 +52,22 @@ func newMetrics(d *Dispatcher) *metrics {
 		[]string{"type"})
 	dead := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_dead_letters_total",
 		Help: "Entries written to MLSCHED_DLQ, by kind (invalid, exhausted, outcome)."}, []string{"kind"})
-	reg.MustRegister(received, results, attempts, decision, taskDur, dead, &snapshotCollector{d: d}, &streamsCollector{d: d})
+	admitted := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_flow_admitted_total",
+		Help: "Tasks sent on to a node (first attempt's dispatch stored), by priority band (high: priority > 0, normal: 0, low: < 0, sheddable)."},
+		[]string{"band"})
+	wait := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mlsched_flow_wait_seconds",
+		Help:    "Time from a task's submission (its MLSCHED_TASKS timestamp) to its first dispatch, queueing and holding included, by priority band.",
+		Buckets: durationBuckets}, []string{"band"})
+	reg.MustRegister(received, results, attempts, decision, taskDur, dead, admitted, wait, &snapshotCollector{d: d}, &streamsCollector{d: d})
 	m := &metrics{reg: reg, received: opshttp.Counter1(received), results: opshttp.Counter2(results),
 		attempts: opshttp.Counter3(attempts), decision: decision, taskDur: opshttp.Observer1(taskDur),
-		dead: opshttp.Counter1(dead)}
+		dead: opshttp.Counter1(dead), admitted: opshttp.Counter1(admitted), wait: opshttp.Observer1(wait)}
 	for _, k := range []string{"invalid", "exhausted", "outcome"} {
 		m.dead.Get(k) // present at 0 from the start, so that rate() and alerts see the first one
+	}
+	for _, b := range []string{"high", "normal", "low"} {
+		m.admitted.Get(b)
+		m.wait.Get(b)
 	}
 	return m
 }

@@ -103,8 +103,13 @@ func TestMetricsAndReadiness(t *testing.T) {
 	e.waitTableKnows("n1")
 	base := baseURL(t, e.d)
 	const n = 5
+	const high = 2 // of the n, priority 5: band high
 	for i := range n {
-		e.submit(protocol.Task{ID: fmt.Sprintf("ok-%d", i), Type: "echo"})
+		task := protocol.Task{ID: fmt.Sprintf("ok-%d", i), Type: "echo"}
+		if i < high {
+			task.Priority = 5
+		}
+		e.submit(task)
 	}
 	e.publish("mlsched.tasks.echo", []byte("not json"), "")
 	e.publish("mlsched.tasks.echo", []byte{0xff, 0xfe, '{'}, "")
@@ -141,6 +146,12 @@ func TestMetricsAndReadiness(t *testing.T) {
 		{"mlsched_dispatcher_events_total", []string{"event=inversions"}, 0, 0},
 		{"mlsched_dispatcher_events_total", []string{"event=expired"}, 0, 0},
 		{"mlsched_quota_degraded", nil, 0, 0},
+		{"mlsched_flow_admitted_total", []string{"band=high"}, high, high},
+		{"mlsched_flow_admitted_total", []string{"band=normal"}, n - high, n - high},
+		{"mlsched_flow_admitted_total", []string{"band=low"}, 0, 0},
+		{"mlsched_flow_wait_seconds", []string{"band=high"}, high, high},
+		{"mlsched_flow_wait_seconds", []string{"band=normal"}, n - high, n - high},
+		{"mlsched_flow_wait_seconds", []string{"band=low"}, 0, 0},
 		{"go_goroutines", nil, 1, 1e9},
 	} {
 		v, ok := value(fams, c.name, c.labels...)

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -35,6 +36,9 @@ type finisherParams struct {
 	counters      *Counters
 	metrics       *metrics
 	tracer        *tracing.Tracer
+	// quota is told of every task that ends, for the tenants' concurrency
+	// caps (tasks in flight).
+	quota *quota.Limiter
 }
 
 func newFinisher(p finisherParams) *finisher { return &finisher{p} }
@@ -101,6 +105,7 @@ func (f *finisher) resultStored(res *protocol.Result, ack *jetstream.PubAck, err
 // traceparent is the task's trace context ("" for none); with tracing on, a
 // result span covers the publish.
 func (f *finisher) finish(msg jsplumb.Msg, res *protocol.Result, traceparent string) {
+	f.ended(res.ID)
 	span := f.resultSpan(res, traceparent)
 	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {
@@ -114,6 +119,17 @@ func (f *finisher) finish(msg jsplumb.Msg, res *protocol.Result, traceparent str
 		f.log.Warn().Err(err).Str("task_id", res.ID).Msg("result publish failed, will retry")
 		span.End(err)
 		f.complete.Settle(msg, err)
+	}
+}
+
+// ended: the task is no longer in flight for its tenant's concurrency cap.
+// Taken out before its result is stored, on the caller's goroutine (one
+// Redis round trip, only when some tenant is capped): a publish retried
+// meanwhile lets another task in a little early, never one too many for
+// long; a task whose removal fails leaves at its attempt's deadline.
+func (f *finisher) ended(id string) {
+	if f.quota.HasCaps() {
+		f.quota.Release(context.Background(), id)
 	}
 }
 
@@ -133,6 +149,7 @@ func (f *finisher) resultSpan(res *protocol.Result, traceparent string) tracing.
 // on a redelivery our result may already be stored, so a refused publish
 // looks at what is stored, and the entry's id makes a second write harmless.
 func (f *finisher) failExhausted(msg jsplumb.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
+	f.ended(res.ID)
 	span := f.resultSpan(res, traceparent)
 	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {

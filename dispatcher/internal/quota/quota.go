@@ -5,7 +5,8 @@
 // the memory store (one replica) the same buckets are local. With Redis
 // down each replica keeps a local bucket of the quota divided by the
 // replicas it last saw live (each registers itself in Redis), and says so:
-// Degraded.
+// Degraded. The same holds for the tenants' concurrency caps
+// (concurrency.go).
 package quota
 
 import (
@@ -23,25 +24,36 @@ import (
 // Limiter decides whether a tenant's next task is within its rate quota.
 type Limiter struct {
 	rates   map[string]float64 // tasks/s per tenant; a tenant absent has no quota
+	caps    map[string]int     // tasks in flight per tenant; a tenant absent has no cap
 	rc      redis.UniversalClient
 	replica string
 	timeout time.Duration
 
 	mu       sync.Mutex
 	local    map[string]*bucket
-	replicas int       // live replicas last seen through Redis (1 before)
-	seen     time.Time // when the replicas were last counted
+	flight   map[string]map[string]time.Time // tenant: task id: deadline (memory store, degraded mode)
+	replicas int                             // live replicas last seen through Redis (1 before)
+	seen     time.Time                       // when the replicas were last counted
 	degraded atomic.Pointer[string]
 	// retryAt: after a Redis failure the local share is used until then,
 	// so that an outage does not cost every task a timeout.
 	retryAt atomic.Int64
 }
 
-// New builds a limiter of the given rates; rc nil means the memory store
-// (one replica). replica names this replica in Redis' live set.
-func New(rates map[string]float64, rc redis.UniversalClient, replica string) *Limiter {
-	return &Limiter{rates: rates, rc: rc, replica: replica, timeout: 250 * time.Millisecond,
-		local: map[string]*bucket{}, replicas: 1}
+// Params configures a Limiter.
+type Params struct {
+	Rates map[string]float64 // tasks/s per tenant
+	Caps  map[string]int     // tasks in flight per tenant
+	// Redis nil means the memory store (one replica).
+	Redis redis.UniversalClient
+	// Replica names this replica in Redis' live set.
+	Replica string
+}
+
+// New builds a limiter of the given rates and caps.
+func New(p Params) *Limiter {
+	return &Limiter{rates: p.Rates, caps: p.Caps, rc: p.Redis, replica: p.Replica, timeout: 250 * time.Millisecond,
+		local: map[string]*bucket{}, flight: map[string]map[string]time.Time{}, replicas: 1}
 }
 
 // Limited reports whether the tenant has a quota at all (no cost
@@ -84,9 +96,7 @@ func (l *Limiter) Allow(ctx context.Context, tenant string) (ok bool, retryAfter
 				l.degraded.Store(nil)
 				return ok, wait
 			}
-			l.retryAt.Store(time.Now().Add(time.Second).UnixNano())
-			why := fmt.Sprintf("Redis does not answer (%v): each replica enforces the quota divided by the %d replicas it last saw", err, l.liveReplicas())
-			l.degraded.Store(&why)
+			l.redisFailed(err)
 		}
 		if l.Degraded() != "" {
 			rate /= float64(l.liveReplicas())

@@ -20,7 +20,7 @@ func TestSharedQuotaAcrossReplicas(t *testing.T) {
 	rates := map[string]float64{"a": rate}
 	var limiters []*quota.Limiter
 	for _, name := range []string{"r1", "r2", "r3"} {
-		limiters = append(limiters, quota.New(rates, rs.Client(t), name))
+		limiters = append(limiters, quota.New(quota.Params{Rates: rates, Redis: rs.Client(t), Replica: name}))
 	}
 	ctx := context.Background()
 	var admitted, refused atomic.Int64
@@ -82,7 +82,7 @@ func TestSharedQuotaAcrossReplicas(t *testing.T) {
 
 // The memory store's limiter (one replica) applies the same bucket.
 func TestLocalQuota(t *testing.T) {
-	l := quota.New(map[string]float64{"a": 50}, nil, "solo")
+	l := quota.New(quota.Params{Rates: map[string]float64{"a": 50}, Replica: "solo"})
 	var n int
 	start := time.Now()
 	for time.Since(start) < 500*time.Millisecond {

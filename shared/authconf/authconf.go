@@ -135,8 +135,8 @@ func dispatcherPerms() Permissions {
 		// An empty attempt stream is re-created on the configured storage
 		// (topology.migrateStorage): it holds no task, only attempts.
 		"$JS.API.STREAM.DELETE."+topology.StreamDispatch, "$JS.API.STREAM.DELETE."+topology.StreamOutcomes,
-		topology.SubjectDispatchAll,                          // dispatches
-		topology.OutcomeSubject("*"),                         // the sweeper's lost outcomes
+		topology.SubjectDispatchAll,  // dispatches
+		topology.OutcomeSubject("*"), // the sweeper's lost outcomes
 		topology.SubjectResultsAll, topology.SubjectDLQAll,
 		"$KV."+topology.BucketSuperseded+".>",
 		"$KV."+topology.BucketDispatcher+".>", // the seal key, created once

@@ -26,7 +26,7 @@ func BenchmarkDecodeTask(b *testing.B) {
 			name string
 			f    func([]byte, protocol.Limits) (protocol.Task, error)
 		}{{"", protocol.DecodeTask}, {"/encoding-json", protocol.DecodeTaskReflect}} {
-			// DecodeTask (one pass, taskfast.go) against its encoding/json
+			// DecodeTask (one pass, decodeTaskFast) against its encoding/json
 			// reference in the same run.
 			b.Run(bc.name+dec.name, func(b *testing.B) {
 				b.ReportAllocs()

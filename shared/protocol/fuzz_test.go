@@ -26,7 +26,7 @@ func FuzzDecodeTask(f *testing.F) {
 		`{"id":"a1","type":"echo","timeout_ms":-1}`, `{"id":"a1","type":"echo","models":"m"}`,
 		"{\"id\":\"a1\",\"type\":\"echo\",\"payload\":\"\xff\"}", `{"id":"a1","type":"echo","payload":"<&>\u2028"}`,
 		`{"ID":"a1","TYPE":"echo"}`, `{"id":"a1","id":"a2","type":"echo"}`, `{"id":"a1","type":"echo"} {}`,
-		// the single pass's edges (taskfast.go)
+		// the single pass's edges (decodeTaskFast)
 		` {"id" : "a1" , "type":"echo", "payload" : [ 1 , -0.5e+3, "\u00e9\n", {"k":[]}, {} , true, false, null] } `,
 		`{"id":"a1","type":"echo","payload":null}`, `{"id":"a1","type":"echo","models":[]}`, `{"id":"a1","type":"echo","models":null}`,
 		`{"id":"a1","type":"echo","timeout_ms":1.0}`, `{"id":"a1","type":"echo","timeout_ms":1e3}`, `{"id":"a1","type":"echo","max_attempts":01}`,
@@ -37,6 +37,8 @@ func FuzzDecodeTask(f *testing.F) {
 		`{"id":"a1","type":"echo","priority":9,"tenant":"acme","deadline_ms":5000}`, `{"id":"a1","type":"echo","priority":-11}`,
 		`{"id":"a1","type":"echo","priority":1e1}`, `{"id":"a1","type":"echo","tenant":"a\u0062"}`, `{"id":"a1","type":"echo","tenant":null}`,
 		`{"id":"a1","type":"echo","deadline_ms":-5,"Priority":3}`, `{"id":"a1","type":"echo","priority":99999999999999999999}`,
+		`{"id":"a1","type":"echo","models":["m1","m2"],"models":[null]}`, `{"id":"a1","type":"echo","models":["m1"],"models":null,"models":["m2",null]}`,
+		`{"id":"a1","type":"echo","models":[1]}`, `{"id":"a1","type":"echo","models":["m1",]}`, `{"id":"a1","type":"echo","payload":{"a":"\u00e9"},"PAYLOAD":[1]}`,
 		`{"id":"a1","type":"echo",}`, `{"id":"a1" "type":"echo"}`, `{"id":"a1","type":"echo","payload":tru}`, `{"id":"a1","type":"echo","payload":-}`,
 	} {
 		f.Add([]byte(s))
@@ -55,8 +57,9 @@ func checkDecode(t *testing.T, data []byte, lim protocol.Limits) {
 		maxID = protocol.DefaultLimits.MaxIDLen
 	}
 	task, err := protocol.DecodeTask(data, lim)
-	// The single pass (taskfast.go) must agree with encoding/json, in the
-	// task and in the error, and accept only valid JSON.
+	// The single pass (decodeTaskFast, on jsonscan.go's reader) must agree
+	// with encoding/json, in the task and in the error, and accept only
+	// valid JSON.
 	ref, refErr := protocol.DecodeTaskReflect(data, lim)
 	if !reflect.DeepEqual(task, ref) || fmt.Sprint(err) != fmt.Sprint(refErr) {
 		t.Fatalf("DecodeTask and encoding/json disagree on %q:\n %+v, %v\n %+v, %v", data, task, err, ref, refErr)

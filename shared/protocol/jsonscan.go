@@ -357,6 +357,68 @@ func (r *jsonReader) intField(name string, dst *int) error {
 	return r.typeError(name, "a number")
 }
 
+// int64Field is intField for an int64 (the *_ms fields).
+func (r *jsonReader) int64Field(name string, dst *int64) error {
+	n := int(*dst)
+	if err := r.intField(name, &n); err != nil {
+		return err
+	}
+	*dst = int64(n)
+	return nil
+}
+
+// stringsField decodes an array of strings as encoding/json decodes into
+// a []string: null sets it to nil; an array decodes its i-th element into
+// the i-th entry already there (so a null element keeps it) or a new one,
+// and the slice ends at the array's length (empty, not nil, for []).
+func (r *jsonReader) stringsField(name string, dst *[]string) error {
+	switch r.peek() {
+	case 'n':
+		if err := r.literal("null"); err != nil {
+			return err
+		}
+		*dst = nil
+		return nil
+	case '[':
+	default:
+		return r.typeError(name, "an array")
+	}
+	s := *dst
+	n := 0
+	r.pos++
+	r.ws()
+	if r.peek() == ']' {
+		r.pos++
+		*dst = []string{}
+		return nil
+	}
+	for {
+		switch { // as reflect grows it: a slot past len within cap keeps its old entry
+		case n < len(s):
+		case n < cap(s):
+			s = s[:n+1]
+		default:
+			s = append(s, "")
+		}
+		if err := r.stringField(name, &s[n]); err != nil {
+			return err
+		}
+		n++
+		r.ws()
+		switch r.peek() {
+		case ',':
+			r.pos++
+			r.ws()
+		case ']':
+			r.pos++
+			*dst = s[:n]
+			return nil
+		default:
+			return r.unexpected()
+		}
+	}
+}
+
 func (r *jsonReader) floatField(name string, dst *float64) error {
 	switch c := r.peek(); {
 	case c == '-' || isDigit(c):

@@ -376,7 +376,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	}
 	// On a cluster the bucket's stream may still be electing its leader
 	// (its reads get no responders): wait, as for the other buckets.
-	var sealer *protocol.Sealer // seals dispatches under the key every replica shares (trust.go)
+	var seals *sealer // seals dispatches under the key every replica shares (trust.go)
 	if err := jsplumb.Retry(ctx, d.log, "seal key", func(ctx context.Context) error {
 		pkv, err := topology.EnsureDispatcherBucket(ctx, js, d.cfg.Topology())
 		if err != nil {
@@ -384,7 +384,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		}
 		key, err := loadSealKey(ctx, pkv)
 		if err == nil {
-			sealer = protocol.NewSealer(key)
+			seals = newSealer(key)
 		}
 		return err
 	}); err != nil {
@@ -418,11 +418,11 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter})
 	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
-		pub: pub, complete: complete, batch: batch, sealer: sealer, superseded: superseded, fin: fin, keeper: keeper,
+		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
 		quota: limiter})
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
-		snaps: snaps, sealer: sealer, superseded: superseded, keeper: keeper, retry: in, fin: fin,
+		snaps: snaps, sealer: seals, superseded: superseded, keeper: keeper, retry: in, fin: fin,
 		counters: &d.counters, metrics: d.metrics, rollouts: rolls, flow: flow})
 	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
 		counters: &d.counters, metrics: d.metrics}

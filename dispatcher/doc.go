@@ -48,35 +48,34 @@
 //     letters.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (20 files; the policy's, the executors' and
+// these files, in this order (19 files; the policy's, the executors' and
 // the libraries' inner files not counted):
 //
 //  1. shared/client/client.go: Submit publishes the task on mlsched.tasks.<type>;
 //  2. shared/jsplumb/consumer.go: the task consumer hands it to intake;
 //  3. dispatcher/intake.go: handleTask, then dispatch;
-//  4. shared/protocol/task.go: DecodeTask validates it,
-//  5. shared/protocol/taskfast.go: in one pass;
+//  4. shared/protocol/task.go: DecodeTask validates it, in one pass on
+//  5. shared/protocol/jsonscan.go: the one hand-written JSON reader (task, outcome, result);
 //  6. shared/policy/engine.go: Decide picks model and node,
 //  7. shared/policy/table.go: on the decision table;
-//  8. dispatcher/trust.go: seal,
-//  9. shared/protocol/seal.go: the seal itself;
-//  10. shared/protocol/dispatch.go: the dispatch's headers;
-//  11. shared/jsplumb/publisher.go: the dispatch is published; its
+//  8. dispatcher/trust.go: the dispatch is sealed;
+//  9. shared/protocol/dispatch.go: the dispatch's headers;
+//  10. shared/jsplumb/publisher.go: the dispatch is published; its
 //     acknowledgement calls back
-//  12. shared/jsplumb/completer.go: which hands the task, unacknowledged,
-//     to the task keeper (taskack.go) until its result;
+//  11. shared/jsplumb/completer.go: which hands the task, unacknowledged,
+//  12. dispatcher/taskack.go: to the task keeper until its result;
 //  13. worker/task.go: the node's consumer (2 again) hands the dispatch to
-//     onMessage, process and run, and report encodes the outcome;
+//     onMessage, process and run (jsonscan.go's DecodeTaskHead), and
+//     report encodes the outcome;
 //  14. worker/outcomes.go: the outcome goes as a direct report
 //     (publisher.go's Request);
-//  15. dispatcher/reports.go: handleReport,
-//  16. shared/protocol/jsonscan.go: DecodeOutcome;
-//  17. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
-//  18. shared/settle/settle.go: Settle says finish;
-//  19. dispatcher/results.go: finish publishes the result; its
+//  15. dispatcher/reports.go: handleReport (jsonscan.go's DecodeOutcome);
+//  16. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
+//  17. shared/settle/settle.go: Settle says finish;
+//  18. dispatcher/results.go: finish publishes the result; its
 //     acknowledgement (completer.go again) acks the task (taskack.go) and
 //     answers the report, acking the dispatch for the worker,
-//  20. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
+//  19. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
 //     reads; client.Wait (client.go again) reads the result (jsonscan.go's
 //     DecodeResult).
 //

@@ -44,7 +44,7 @@ type intakeParams struct {
 	pub        *jsplumb.Publisher // dispatches
 	complete   *jsplumb.Completer
 	batch      *stats.Batcher
-	sealer     *protocol.Sealer
+	sealer     *sealer
 	superseded *supersededSet // cancelled tasks are not dispatched
 	keeper     *taskKeeper    // tasks stay unacknowledged until their result (taskack.go)
 	fin        *finisher      // tasks that end here (rejected, failed)

@@ -36,7 +36,7 @@ type outcomesParams struct {
 	complete   *jsplumb.Completer
 	batch      *stats.Batcher
 	snaps      *refresher // the load model learns of freed slots
-	sealer     *protocol.Sealer
+	sealer     *sealer
 	superseded *supersededSet
 	keeper     *taskKeeper // the task is acked with its result (taskack.go)
 	retry      retrier     // failed attempts go back to intake

@@ -187,7 +187,7 @@ func TestForgedOutcomesAreRefused(t *testing.T) {
 		Deadline: time.Now().Add(time.Minute)}
 	guessed := unsealed
 	guessed.TaskSum = protocol.TaskSum([]byte(`{"id":"victim","type":"t"}`))
-	guessed.Seal = guessed.ComputeSeal([]byte("a guessed key, not the dispatchers' one"))
+	guessed.Seal = dispatcher.SealForTest([]byte("a guessed key, not the dispatchers' one"), &guessed)
 	edited := protocol.OutcomeHeader(sealed, "n1")
 	edited.Set(protocol.HdrTaskID, "victim") // a real seal on edited headers
 	forged := 0

@@ -205,7 +205,7 @@ func TestOutcomeStage(t *testing.T) {
 	defer sup.Stop()
 	snaps := &refresher{}
 	snaps.table.Store(policy.NewTable(&stats.Snapshot{}, nil, time.Now()))
-	sealer := protocol.NewSealer(make([]byte, 32))
+	sealer := newSealer(make([]byte, 32))
 	retry := &recordingRetrier{complete: e.complete}
 	oc := newOutcomes(outcomesParams{cfg: e.cfg, log: zerolog.Nop(), nc: e.ns.NC, complete: e.complete,
 		batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}), snaps: snaps,
@@ -281,7 +281,7 @@ func TestIntakeStage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealer := protocol.NewSealer(make([]byte, 32))
+	sealer := newSealer(make([]byte, 32))
 	in := newIntake(intakeParams{cfg: e.cfg, log: zerolog.Nop(), engine: engine, snaps: snaps, reg: reg, pub: e.pub,
 		complete: e.complete, batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
 		sealer: sealer, superseded: newSupersededSet(skv, zerolog.Nop()), fin: e.finisher(),

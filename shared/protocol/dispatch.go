@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -8,6 +10,20 @@ import (
 
 	"github.com/nats-io/nats.go"
 )
+
+// Headers that make a dispatch verifiable, echoed by the worker on the
+// outcome: the sum of the task's bytes and the dispatcher's seal over the
+// dispatch's fields (dispatcher/trust.go).
+const (
+	HdrTaskSum = "Mlsched-Task-Sum"
+	HdrSeal    = "Mlsched-Seal"
+)
+
+// TaskSum is the hex SHA-256 of a task's bytes, as in HdrTaskSum.
+func TaskSum(task []byte) string {
+	s := sha256.Sum256(task)
+	return hex.EncodeToString(s[:])
+}
 
 // Dispatch is one attempt of one submission of a task: what the dispatcher
 // decided and what a worker needs to run it. It travels as the headers of
@@ -47,8 +63,9 @@ type Dispatch struct {
 	// (optional; a malformed one is dropped, never an error).
 	Traceparent string
 	// TaskSum is TaskSum of the task's bytes and Seal the dispatcher's
-	// ComputeSeal (optional here; a dispatcher refuses an outcome whose
-	// dispatch is not sealed with its key, see seal.go).
+	// HMAC of the other fields (optional here; a dispatcher refuses an
+	// outcome whose dispatch is not sealed with its key: dispatcher/trust.go
+	// seals and verifies).
 	TaskSum string
 	Seal    string
 	// TaskAck is the acknowledgement subject of the task message in

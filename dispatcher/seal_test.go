@@ -1,4 +1,4 @@
-package protocol_test
+package dispatcher
 
 import (
 	"crypto/hmac"
@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -20,15 +22,15 @@ func TestSealSurvivesHeadersAndCatchesEdits(t *testing.T) {
 		Deadline: time.Now().Add(time.Minute), Timeout: 1500 * time.Millisecond, Submitted: time.Now(), Submission: "42",
 		History: []protocol.Attempt{{Attempt: 1, Model: "m0", Node: "n0", Status: protocol.OutcomeTimeout, LatencyMs: 12.345}},
 		TaskSum: protocol.TaskSum([]byte(`{"id":"t1"}`))}
-	d.Seal = d.ComputeSeal(key)
+	d.Seal = newSealer(key).Seal(&d)
 	back, err := protocol.ParseDispatch(protocol.OutcomeHeader(d.Header(), "n1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !back.SealValid(key) {
+	if !newSealer(key).Valid(&back) {
 		t.Fatal("a sealed dispatch does not verify after its headers round trip")
 	}
-	if back.SealValid([]byte("another key")) {
+	if newSealer([]byte("another key")).Valid(&back) {
 		t.Fatal("verifies under another key")
 	}
 	for _, edit := range []func(*protocol.Dispatch){
@@ -43,7 +45,7 @@ func TestSealSurvivesHeadersAndCatchesEdits(t *testing.T) {
 	} {
 		c := back
 		edit(&c)
-		if c.SealValid(key) {
+		if newSealer(key).Valid(&c) {
 			t.Errorf("an edited dispatch verifies: %+v", c)
 		}
 	}
@@ -54,10 +56,10 @@ func TestSealSurvivesHeadersAndCatchesEdits(t *testing.T) {
 // (Values computed by the first implementation.)
 func TestSealEncodingIsStable(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef")
-	full := fullDispatch()
+	full := sealedFields()
 	short := protocol.Dispatch{TaskID: "t1", Type: "x", Model: "m", Node: "n1", Attempt: 1, MaxAttempts: 3,
 		Deadline: time.UnixMilli(1_800_000_000_123)}
-	s := protocol.NewSealer(key)
+	s := newSealer(key)
 	for _, c := range []struct {
 		d    protocol.Dispatch
 		want string
@@ -65,8 +67,8 @@ func TestSealEncodingIsStable(t *testing.T) {
 		{full, "87a03b7b46fdbbfb91ebec10868a92aed95c36a94927e4708a40a2e6108d3cf3"},
 		{short, "0f95d9715ec2e42de4f6251bbf522191bcdf3a7164ba98b1053e3fac6c0de2fa"},
 	} {
-		if got := c.d.ComputeSeal(key); got != c.want {
-			t.Errorf("ComputeSeal %s, want %s", got, c.want)
+		if got := newSealer(key).Seal(&c.d); got != c.want {
+			t.Errorf("a new sealer's seal %s, want %s", got, c.want)
 		}
 		for range 3 { // pooled hashes are reset between uses
 			if got := s.Seal(&c.d); got != c.want {
@@ -74,7 +76,7 @@ func TestSealEncodingIsStable(t *testing.T) {
 			}
 		}
 		c.d.Seal = c.want
-		if !s.Valid(&c.d) || !c.d.SealValid(key) {
+		if !s.Valid(&c.d) || !newSealer(key).Valid(&c.d) {
 			t.Errorf("the seal %s does not verify", c.want)
 		}
 		c.d.Seal = strings.ToUpper(c.want) // hex of either case, as hex.DecodeString reads it
@@ -86,7 +88,7 @@ func TestSealEncodingIsStable(t *testing.T) {
 			t.Errorf("a short seal verifies")
 		}
 	}
-	if protocol.NewSealer([]byte("another key")).Seal(&full) == s.Seal(&full) {
+	if newSealer([]byte("another key")).Seal(&full) == s.Seal(&full) {
 		t.Error("two keys give one seal")
 	}
 }
@@ -96,10 +98,10 @@ func TestSealEncodingIsStable(t *testing.T) {
 // with a Sealer.
 func BenchmarkSeal(b *testing.B) {
 	key := []byte("0123456789abcdef0123456789abcdef")
-	d := fullDispatch()
+	d := sealedFields()
 	d.Attempt, d.History = 1, nil
-	d.Seal = d.ComputeSeal(key)
-	s := protocol.NewSealer(key)
+	d.Seal = newSealer(key).Seal(&d)
+	s := newSealer(key)
 	b.Run("old", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -168,5 +170,35 @@ func oldWriteSealed(d *protocol.Dispatch, h hash.Hash) {
 		str(string(hist))
 	} else {
 		str("")
+	}
+}
+
+// sealedFields is a dispatch with every field the seal covers set (the
+// values TestSealEncodingIsStable's first seal was computed over).
+func sealedFields() protocol.Dispatch {
+	return protocol.Dispatch{
+		TaskID: "task-1", Type: "ocr", Model: "tesseract", Node: "gpu-1", Attempt: 2, MaxAttempts: 3,
+		Deadline:  time.UnixMilli(1_800_000_000_123),
+		Timeout:   1500 * time.Millisecond,
+		Submitted: time.UnixMilli(1_800_000_000_000), Submission: "42",
+		History: []protocol.Attempt{{Attempt: 1, Model: "easyocr", Node: "gpu-2", Status: protocol.OutcomeTimeout,
+			Error: "no answer", LatencyMs: 1500}},
+		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		TaskSum:     protocol.TaskSum([]byte(`{"id":"task-1","type":"ocr"}`)), Seal: "00ff",
+		TaskAck: "$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0",
+	}
+}
+
+// TestSealSurvivesBothEncodings: a seal made over the full headers
+// verifies over the compact one and back, since it covers the fields.
+func TestSealSurvivesBothEncodings(t *testing.T) {
+	s := newSealer([]byte("0123456789abcdef0123456789abcdef"))
+	d := sealedFields()
+	d.Seal = s.Seal(&d)
+	for name, h := range map[string]nats.Header{"full": d.Header(), "compact": d.CompactHeader()} {
+		again, err := protocol.ParseDispatch(h)
+		if err != nil || !s.Valid(&again) {
+			t.Errorf("%s: the seal does not survive the encoding (%v)", name, err)
+		}
 	}
 }

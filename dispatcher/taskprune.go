@@ -146,7 +146,9 @@ func (p *taskPruner) prune(ctx context.Context) error {
 		}
 		floor := c.CachedInfo().AckFloor.Stream
 		floors[durable] = floor
-		if floor <= p.floors[durable] {
+		// Unchanged: nothing new to purge. A floor lower than the last
+		// (the consumer or the stream re-created) is purged up to as well.
+		if floor == 0 || floor == p.floors[durable] {
 			continue
 		}
 		purged := true

@@ -67,6 +67,30 @@ redis-server: ## make sure redis-server and redis-sentinel are installed (instal
 	command -v redis-server >/dev/null || { echo "error: redis-server still not in PATH after apt-get install" >&2; exit 1; }; \
 	echo ">> $$(redis-server --version)"
 
+# The bench's river scenario (e2e/bench/river.go) runs River on Debian's
+# PostgreSQL 15, started from a temporary directory on a free port like
+# redis-server. As root we install it (keeping the package from starting its
+# own cluster's service); otherwise make bench skips the river scenario and
+# says so.
+PG_BIN ?= $(or $(MLSCHED_PG_BIN),/usr/lib/postgresql/15/bin)
+.PHONY: postgres
+postgres: ## make sure PostgreSQL 15 is installed for the bench's river scenario (installs it with apt-get when root)
+	@if [ -x $(PG_BIN)/postgres ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "warning: PostgreSQL 15 is not in $(PG_BIN) and we cannot install it (not root, or no apt-get):" >&2; \
+		echo "         make bench skips the river scenario; install it, e.g. sudo apt-get install postgresql" >&2; \
+		exit 0; \
+	fi; \
+	echo ">> installing postgresql with apt-get"; \
+	prc=/usr/sbin/policy-rc.d; own_prc=0; \
+	if [ ! -e $$prc ]; then printf '#!/bin/sh\nexit 101\n' > $$prc && chmod +x $$prc && own_prc=1; fi; \
+	trap 'if [ $$own_prc = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi' EXIT; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql </dev/null; \
+	(service postgresql stop || systemctl stop postgresql || true) >/dev/null 2>&1; \
+	[ -x $(PG_BIN)/postgres ] || { echo "error: $(PG_BIN)/postgres still missing after apt-get install postgresql (set PG_BIN or MLSCHED_PG_BIN)" >&2; exit 1; }; \
+	echo ">> $$($(PG_BIN)/postgres --version)"
+
 # Prometheus (its server and promtool) checks the metrics, the alert rules
 # and a live scrape of a cluster. Optional: without it those tests skip with
 # a message. As root we install Debian's package without starting its service.
@@ -154,10 +178,14 @@ BENCH_AUTH    ?= -auth
 BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/... ./opshttp/ ./jspub/
 
 .PHONY: bench
-bench: build redis-server ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), open and with authorization, then the hot-path go benchmarks
+bench: build redis-server postgres ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), open and with authorization, River on Postgres on one server, then the hot-path go benchmarks
 	@mkdir -p .bench
 	$(GO) build -o $(BIN)/mlsched-bench ./e2e/cmd/mlsched-bench
-	$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json $(BENCH_AUTH) $(BENCH_FLAGS) | tee .bench/bench-table.txt
+	@scen=relay,mlsched,river; \
+	if [ ! -x $(PG_BIN)/postgres ]; then scen=relay,mlsched; echo ">> no PostgreSQL 15 in $(PG_BIN): skipping the river scenario (make postgres as root installs it)"; fi; \
+	echo "$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json -scenarios $$scen $(BENCH_AUTH) $(BENCH_FLAGS)"; \
+	MLSCHED_PG_BIN=$(PG_BIN) $(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json -scenarios $$scen $(BENCH_AUTH) $(BENCH_FLAGS) | tee .bench/bench-table.txt; \
+	exit $${PIPESTATUS[0]}
 	cd shared && $(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee ../.bench/go-bench.txt
 
 # The soak (e2e/soak, docs/operations.md "Soak"): SOAK_RATE tasks/s (0: the

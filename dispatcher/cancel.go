@@ -177,9 +177,11 @@ type foundTask struct {
 	seq        uint64 // in the stream it was found in
 }
 
-// findTask scans the streams where a task without a result can be. They are
-// work queues holding only live messages, so the scan is bounded by the
-// backlog; it is an operator's rare request and runs off the dispatch path.
+// findTask scans the streams where a task without a result can be. They
+// hold live messages, and the task stream finished tasks too until the task
+// pruner's next pass, so the scan is bounded by the backlog; it is an
+// operator's rare request and runs off the dispatch path. Cancel looks for a
+// stored result first, so a finished task found here is reported finished.
 func (cn *canceller) findTask(ctx context.Context, id string) ([]foundTask, error) {
 	var found []foundTask
 	seen := map[string]bool{}

@@ -409,6 +409,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// The stages. complete is publish-then-ack, the one place a consumed
 	// message is settled.
 	complete := &jsplumb.Completer{NakDelay: time.Second}
+	prune := newTaskPruner(js, d.log)
+	complete.Acked = prune.noteAcked
 	flow, err := parseFlowRules(&d.cfg)
 	if err != nil {
 		return err
@@ -501,6 +503,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// letter), which settle their messages
 		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},
 		{"sweeper", sweep},
+		{"task pruner", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); prune.run(ctx); return nil })},
 		{"task keeper", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); keeper.run(ctx); return nil })},
 		{"backlog sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); backlog.run(ctx); return nil })},
 		{"stream sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); streams.run(ctx); return nil })},

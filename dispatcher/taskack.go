@@ -33,24 +33,36 @@ import (
 // names (its sealed Submission), else "": a worker cannot make a dispatcher
 // ack another task than the one it was given.
 func taskAckFor(pd *protocol.Dispatch) string {
-	if pd.TaskAck == "" || pd.Submission == "" || !strings.HasPrefix(pd.TaskAck, "$JS.ACK.") ||
-		strings.ContainsAny(pd.TaskAck, "*> \t\r\n") {
+	if pd.Submission == "" {
 		return ""
 	}
-	tok := strings.Split(pd.TaskAck, ".")
-	var stream, consumer, seq string
+	if _, seq, ok := parseTaskAck(pd.TaskAck); !ok || seq != pd.Submission {
+		return ""
+	}
+	return pd.TaskAck
+}
+
+// parseTaskAck splits the ack subject of a message of MLSCHED_TASKS
+// delivered by a dispatchers' consumer into the consumer's name and the
+// message's stream sequence; ok is false for any other subject.
+func parseTaskAck(subj string) (consumer, seq string, ok bool) {
+	if !strings.HasPrefix(subj, "$JS.ACK.") || strings.ContainsAny(subj, "*> \t\r\n") {
+		return "", "", false
+	}
+	tok := strings.Split(subj, ".")
+	var stream string
 	switch {
 	case len(tok) == 9: // $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
 		stream, consumer, seq = tok[2], tok[3], tok[5]
 	case len(tok) >= 12: // with the domain and account hash, and a token
 		stream, consumer, seq = tok[4], tok[5], tok[7]
 	default:
-		return ""
+		return "", "", false
 	}
-	if stream != topology.StreamTasks || !isTaskConsumer(consumer) || seq != pd.Submission {
-		return ""
+	if stream != topology.StreamTasks || !isTaskConsumer(consumer) {
+		return "", "", false
 	}
-	return pd.TaskAck
+	return consumer, seq, true
 }
 
 // isTaskConsumer: the durable is one of the priority bands' consumers of

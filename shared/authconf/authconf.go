@@ -132,6 +132,10 @@ func dispatcherPerms() Permissions {
 	p.Publish = append(p.Publish,
 		"$JS.API.INFO",
 		"$JS.API.STREAM.MSG.DELETE."+topology.StreamDispatch, // the sweeper deletes lost dispatches
+		// Finished tasks are removed in batches (a limits-retention task
+		// stream: dispatcher/taskprune.go), a straggler or a cancelled
+		// task one by one.
+		"$JS.API.STREAM.PURGE."+topology.StreamTasks, "$JS.API.STREAM.MSG.DELETE."+topology.StreamTasks,
 		// An empty attempt stream is re-created on the configured storage
 		// (topology.migrateStorage): it holds no task, only attempts.
 		"$JS.API.STREAM.DELETE."+topology.StreamDispatch, "$JS.API.STREAM.DELETE."+topology.StreamOutcomes,

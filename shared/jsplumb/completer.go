@@ -40,6 +40,10 @@ type Completer struct {
 	// could not be sent (op is "ack", "nak" or "in progress"): a lost ack
 	// costs a redelivery, which message ids make harmless.
 	Failed func(op string, err error)
+	// Acked, when set, is told of every message the Completer acked (its
+	// ack sent without error): the dispatcher removes finished tasks from
+	// a limits-retention task stream in batches, and learns of them here.
+	Acked func(Msg)
 
 	slow sync.WaitGroup // PublishSlow follow-ups running
 }
@@ -85,7 +89,11 @@ func (c *Completer) Settle(msg Msg, err error) {
 		c.Retry(msg, c.NakDelay)
 		return
 	}
-	c.failed("ack", msg.Ack())
+	err = msg.Ack()
+	c.failed("ack", err)
+	if err == nil && c.Acked != nil {
+		c.Acked(msg)
+	}
 }
 
 func (c *Completer) failed(op string, err error) {

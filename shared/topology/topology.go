@@ -286,7 +286,10 @@ func Streams(c Config) []jetstream.StreamConfig {
 	dlq.MaxBytes, dlq.Discard = c.DLQMaxBytes, jetstream.DiscardOld
 	// Intake is bounded: a producer gets a clear publish error (message too
 	// large, or maximum bytes exceeded) instead of filling the server.
-	tasks := base(StreamTasks, SubjectTasksAll, jetstream.WorkQueuePolicy)
+	// Limits retention, not a work queue: an ack then removes nothing, so
+	// it costs no tombstone and no fsync of its own; the dispatcher removes
+	// finished tasks in batches (TasksRetention).
+	tasks := base(StreamTasks, SubjectTasksAll, TasksRetention)
 	tasks.MaxBytes, tasks.MaxMsgSize, tasks.Discard = c.TasksMaxBytes, c.TasksMaxMsgSize, jetstream.DiscardNew
 	dispatch := base(StreamDispatch, SubjectDispatchAll, jetstream.WorkQueuePolicy)
 	dispatch.AllowDirect = true // the dispatcher reads in-flight dispatches by sequence
@@ -303,6 +306,26 @@ func Streams(c Config) []jetstream.StreamConfig {
 	}
 }
 
+// TasksRetention is the retention of a new MLSCHED_TASKS: limits. On a
+// work-queue stream every ack removes its task at once, and with
+// sync_interval always that removal (a tombstone) is an fsync of its own,
+// serialised with the stream's stores: two fsyncs per task on one stream.
+// Under limits retention an ack only moves the consumer's ack state, and
+// the dispatcher removes finished tasks in batches, one fsync per batch
+// (dispatcher/taskprune.go; docs/protocol.md, "What is stored where").
+// A work-queue MLSCHED_TASKS of an earlier version is used as it is: the
+// retention of a stream cannot change to or from work queue in place, and
+// re-creating it could lose a task published meanwhile, so only an
+// operator migrates it (docs/protocol.md gives the steps).
+const TasksRetention = jetstream.LimitsPolicy
+
+// TasksRetentionOK reports whether r is a retention mlsched can run the
+// task stream with: limits (pruned by the dispatcher) or a work queue (an
+// earlier version's, removing each task on its ack).
+func TasksRetentionOK(r jetstream.RetentionPolicy) bool {
+	return r == jetstream.LimitsPolicy || r == jetstream.WorkQueuePolicy
+}
+
 // IsAttemptStream reports whether the stream holds attempts (dispatches and
 // outcomes), whose storage is a preference (Config.AttemptStorage).
 func IsAttemptStream(name string) bool { return name == StreamDispatch || name == StreamOutcomes }
@@ -314,6 +337,10 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 		s, err := EnsureStream(ctx, js, sc)
 		if err != nil {
 			return err
+		}
+		if c.UpdateLimits && c.Notice != nil && sc.Name == StreamTasks && s.CachedInfo().Config.Retention != sc.Retention {
+			c.Notice(fmt.Sprintf("stream %s has %v retention, kept as it is: every task's removal on its ack then costs an fsync of its own; "+
+				"docs/protocol.md (\"Migrating the task stream\") says how to re-create it with %v retention", sc.Name, s.CachedInfo().Config.Retention, sc.Retention))
 		}
 		if c.UpdateLimits && s.CachedInfo().Config.Storage != sc.Storage {
 			if s, err = migrateStorage(ctx, js, s, sc, c.Notice); err != nil {
@@ -344,7 +371,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return nil, fmt.Errorf("stream %s: %w", want.Name, err)
 	}
 	got := s.CachedInfo().Config
-	if !slices.Equal(got.Subjects, want.Subjects) || got.Retention != want.Retention ||
+	retentionOK := got.Retention == want.Retention ||
+		(want.Name == StreamTasks && TasksRetentionOK(got.Retention))
+	if !slices.Equal(got.Subjects, want.Subjects) || !retentionOK ||
 		(got.Storage != want.Storage && !IsAttemptStream(want.Name)) || unlimited(got.MaxMsgsPerSubject) != unlimited(want.MaxMsgsPerSubject) {
 		return nil, fmt.Errorf("stream %s %w: have subjects=%v retention=%v storage=%v max_msgs_per_subject=%d, want subjects=%v retention=%v storage=%v max_msgs_per_subject=%d",
 			want.Name, ErrIncompatible, got.Subjects, got.Retention, got.Storage, got.MaxMsgsPerSubject,

@@ -92,7 +92,9 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 }
 
 // Start creates the streams (as the dispatcher does) and the consumer, and
-// starts relaying.
+// starts relaying. The relay removes no task from the limits-retention
+// task stream (the dispatcher's pruner does, in mlsched): a bench run's
+// tasks stay there, well inside its bounds, until the server is stopped.
 func (r *Relay) Start(ctx context.Context) error {
 	if err := topology.Ensure(ctx, r.js, topology.Config{}); err != nil {
 		return fmt.Errorf("relay: %w", err)

@@ -100,7 +100,21 @@ func TestRelayMovesEveryTask(t *testing.T) {
 		if got := r.Relayed(); got != n {
 			return fmt.Errorf("relay acknowledged %d tasks", got)
 		}
-		for _, name := range []string{topology.StreamTasks, topology.StreamDispatch} {
+		// The task stream is under limits retention: an ack removes
+		// nothing (the dispatcher's pruner would), so the relay's consumer
+		// says whether every task was settled.
+		ts, err := js.Stream(ctx, topology.StreamTasks)
+		if err != nil {
+			return err
+		}
+		ci, err := ts.Consumer(ctx, "relay")
+		if err != nil {
+			return err
+		}
+		if info := ci.CachedInfo(); info.NumPending != 0 || info.NumAckPending != 0 || info.AckFloor.Stream != uint64(n) {
+			return fmt.Errorf("relay consumer: %d pending, %d unacked, ack floor %d", info.NumPending, info.NumAckPending, info.AckFloor.Stream)
+		}
+		for _, name := range []string{topology.StreamDispatch} {
 			s, err := js.Stream(ctx, name)
 			if err != nil {
 				return err

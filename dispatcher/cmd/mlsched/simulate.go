@@ -78,7 +78,7 @@ Flags:
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "%-11s %s\n", name, sc.Description)
+			fmt.Fprintf(stdout, "%-17s %s\n", name, sc.Description)
 		}
 		return nil
 	}

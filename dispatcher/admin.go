@@ -65,6 +65,7 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 	}
 	r.Held = p.intake.held.len()
 	r.HeldBy = p.intake.held.waiting(20)
+	r.EndedBy = c.endedBy()
 	r.QuotaDegraded = p.intake.quota.Degraded()
 	r.Unserved = p.intake.unserved.len()
 	snap := p.snaps.snap.Load()

@@ -113,6 +113,10 @@ type Counters struct {
 	// lower-priority task while a higher-priority held task of the same
 	// type could have used the slot (flow control: it must stay 0).
 	Expired, ShedFlow, OverQuota, Inversions atomic.Int64
+	// Ended counts the tasks ended without being started, by priority
+	// band (flowBands) and flow-control code (flowCodes): shed counts per
+	// band, with bounded labels.
+	Ended [3][3]atomic.Int64
 	// types counts results per task type (types.go).
 	types typeCounts
 }

@@ -99,6 +99,9 @@ var (
 		[]string{"event"}, nil)
 	descQuotaDegraded = prometheus.NewDesc("mlsched_quota_degraded",
 		"1 while Redis does not answer the tenants' rate quotas and this replica enforces its share, the quota divided by the live replicas it last saw.", nil, nil)
+	descFlowEnded = prometheus.NewDesc("mlsched_flow_ended_total",
+		"Tasks this replica ended without starting them, by priority band (high, normal, low) and code (shed, expired, quota_exceeded).",
+		[]string{"band", "code"}, nil)
 	descHeldBand = prometheus.NewDesc("mlsched_held_tasks",
 		"Tasks this replica holds, by priority band (high, normal, low) and tenant (the 20 holding most, the rest as other).", []string{"band", "tenant"}, nil)
 	descSnapshotAge = prometheus.NewDesc("mlsched_stats_snapshot_age_seconds",
@@ -122,7 +125,7 @@ var (
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSuccess, descBreaker, descModelInflight, descNodeInflight, descNodeCapacity,
-		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descQuotaDegraded, descHeldBand,
+		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descQuotaDegraded, descHeldBand, descFlowEnded,
 		descRolloutShare, descRolloutState, descRolloutStep, descRolloutTasks, descRolloutTransitions} {
 		ch <- d
 	}
@@ -153,6 +156,11 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.ShedFlow, "shed_sheddable")
 	counter(descEvents, &cs.OverQuota, "over_quota")
 	counter(descEvents, &cs.Inversions, "inversions")
+	for b := range cs.Ended {
+		for k := range cs.Ended[b] {
+			ch <- prometheus.MustNewConstMetric(descFlowEnded, prometheus.CounterValue, float64(cs.Ended[b][k].Load()), flowBands[b], string(flowCodes[k]))
+		}
+	}
 	p := d.parts.Load()
 	if !d.live.Load() || p == nil {
 		return

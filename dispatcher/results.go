@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -223,6 +224,9 @@ type ending struct {
 // besides its result, a task that exhausted its attempts.
 func (f *finisher) reject(msg jsplumb.Msg, e ending) {
 	code := protocol.CodeOf(e.err)
+	if c := slices.Index(flowCodes[:], code); c >= 0 && e.task.ID != "" {
+		f.counters.Ended[flowBandIndex(e.task.Priority)][c].Add(1)
+	}
 	if e.task.ID == "" {
 		f.deadLetter(msg, "invalid", protocol.DeadLetter{Reason: protocol.Message(e.err), Code: code, Subject: e.subject, Original: e.data})
 		return
@@ -260,6 +264,37 @@ func (f *finisher) storedResultIs(ctx context.Context, id string, status protoco
 		return false, nil
 	}
 	return r.Status == status && r.ErrorCode == code, nil
+}
+
+// flowBands and flowCodes label Counters.Ended: the priority bands and
+// the codes of tasks flow control ends without starting them.
+var (
+	flowBands = [3]string{"high", "normal", "low"}
+	flowCodes = [3]protocol.Code{protocol.CodeShed, protocol.CodeExpired, protocol.CodeQuotaExceeded}
+)
+
+// flowBandIndex is the priority's index in flowBands.
+func flowBandIndex(priority int) int {
+	switch {
+	case priority > 0:
+		return 0
+	case priority < 0:
+		return 2
+	}
+	return 1
+}
+
+// endedBy lists the non-zero Ended counters.
+func (c *Counters) endedBy() []protocol.EndedCount {
+	var out []protocol.EndedCount
+	for b := range c.Ended {
+		for k := range c.Ended[b] {
+			if n := c.Ended[b][k].Load(); n > 0 {
+				out = append(out, protocol.EndedCount{Band: flowBands[b], Code: flowCodes[k], Tasks: n})
+			}
+		}
+	}
+	return out
 }
 
 func msSince(t time.Time) float64 {

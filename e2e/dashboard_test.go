@@ -102,6 +102,11 @@ func TestDashboardInBrowser(t *testing.T) {
 	if _, err := cl.Submit(ctx, protocol.Task{ID: "doomed-1", Type: "embed", Models: []string{"m-broken"}, MaxAttempts: 1}); err != nil {
 		t.Fatal(err)
 	}
+	// A sheddable task whose deadline passes before any node can serve its
+	// type: flow control ends it expired, in the flow-control panel.
+	if _, err := cl.Submit(ctx, protocol.Task{ID: "late-1", Type: "late", Priority: -2, DeadlineMs: 1}); err != nil {
+		t.Fatal(err)
+	}
 	// Tasks flow for the whole test, at a steady pace.
 	var submitted sync.WaitGroup
 	flowCtx, stopFlow := context.WithCancel(ctx)
@@ -216,6 +221,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	wait("a throughput", `Number(document.querySelector('[data-counter="tasks/s"] .v').textContent) > 0`)
 	wait("the charts' legend", `document.querySelectorAll('#legend .legend-item').length === 5`)
 	wait("the charts' time axis", `document.querySelectorAll('#chart-p50 text.axis').length === 3`)
+	wait("the flow-control panel: the expired sheddable task", `!document.getElementById("flow-section").hidden && (document.querySelector('#flow-ended tr[data-band="low"][data-code="expired"] td.total')||{}).innerText === "1"`)
 	wait("the dead letter and its reason", `Array.from(document.querySelectorAll('#deadletters tr[data-seq] td.reason')).some(td => td.innerText.includes("JSON"))`)
 
 	// It updates as tasks flow: the results counter and a model's dispatched

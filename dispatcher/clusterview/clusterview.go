@@ -45,6 +45,12 @@ type View struct {
 	// Rollouts are the model rollouts, one per family, as the replica
 	// that counted the most of each reports it.
 	Rollouts []protocol.RolloutReport `json:"rollouts,omitempty"`
+	// HeldBy sums the tasks the replicas hold by priority band and tenant
+	// (the HeldTenants tenants holding most, the rest as "other"), and
+	// EndedBy the tasks they ended without starting, by band and code:
+	// the dashboard's flow-control panel.
+	HeldBy  []protocol.HeldCount  `json:"held_by,omitempty"`
+	EndedBy []protocol.EndedCount `json:"ended_by,omitempty"`
 	// Problems lists what could not be read (the rest of the view stands).
 	Problems []string `json:"problems,omitempty"`
 }
@@ -182,6 +188,76 @@ func Reports(ctx context.Context, nc *nats.Conn, quiet time.Duration) ([]protoco
 	}
 }
 
+// HeldTenants bounds the tenants the merged view names in HeldBy.
+const HeldTenants = 20
+
+// mergeFlow sums the replicas' flow-control counts: held by band and
+// tenant (bounded: the tenants holding most, the rest "other"), ended by
+// band and code.
+func mergeFlow(reports []protocol.StatsReport) ([]protocol.HeldCount, []protocol.EndedCount) {
+	type bt struct{ band, tenant string }
+	held, per := map[bt]int{}, map[string]int{}
+	type bc struct {
+		band string
+		code protocol.Code
+	}
+	ended := map[bc]int64{}
+	for i := range reports {
+		for _, h := range reports[i].HeldBy {
+			held[bt{h.Band, h.Tenant}] += h.Held
+			per[h.Tenant] += h.Held
+		}
+		for _, e := range reports[i].EndedBy {
+			ended[bc{e.Band, e.Code}] += e.Tasks
+		}
+	}
+	tenants := make([]string, 0, len(per))
+	for t := range per {
+		if t != "other" {
+			tenants = append(tenants, t)
+		}
+	}
+	sort.Slice(tenants, func(i, j int) bool {
+		if per[tenants[i]] != per[tenants[j]] {
+			return per[tenants[i]] > per[tenants[j]]
+		}
+		return tenants[i] < tenants[j]
+	})
+	named := map[string]bool{}
+	for _, t := range tenants[:min(HeldTenants, len(tenants))] {
+		named[t] = true
+	}
+	merged := map[bt]int{}
+	for k, n := range held {
+		if !named[k.tenant] {
+			k.tenant = "other"
+		}
+		merged[k] += n
+	}
+	var hs []protocol.HeldCount
+	for k, n := range merged {
+		hs = append(hs, protocol.HeldCount{Band: k.band, Tenant: k.tenant, Held: n})
+	}
+	rank := map[string]int{"high": 0, "normal": 1, "low": 2}
+	sort.Slice(hs, func(i, j int) bool {
+		if hs[i].Band != hs[j].Band {
+			return rank[hs[i].Band] < rank[hs[j].Band]
+		}
+		return hs[i].Tenant < hs[j].Tenant
+	})
+	var es []protocol.EndedCount
+	for k, n := range ended {
+		es = append(es, protocol.EndedCount{Band: k.band, Code: k.code, Tasks: n})
+	}
+	sort.Slice(es, func(i, j int) bool {
+		if es[i].Band != es[j].Band {
+			return rank[es[i].Band] < rank[es[j].Band]
+		}
+		return es[i].Code < es[j].Code
+	})
+	return hs, es
+}
+
 // Merge builds a view from replica reports.
 func Merge(reports []protocol.StatsReport, now time.Time) *View {
 	v := &View{At: now, Counters: map[string]int64{}, Backlog: map[string]int64{}, Types: map[string]protocol.TypeCounts{}}
@@ -223,6 +299,7 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 		}
 	}
 	sort.Slice(v.Rollouts, func(i, j int) bool { return v.Rollouts[i].Family < v.Rollouts[j].Family })
+	v.HeldBy, v.EndedBy = mergeFlow(reports)
 	sort.Slice(v.Replicas, func(i, j int) bool { return v.Replicas[i].Name < v.Replicas[j].Name })
 	if freshest != nil {
 		v.Window = freshest.Window

@@ -64,3 +64,41 @@ func TestMergeRollouts(t *testing.T) {
 		t.Fatalf("rollouts %+v", v.Rollouts)
 	}
 }
+
+// Flow control: held tasks are summed by band and tenant across replicas,
+// bounded to the tenants holding most (the rest "other"); ended tasks
+// summed by band and code.
+func TestMergeFlowControl(t *testing.T) {
+	var a, b protocol.StatsReport
+	a.HeldBy = []protocol.HeldCount{{Band: "high", Tenant: "fraud", Held: 2}, {Band: "normal", Tenant: "bulk", Held: 5}}
+	b.HeldBy = []protocol.HeldCount{{Band: "normal", Tenant: "bulk", Held: 1}, {Band: "low", Tenant: "other", Held: 4}}
+	a.EndedBy = []protocol.EndedCount{{Band: "low", Code: protocol.CodeShed, Tasks: 7}}
+	b.EndedBy = []protocol.EndedCount{{Band: "low", Code: protocol.CodeShed, Tasks: 3}, {Band: "normal", Code: protocol.CodeExpired, Tasks: 1}}
+	for i := range clusterview.HeldTenants + 5 { // more tenants than the bound
+		b.HeldBy = append(b.HeldBy, protocol.HeldCount{Band: "low", Tenant: "t" + string(rune('a'+i)), Held: 1})
+	}
+	v := clusterview.Merge([]protocol.StatsReport{a, b}, time.Now())
+	got := map[string]int{}
+	for _, h := range v.HeldBy {
+		got[h.Band+"/"+h.Tenant] += h.Held
+	}
+	if got["high/fraud"] != 2 || got["normal/bulk"] != 6 {
+		t.Errorf("held %v", got)
+	}
+	tenants := map[string]bool{}
+	total := 0
+	for _, h := range v.HeldBy {
+		tenants[h.Tenant] = true
+		total += h.Held
+	}
+	if len(tenants) > clusterview.HeldTenants+1 || !tenants["other"] || total != 2+6+4+clusterview.HeldTenants+5 {
+		t.Errorf("%d tenants named (bound %d + other), %d held: %v", len(tenants), clusterview.HeldTenants, total, v.HeldBy)
+	}
+	if v.HeldBy[0].Band != "high" || v.HeldBy[len(v.HeldBy)-1].Band != "low" {
+		t.Errorf("not ordered high, normal, low: %v", v.HeldBy)
+	}
+	if len(v.EndedBy) != 2 || v.EndedBy[0] != (protocol.EndedCount{Band: "normal", Code: protocol.CodeExpired, Tasks: 1}) ||
+		v.EndedBy[1] != (protocol.EndedCount{Band: "low", Code: protocol.CodeShed, Tasks: 10}) {
+		t.Errorf("ended %v", v.EndedBy)
+	}
+}

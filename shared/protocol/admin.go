@@ -41,6 +41,10 @@ type StatsReport struct {
 	// HeldBy breaks Held down by priority band and tenant (the tenants
 	// holding most; the rest as "other").
 	HeldBy []HeldCount `json:"held_by,omitempty"`
+	// EndedBy counts, by priority band and error code (shed, expired,
+	// quota_exceeded), the tasks this replica ended without starting them
+	// since it started: where flow control sheds.
+	EndedBy []EndedCount `json:"ended_by,omitempty"`
 	// QuotaDegraded says why the replica enforces the tenants' rate
 	// quotas alone, its share of them ("" when Redis answers).
 	QuotaDegraded string `json:"quota_degraded,omitempty"`
@@ -153,6 +157,14 @@ type CancelReply struct {
 	Where      []string `json:"where,omitempty"`
 	Error      string   `json:"error,omitempty"`
 	Dispatcher string   `json:"dispatcher"`
+}
+
+// EndedCount is how many tasks of one priority band a replica ended with
+// one flow-control code (shed, expired, quota_exceeded).
+type EndedCount struct {
+	Band  string `json:"band"`
+	Code  Code   `json:"code"`
+	Tasks int64  `json:"tasks"`
 }
 
 // HeldCount is how many tasks of one priority band ("high", "normal",

@@ -62,4 +62,10 @@ func (d *policyDecider) decide(req *policy.Request) (policy.Decision, error) {
 	return dec, nil
 }
 
+func (d *policyDecider) peek(req *policy.Request) (policy.Decision, error) {
+	return d.eng.Decide(d.table, req)
+}
+
+func (d *policyDecider) sent(model, node string) { d.table.Dispatched(model, node) }
+
 func (d *policyDecider) completed(model, node string) { d.table.Completed(model, node) }

@@ -45,6 +45,10 @@ func (o *oracle) refresh(context.Context, time.Time, []protocol.Heartbeat) error
 
 func (o *oracle) completed(string, string) {}
 
+func (o *oracle) peek(req *policy.Request) (policy.Decision, error) { return o.decide(req) }
+
+func (o *oracle) sent(string, string) {}
+
 func (o *oracle) decide(req *policy.Request) (policy.Decision, error) {
 	s := o.s
 	o.order = o.order[:0]
@@ -78,7 +82,10 @@ func (o *oracle) decide(req *policy.Request) (policy.Decision, error) {
 		return a.load < b.load
 	})
 	for _, r := range o.order {
-		if r.wait <= s.sc.DeadlineSlack.D() {
+		// Under flow control the request's deadline is the task's time
+		// left (and the queue target): the attempt must also start and
+		// finish within it, as the engine's load model asks.
+		if r.wait <= s.sc.DeadlineSlack.D() && (s.fc == nil || r.wait+r.lat <= req.Deadline) {
 			return policy.Decision{Model: r.model, Node: r.n.spec.Name}, nil
 		}
 	}

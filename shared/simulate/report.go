@@ -73,6 +73,10 @@ type Result struct {
 	Curve []Point `json:"-"`
 	// Rollouts are what the scenario's rollout did, one per run.
 	Rollouts []*RolloutResult `json:"rollouts,omitempty"`
+	// FlowControl has the figures per flow (priority and tenant) of a
+	// scenario with arrival.flows (flow.go); inversions and late starts
+	// are summed over the runs, the rest averaged.
+	FlowControl *FlowSummary `json:"flow_control,omitempty"`
 }
 
 // Segment is the figures of the tasks submitted in [FromS, ToS).
@@ -123,6 +127,7 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 		o.Seed = opt.Seed + uint64(i)
 		runs := map[string][]taskResult{}
 		ros := map[string]*RolloutResult{}
+		inversions := map[string]int{}
 		for _, name := range order {
 			s, err := newSim(sc, o, name)
 			if err != nil {
@@ -132,6 +137,9 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 				return nil, fmt.Errorf("policy %s, seed %d: %w", name, o.Seed, err)
 			}
 			runs[name] = s.tasks
+			if s.fc != nil {
+				inversions[name] = s.fc.inversions
+			}
 			if s.ro != nil {
 				ros[name] = s.ro.result(s)
 			}
@@ -150,6 +158,13 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 			if ro := ros[name]; ro != nil {
 				r.Rollouts = []*RolloutResult{ro}
 			}
+			if len(sc.Arrival.Flows) > 0 {
+				r.FlowControl = summarizeFlows(sc, runs[name], inversions[name])
+				oracleFlows := summarizeFlows(sc, runs[Oracle], 0)
+				for k := range r.FlowControl.Flows {
+					r.FlowControl.Flows[k].VsOracle = (r.FlowControl.Flows[k].Success - oracleFlows.Flows[k].Success) * 100
+				}
+			}
 			per[name] = append(per[name], r)
 		}
 	}
@@ -167,7 +182,7 @@ func aggregate(rs []Result) Result {
 	if len(rs) == 1 {
 		return rs[0]
 	}
-	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve, Timeline: rs[0].Timeline}
+	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve, Timeline: rs[0].Timeline, FlowControl: aggregateFlows(rs)}
 	for _, r := range rs {
 		out.Rollouts = append(out.Rollouts, r.Rollouts...)
 	}
@@ -400,7 +415,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
-	return nil
+	return r.writeFlows(w)
 }
 
 // WriteCSV writes one row per policy with a header row.

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 //go:embed scenarios/*.json
@@ -133,9 +135,22 @@ type Scenario struct {
 	ChangeAt *Duration `json:"change_at,omitempty"`
 	// Rollout, when set, runs a rollout of a new version (rollout.go).
 	Rollout *ScenarioRollout `json:"rollout,omitempty"`
-	Models  []Model          `json:"models"`
-	Nodes   []Node           `json:"nodes"`
-	Events  []Event          `json:"events,omitempty"`
+	// TenantWeights are the tenants' shares inside a priority (the
+	// dispatcher's MLSCHED_TENANT_WEIGHTS; default 1). Flow control only.
+	TenantWeights map[string]float64 `json:"tenant_weights,omitempty"`
+	// QueueTarget is the dispatcher's MLSCHED_QUEUE_TARGET (default 0:
+	// off): a node counts as saturated once a task would wait plus run
+	// this long there, so the backlog waits in the hold, in priority and
+	// tenant order. Flow control only.
+	QueueTarget Duration `json:"queue_target,omitempty"`
+	// MaxAckPending bounds what the dispatchers have pulled of one
+	// priority band and not finished (the band consumer's MaxAckPending,
+	// default 2048: 2 x MLSCHED_MAX_IN_FLIGHT); the rest waits in the
+	// stream in stream order. Flow control only.
+	MaxAckPending int     `json:"max_ack_pending,omitempty"`
+	Models        []Model `json:"models"`
+	Nodes         []Node  `json:"nodes"`
+	Events        []Event `json:"events,omitempty"`
 }
 
 // WindowSpec configures the statistics window.
@@ -159,6 +174,28 @@ type Arrival struct {
 	// Profile changes the rate over time: each step applies from its At
 	// until the next step (optional; Rate applies before the first).
 	Profile []RateStep `json:"profile,omitempty"`
+	// Flows split the arrivals by priority, tenant and deadline (flow
+	// control, docs/policies.md "Flow control"): each task's flow is drawn
+	// by share. Without flows every task is priority 0 of tenant default
+	// with no deadline, and the run is exactly what it was before flow
+	// control.
+	Flows []Flow `json:"flows,omitempty"`
+}
+
+// Flow is a share of the arrivals with one priority, tenant and deadline.
+type Flow struct {
+	// Name in reports (default "<tenant>/p<priority>").
+	Name string `json:"name,omitempty"`
+	// Share is the flow's relative weight among the flows (required, > 0).
+	Share float64 `json:"share"`
+	// Priority is the task's priority, -10..10 (default 0; negative is
+	// sheddable).
+	Priority int `json:"priority,omitempty"`
+	// Tenant is the fairness key (default "default").
+	Tenant string `json:"tenant,omitempty"`
+	// Deadline is deadline_ms: the task's whole budget from submission
+	// (default none).
+	Deadline Duration `json:"deadline,omitempty"`
 }
 
 // RateStep is an arrival rate from At on.
@@ -558,8 +595,64 @@ func (sc *Scenario) validate() error {
 			return invalid(f+".kind", "unknown kind %q (want %s, %s, %s or %s)", e.Kind, EventNodeCrash, EventNodeRecover, EventModelJoin, EventFailureBurst)
 		}
 	}
+	if err := sc.validateFlows(); err != nil {
+		return err
+	}
 	if sc.Rollout != nil {
 		return sc.Rollout.validate(sc)
+	}
+	return nil
+}
+
+// validateFlows checks the flow-control fields with the bounds of the wire
+// protocol (docs/protocol.md) and fills their defaults.
+func (sc *Scenario) validateFlows() error {
+	names := map[string]bool{}
+	for i := range sc.Arrival.Flows {
+		fl := &sc.Arrival.Flows[i]
+		f := fmt.Sprintf("arrival.flows[%d]", i)
+		if math.IsNaN(fl.Share) || math.IsInf(fl.Share, 0) || fl.Share <= 0 {
+			return invalid(f+".share", "%g: want a relative weight > 0", fl.Share)
+		}
+		if fl.Priority < protocol.MinPriority || fl.Priority > protocol.MaxPriority {
+			return invalid(f+".priority", "%d is outside %d..%d", fl.Priority, protocol.MinPriority, protocol.MaxPriority)
+		}
+		if fl.Tenant == "" {
+			fl.Tenant = protocol.DefaultTenant
+		}
+		if err := protocol.ValidToken(fl.Tenant, protocol.MaxTenantLen); err != nil {
+			return invalid(f+".tenant", "%q: %v", fl.Tenant, err)
+		}
+		if fl.Deadline < 0 || fl.Deadline.D() > time.Duration(protocol.DefaultLimits.MaxDeadlineMs)*time.Millisecond {
+			return invalid(f+".deadline", "%v is outside 0..24h", fl.Deadline.D())
+		}
+		if fl.Name == "" {
+			fl.Name = fmt.Sprintf("%s/p%d", fl.Tenant, fl.Priority)
+		}
+		if err := validName(f+".name", fl.Name); err != nil {
+			return err
+		}
+		if names[fl.Name] {
+			return invalid(f+".name", "duplicate flow %q", fl.Name)
+		}
+		names[fl.Name] = true
+	}
+	for tenant, w := range sc.TenantWeights {
+		if err := protocol.ValidToken(tenant, protocol.MaxTenantLen); err != nil {
+			return invalid("tenant_weights", "%q: %v", tenant, err)
+		}
+		if math.IsNaN(w) || w <= 0 || w > 1000 {
+			return invalid("tenant_weights."+tenant, "%g is outside (0, 1000]", w)
+		}
+	}
+	if sc.QueueTarget < 0 || sc.QueueTarget.D() > MaxDuration {
+		return invalid("queue_target", "%v is outside 0..%v", sc.QueueTarget.D(), MaxDuration)
+	}
+	if sc.MaxAckPending < 0 || sc.MaxAckPending > 1_000_000 {
+		return invalid("max_ack_pending", "%d is outside 1..1000000", sc.MaxAckPending)
+	}
+	if sc.MaxAckPending == 0 {
+		sc.MaxAckPending = 2048
 	}
 	return nil
 }

@@ -51,6 +51,10 @@ func TestParseScenarioErrorsAreSpecific(t *testing.T) {
 		{"window", `"nodes": [`, `"window": {"size": "10s", "bucket": "20s"}, "nodes": [`, "window.bucket", "larger than window.size"},
 		{"recent", `"nodes": [`, `"window": {"size": "1m", "recent": "2m"}, "nodes": [`, "window.recent", "larger than window.size"},
 		{"max attempts", `"nodes": [`, `"max_attempts": 11, "nodes": [`, "max_attempts", "outside 1..10"},
+		{"flow share", `"types": {"t": 1}`, `"types": {"t": 1}, "flows": [{"share": 0}]`, "arrival.flows[0].share", "> 0"},
+		{"flow priority", `"types": {"t": 1}`, `"types": {"t": 1}, "flows": [{"share": 1, "priority": 11}]`, "arrival.flows[0].priority", "outside -10..10"},
+		{"flow tenant", `"types": {"t": 1}`, `"types": {"t": 1}, "flows": [{"share": 1, "tenant": "a.b"}]`, "arrival.flows[0].tenant", `"a.b"`},
+		{"tenant weight", `"nodes": [`, `"tenant_weights": {"a": 0}, "nodes": [`, "tenant_weights.a", "outside (0, 1000]"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

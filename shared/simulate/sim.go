@@ -56,6 +56,21 @@ type Options struct {
 	// RecoveryPoints is how close to the oracle, in percentage points of
 	// expected first-attempt success, counts as recovered (default 2).
 	RecoveryPoints float64
+	// OwnDeadlineNoBlock (flow control): a held task that is saturated
+	// only because too little of its own deadline is left does not make
+	// its type saturated for the rest of the hold's pass. The dispatcher
+	// does today (hold.go), so a task about to expire holds back the
+	// younger ones that could still finish; this is the proposed fix, to
+	// measure it (default off: as the dispatcher).
+	OwnDeadlineNoBlock bool
+	// FairByStartTag (flow control): inside a priority, the hold serves
+	// the smallest start tag first (start-time fair queuing). The
+	// dispatcher serves the smallest finish tag while its virtual time
+	// follows start tags (hold.go), so a backlogged low-weight tenant's
+	// start falls behind the virtual time and its credit is lost: at
+	// weights 3:1:1 the heavy tenant gets more than 60%. The proposed fix,
+	// to measure it (default off: as the dispatcher).
+	FairByStartTag bool
 }
 
 func (o Options) withDefaults(sc *Scenario) Options {
@@ -95,6 +110,7 @@ const (
 	evDone                   // a running attempt completes
 	evDeadline               // a lost attempt's deadline
 	evRedecide               // a task found no candidate: try again
+	evPass                   // flow control: the hold's next pass (flow.go)
 )
 
 type event struct {
@@ -132,6 +148,18 @@ type task struct {
 	history  []protocol.Attempt
 	waitFrom time.Duration // when it started waiting for a candidate, -1 if not
 	done     bool
+	// Flow control (flow.go): the task's flow (-1: the scenario has none),
+	// priority, tenant and expiry (submission plus deadline_ms; 0: none).
+	flow     int
+	priority int
+	tenant   string
+	expiry   time.Duration
+	// while held: until when (its hold time, capped at its expiry), its
+	// fair-order tags in the last pass, whether it is in the hold's counts
+	until      time.Duration
+	start, tag float64
+	counted    bool
+	pulled     bool // taken from the stream by a band consumer
 }
 
 type attemptState uint8
@@ -149,7 +177,10 @@ type attempt struct {
 	model      string
 	node       *node
 	dispatched time.Duration
-	state      attemptState
+	// deadline: the attempt is not started after it (the dispatch
+	// deadline, timeout plus slack, capped at the task's own)
+	deadline time.Duration
+	state    attemptState
 	// drawn when it starts
 	fail    bool
 	timeout bool
@@ -172,6 +203,11 @@ func (n *node) load() int { return n.running + len(n.queue) }
 type decider interface {
 	refresh(ctx context.Context, now time.Time, nodes []protocol.Heartbeat) error
 	decide(req *policy.Request) (policy.Decision, error)
+	// peek decides without counting a dispatch in the table, and sent
+	// counts one: flow control (flow.go) decides, then holds or sends, as
+	// the dispatcher does.
+	peek(req *policy.Request) (policy.Decision, error)
+	sent(model, node string)
 	// completed reports an outcome, as the dispatcher reports each outcome
 	// it receives to its table.
 	completed(model, node string)
@@ -206,6 +242,9 @@ type sim struct {
 	// held are the tasks kept back because every candidate was saturated,
 	// oldest first.
 	held []*task
+	// fc is the flow control of a scenario with flows (flow.go); nil
+	// without, and the run is exactly what it was before flow control.
+	fc   *flowControl
 	free []*event       // processed events, for reuse
 	rec  [1]stats.Event // Record's batch, reused
 }
@@ -225,6 +264,11 @@ type taskResult struct {
 	// queueFailed: the first attempt expired in a queue or missed its
 	// deadline there.
 	queueFailed bool
+	// Flow control: the task's flow, how it ended (shed, expired, failed
+	// saturated) and whether an attempt started past its deadline.
+	flow        int
+	end         endKind
+	startedLate bool
 }
 
 func (s *sim) clock() time.Time { return epoch.Add(s.now) }
@@ -290,6 +334,9 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 	s.pcg = rand.NewPCG(0, 0)
 	s.draw = rand.New(s.pcg)
 	s.store = stats.NewMemory(stats.Window{Size: sc.Window.Size.D(), Bucket: sc.Window.Bucket.D(), Recent: sc.Window.Recent.D()}, stats.WithClock(s.clock))
+	if len(sc.Arrival.Flows) > 0 {
+		s.fc = newFlowControl(sc, opt)
+	}
 	if name == Oracle {
 		s.dec = &oracle{s: s}
 		return s, nil
@@ -338,12 +385,19 @@ func (s *sim) run(ctx context.Context, n int) error {
 				}
 			}
 		case evArrival:
-			t := &task{idx: s.arrived, typ: s.pickType(), submit: s.now, waitFrom: -1}
+			t := &task{idx: s.arrived, typ: s.pickType(), submit: s.now, waitFrom: -1, flow: -1}
+			if s.fc != nil {
+				s.pickFlow(t)
+			}
 			s.arrived++
 			if s.arrived < n {
 				s.push(s.now+s.interarrival(), evArrival, nil)
 			}
-			err = s.dispatch(ctx, t)
+			if s.fc != nil {
+				err = s.intake(ctx, t)
+			} else {
+				err = s.dispatch(ctx, t)
+			}
 		case evRedecide:
 			err = s.dispatch(ctx, e.t)
 		case evDone:
@@ -356,6 +410,11 @@ func (s *sim) run(ctx context.Context, n int) error {
 		case evDeadline:
 			if e.a.state == stLost {
 				err = s.outcome(ctx, e.a, protocol.OutcomeLost, s.now-e.a.dispatched)
+			}
+		case evPass:
+			if s.now == s.fc.nextPass { // else superseded by an earlier one
+				s.fc.nextPass = -1
+				err = s.passFlow(ctx)
 			}
 		}
 		*e = event{}
@@ -461,7 +520,7 @@ func (s *sim) deadline() time.Duration { return s.sc.Timeout.D() + s.sc.Deadline
 // declares it lost once its deadline and the sweep grace have passed.
 func (s *sim) lose(a *attempt) {
 	a.state = stLost
-	at := a.dispatched + s.deadline() + s.sc.LostGrace.D()
+	at := a.deadline + s.sc.LostGrace.D()
 	if at < s.now {
 		at = s.now
 	}
@@ -537,6 +596,9 @@ func (s *sim) attemptFailProb(m string, n *node) float64 {
 }
 
 func (s *sim) dispatch(ctx context.Context, t *task) error {
+	if s.fc != nil {
+		return s.dispatchFlow(ctx, t, false)
+	}
 	n := len(t.history) + 1
 	req := &policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: s.deadline()}
 	d, err := s.dec.decide(req)
@@ -585,7 +647,7 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 	if s.ro != nil && n == 1 {
 		s.ro.dispatched(d.Model)
 	}
-	a := &attempt{t: t, n: n, model: d.Model, node: nd, dispatched: s.now}
+	a := &attempt{t: t, n: n, model: d.Model, node: nd, dispatched: s.now, deadline: s.now + s.deadline()}
 	s.rec[0] = stats.Event{Model: a.model, Node: nd.spec.Name, Kind: stats.KindDispatched, At: s.clock()}
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record dispatch: %w", err)
@@ -604,6 +666,9 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 // retryHeld decides again for the held tasks, oldest first, until one is
 // still saturated.
 func (s *sim) retryHeld(ctx context.Context) error {
+	if s.fc != nil {
+		return s.retryHeldFlow(ctx)
+	}
 	for len(s.held) > 0 {
 		t := s.held[0]
 		s.held = s.held[1:]
@@ -623,6 +688,9 @@ func (s *sim) retryHeld(ctx context.Context) error {
 // start runs an attempt on its node: its outcome and latency are drawn from
 // a stream keyed by (seed, task, attempt).
 func (s *sim) start(a *attempt) {
+	if a.t.expiry > 0 && s.now > a.t.expiry {
+		s.tasks[a.t.idx].startedLate = true // never: the attempt's deadline is capped at the task's
+	}
 	a.state = stRunning
 	a.node.running++
 	s.pcg.Seed(s.opt.Seed^0x9e3779b97f4a7c15, uint64(a.t.idx)<<8|uint64(a.n))
@@ -639,7 +707,7 @@ func (s *sim) start(a *attempt) {
 	// The worker stops an attempt at its timeout or at the dispatch
 	// deadline, whichever comes first: one that started late in a queue
 	// may miss the deadline.
-	limit := min(s.sc.Timeout.D(), a.dispatched+s.deadline()-s.now)
+	limit := min(s.sc.Timeout.D(), a.deadline-s.now)
 	if a.latency > limit {
 		a.timeout, a.latency = true, limit
 		a.missed = limit < s.sc.Timeout.D()
@@ -656,7 +724,7 @@ func (s *sim) complete(ctx context.Context, a *attempt) error {
 	for len(nd.queue) > 0 && nd.running < nd.spec.Capacity {
 		next := nd.queue[0]
 		nd.queue = nd.queue[1:]
-		if s.now-next.dispatched > s.deadline() {
+		if s.now > next.deadline {
 			expired = append(expired, next)
 			continue
 		}
@@ -687,7 +755,9 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	t := a.t
 	d := protocol.Dispatch{Model: a.model, Node: a.node.spec.Name, Attempt: a.n, MaxAttempts: s.sc.MaxAttempts}
 	o := protocol.Outcome{Model: a.model, Node: a.node.spec.Name, Attempt: a.n, Status: st}
-	dec := settle.Settle(s.retry, d, o, settle.State{})
+	// A task past its own deadline is not retried (settle: CodeExpired).
+	expired := t.expiry > 0 && s.now >= t.expiry && st != protocol.OutcomeSuccess && st != protocol.OutcomeTaskError
+	dec := settle.Settle(s.retry, d, o, settle.State{Expired: expired})
 	s.rec[0] = stats.Event{Model: a.model, Node: a.node.spec.Name, Kind: dec.Kind, Latency: lat, At: s.clock()}
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record outcome: %w", err)
@@ -709,6 +779,9 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	}
 	switch dec.Action {
 	case settle.Finish, settle.DeadLetter:
+		if dec.Code == protocol.CodeExpired {
+			s.tasks[t.idx].end = endExpired
+		}
 		s.finish(t, dec.Status == protocol.StatusSucceeded)
 	case settle.Retry:
 		if dec.Backoff > 0 {
@@ -727,5 +800,9 @@ func (s *sim) finish(t *task, ok bool) {
 	t.done = true
 	r := &s.tasks[t.idx]
 	r.submit, r.latency, r.succeeded, r.attempts = t.submit, s.now-t.submit, ok, len(t.history)
+	r.flow = t.flow
 	s.finished++
+	if s.fc != nil {
+		s.finishedFlow(t)
+	}
 }

@@ -148,6 +148,8 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 		}
 		fmt.Fprintln(w)
 	}
+	renderFlow(w, r)
+	renderRollouts(w, r.Rollouts, now)
 	if r.QuotaDegraded != "" {
 		fmt.Fprintf(w, "quotas DEGRADED: %s\n", oneLine(r.QuotaDegraded, 160))
 	}
@@ -198,4 +200,60 @@ func policies(p map[string]string) string {
 		parts[i] = k + ":" + p[k]
 	}
 	return strings.Join(parts, ",")
+}
+
+// renderFlow prints flow control per priority band: the tasks held now by
+// tenant, and the tasks ended without starting (shed, expired,
+// quota_exceeded) since the replica started (docs/policies.md, "Flow
+// control").
+func renderFlow(w io.Writer, r protocol.StatsReport) {
+	if len(r.HeldBy) == 0 && len(r.EndedBy) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "flow control by band:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  BAND\tHELD\tHELD BY TENANT\tSHED\tEXPIRED\tQUOTA_EXCEEDED\t")
+	for _, band := range []string{"high", "normal", "low"} {
+		held, tenants := 0, []string{}
+		for _, h := range r.HeldBy {
+			if h.Band == band {
+				held += h.Held
+				tenants = append(tenants, fmt.Sprintf("%s=%d", h.Tenant, h.Held))
+			}
+		}
+		ended := map[protocol.Code]int64{}
+		for _, e := range r.EndedBy {
+			if e.Band == band {
+				ended[e.Code] += e.Tasks
+			}
+		}
+		if held == 0 && len(ended) == 0 {
+			continue
+		}
+		by := strings.Join(tenants, " ")
+		if by == "" {
+			by = "-"
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\t%d\t%d\t\n", band, held, by, ended[protocol.CodeShed], ended[protocol.CodeExpired], ended[protocol.CodeQuotaExceeded])
+	}
+	tw.Flush()
+}
+
+// renderRollouts prints one line per model rollout the replica follows.
+func renderRollouts(w io.Writer, rs []protocol.RolloutReport, now time.Time) {
+	for _, ro := range rs {
+		fmt.Fprintf(w, "rollout %s -> %s: %s, step %d/%d, share %.1f%%, new %d ok/%d failed/%d timeouts, incumbent %d/%d/%d, llr %.2f",
+			ro.Family, ro.Model, ro.State, ro.Step+1, len(ro.Steps), ro.Share*100, ro.New.Successes, ro.New.Failures, ro.New.Timeouts,
+			ro.Incumbent.Successes, ro.Incumbent.Failures, ro.Incumbent.Timeouts, ro.LLR)
+		if ro.Verdict != "" {
+			fmt.Fprintf(w, " (%s)", ro.Verdict)
+		}
+		if !ro.StepSince.IsZero() {
+			fmt.Fprintf(w, ", at this step for %s", now.Sub(ro.StepSince).Round(time.Second))
+		}
+		if ro.LastTo != "" {
+			fmt.Fprintf(w, "; last: %s %s ago: %s", ro.LastTo, now.Sub(ro.LastAt).Round(time.Second), oneLine(ro.LastReason, 100))
+		}
+		fmt.Fprintln(w)
+	}
 }

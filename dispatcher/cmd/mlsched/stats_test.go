@@ -37,6 +37,10 @@ var sampleReport = protocol.StatsReport{
 		{Name: "remote", Types: []string{"classify"}, Reason: "GET http://127.0.0.1:9000/healthz: connection refused"}}}},
 	Counters: map[string]int64{"suppressed": 4, "late": 1, "panic": 0},
 	Held:     5, HeldBy: []protocol.HeldCount{{Band: "high", Tenant: "fraud", Held: 1}, {Band: "normal", Tenant: "bulk", Held: 4}},
+	EndedBy: []protocol.EndedCount{{Band: "low", Code: protocol.CodeShed, Tasks: 17}, {Band: "normal", Code: protocol.CodeExpired, Tasks: 3}},
+	Rollouts: []protocol.RolloutReport{{Family: "fraud", Model: "fraud@v8", State: "running", Step: 1, Steps: []float64{0.05, 0.25, 0.5, 1},
+		Share: 0.25, New: protocol.RolloutCounts{Successes: 90, Failures: 2}, Incumbent: protocol.RolloutCounts{Successes: 300, Failures: 3},
+		LLR: -0.4, Verdict: "continue"}},
 	QuotaDegraded: "Redis does not answer",
 }
 
@@ -55,6 +59,8 @@ func TestStatsTable(t *testing.T) {
 		"unready remote on n2: GET http://127.0.0.1:9000/healthz: connection refused",
 		"MODEL", "BREAKER", "TIMEOUTS", "LATE", "tesseract", "97.8%", "since start: late=1 panic=0 suppressed=4", "42.0ms", "1.25s", "0.250ms", "75.0%", "open", "40.0%",
 		"held by band/tenant: high/fraud=1 normal/bulk=4", "quotas DEGRADED: Redis does not answer",
+		"flow control by band:", "QUOTA_EXCEEDED",
+		"rollout fraud -> fraud@v8: running, step 2/4, share 25.0%, new 90 ok/2 failed/0 timeouts, incumbent 300/3/0, llr -0.40 (continue)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
@@ -75,6 +81,18 @@ func TestStatsTable(t *testing.T) {
 	}
 	if !strings.Contains(lines[tess], "900") || !strings.Contains(lines[tess], "closed") || !strings.Contains(lines[tess], " 7 ") {
 		t.Errorf("tesseract row %q", lines[tess])
+	}
+
+	bands := map[string][]string{}
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) == 6 && (f[0] == "high" || f[0] == "normal" || f[0] == "low") {
+			bands[f[0]] = f[1:]
+		}
+	}
+	// band: held, held by tenant, shed, expired, quota_exceeded
+	if strings.Join(bands["high"], " ") != "1 fraud=1 0 0 0" || strings.Join(bands["normal"], " ") != "4 bulk=4 0 3 0" ||
+		strings.Join(bands["low"], " ") != "0 - 17 0 0" {
+		t.Errorf("flow control rows %v:\n%s", bands, out)
 	}
 
 	code, out, _ = cli(t, srv.URL, "", "stats", "-json")

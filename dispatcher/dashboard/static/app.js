@@ -4,7 +4,7 @@
 "use strict";
 
 const palette = ["#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563", "#65a30d"];
-const state = { view: null, history: [], colors: {}, updates: 0, rate: null, prev: null };
+const state = { view: null, history: [], colors: {}, updates: 0, rate: null, prev: null, ended: [] };
 
 function color(model) {
   if (!(model in state.colors)) {
@@ -146,6 +146,22 @@ function render() {
       el("td", {}, "LLR " + r.llr.toFixed(2) + ": " + r.verdict),
       el("td", { class: "last" }, r.last_to ? ago(r.last_at) + " → " + r.last_to + ": " + r.last_reason : "-"));
   }), "no rollout", 10);
+
+  // Flow control: held tasks by band and tenant, and what was shed,
+  // expired or over quota: since start, and over the last minute from the
+  // views kept in state.ended.
+  const held = v.held_by || [], ended = v.ended_by || [];
+  document.getElementById("flow-section").hidden = held.length === 0 && ended.length === 0;
+  fillBody("#flow-held", held.map(h => el("tr", { "data-band": h.band, "data-tenant": h.tenant },
+    el("td", {}, h.band), el("td", {}, h.tenant), el("td", { class: "held" }, h.held))), "nothing held", 3);
+  const key = e => e.band + "/" + e.code;
+  const viewAt = Date.parse(v.at) || Date.now();
+  state.ended.push({ at: viewAt, counts: Object.fromEntries(ended.map(e => [key(e), e.tasks])) });
+  while (state.ended.length > 1 && viewAt - state.ended[1].at >= 60000) state.ended.shift();
+  const before = state.ended[0].counts;
+  fillBody("#flow-ended", ended.map(e => el("tr", { "data-band": e.band, "data-code": e.code },
+    el("td", {}, e.band), el("td", {}, e.code), el("td", { class: "recent" }, e.tasks - (before[key(e)] || 0)),
+    el("td", { class: "total" }, e.tasks))), "nothing shed", 4);
 
   fillBody("#nodes", (v.nodes || []).map(n => {
     const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));

@@ -1,0 +1,167 @@
+package simulate
+
+import (
+	"context"
+	"testing"
+)
+
+// flowRun runs a flow-control scenario under reliability (and the oracle)
+// and returns the two results.
+func flowRun(t *testing.T, sc *Scenario, tasks int, opt Options) (rel, orc *Result) {
+	t.Helper()
+	opt.Tasks, opt.Policies = tasks, []string{"reliability"}
+	rep, err := Run(context.Background(), sc, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, orc = rep.Get("reliability"), rep.Get(Oracle)
+	for _, r := range []*Result{rel, orc} {
+		fc := r.FlowControl
+		if fc == nil {
+			t.Fatalf("%s: no flow-control figures", r.Policy)
+		}
+		// The dispatcher's invariants, under every policy.
+		if fc.Inversions != 0 || fc.StartedLate != 0 {
+			t.Errorf("%s: %d inversions, %d attempts started after their deadline; want 0 and 0", r.Policy, fc.Inversions, fc.StartedLate)
+		}
+		for _, f := range fc.Flows {
+			t.Logf("%s %s: %d tasks, success %.2f%%, p50/p95/p99 %.0f/%.0f/%.0f ms, shed %d, expired %d, saturated %d, share %.1f%%",
+				r.Policy, f.Flow, f.Tasks, f.Success*100, f.P50Ms, f.P95Ms, f.P99Ms, f.Shed, f.Expired, f.Saturated, f.Share*100)
+		}
+	}
+	return rel, orc
+}
+
+func flowOf(t *testing.T, r *Result, name string) FlowResult {
+	t.Helper()
+	for _, f := range r.FlowControl.Flows {
+		if f.Flow == name {
+			return f
+		}
+	}
+	t.Fatalf("%s: no flow %q", r.Policy, name)
+	return FlowResult{}
+}
+
+// scaled divides a flow scenario's capacity and rate by k: the same
+// overload with k times fewer events per simulated second (the tests run
+// with -race on a shared machine).
+func scaled(t *testing.T, name string, k int) *Scenario {
+	t.Helper()
+	sc, err := Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Arrival.Rate /= float64(k)
+	sc.Nodes = append([]Node(nil), sc.Nodes...)
+	for i := range sc.Nodes {
+		sc.Nodes[i].Capacity /= k
+	}
+	return sc
+}
+
+// only keeps one flow of a scenario at its own rate: its solo baseline.
+func only(sc *Scenario, name string) *Scenario {
+	c := *sc
+	var sum float64
+	for _, f := range sc.Arrival.Flows {
+		sum += f.Share
+	}
+	for _, f := range sc.Arrival.Flows {
+		if f.Name == name {
+			c.Arrival.Rate = sc.Arrival.Rate * f.Share / sum
+			c.Arrival.Flows = []Flow{f}
+		}
+	}
+	return &c
+}
+
+// TestPriorityOverload: at 2x overload the strict bands serve priority 5
+// first (the targets: ≥ 99% succeed, ≥ 99% within the deadline),
+// shed the sheddable first, and never start a task past its deadline.
+func TestPriorityOverload(t *testing.T) {
+	t.Parallel()
+	sc := scaled(t, "priority-overload", 4)
+	const tasks = 4000 // 25 s at 160/s
+	rel, orc := flowRun(t, sc, tasks, Options{})
+	for _, r := range []*Result{rel, orc} {
+		u, n, s := flowOf(t, r, "urgent"), flowOf(t, r, "normal"), flowOf(t, r, "sheddable")
+		if u.Success < 0.99 || u.WithinDeadline < 0.99 {
+			t.Errorf("%s: priority 5 succeeded %.2f%%, %.2f%% within the deadline; want ≥ 99%% each", r.Policy, u.Success*100, u.WithinDeadline*100)
+		}
+		if !(u.Success >= n.Success && n.Success >= s.Success) {
+			t.Errorf("%s: success by priority 5/0/-5 = %.3f/%.3f/%.3f, want strict bands (non-increasing)", r.Policy, u.Success, n.Success, s.Success)
+		}
+		if s.Shed == 0 || u.Shed != 0 || n.Shed != 0 {
+			t.Errorf("%s: shed 5/0/-5 = %d/%d/%d, want only the sheddable", r.Policy, u.Shed, n.Shed, s.Shed)
+		}
+	}
+	solo, _ := flowRun(t, only(sc, "urgent"), tasks/5, Options{})
+	t.Logf("priority 5 p99: %.0f ms under overload, %.0f ms alone (%.2fx)", flowOf(t, rel, "urgent").P99Ms,
+		flowOf(t, solo, "urgent").P99Ms, flowOf(t, rel, "urgent").P99Ms/flowOf(t, solo, "urgent").P99Ms)
+
+	// A held task that is saturated only by its own deadline holds back
+	// its type for the pass (as the dispatcher does): the proposed fix
+	// gives priority 0 the capacity priority 5 leaves.
+	fixed, _ := flowRun(t, sc, tasks, Options{OwnDeadlineNoBlock: true})
+	before, after := flowOf(t, rel, "normal").Success, flowOf(t, fixed, "normal").Success
+	if after < before+0.10 {
+		t.Errorf("priority 0 success %.1f%% as the dispatcher holds, %.1f%% with the fix: want at least 10 points more", before*100, after*100)
+	}
+}
+
+// TestTenantFlood: tenant a floods at 10x capacity while b and c send 10%
+// each. Inside what the dispatchers have pulled the hold keeps b and c
+// near their solo latency; a still gets the rest of the capacity.
+func TestTenantFlood(t *testing.T) {
+	t.Parallel()
+	sc := scaled(t, "tenant-flood", 4)
+	const tasks = 6528 // 8 s of the flood
+	wide := *sc
+	wide.MaxAckPending = 1_000_000 // everything pulled: the hold's rule alone
+	rel, orc := flowRun(t, &wide, tasks, Options{})
+	solo, _ := flowRun(t, only(sc, "b"), 200, Options{})
+	base := flowOf(t, solo, "b").P95Ms
+	for _, r := range []*Result{rel, orc} {
+		var share float64
+		for _, name := range []string{"b", "c"} {
+			f := flowOf(t, r, name)
+			// The queue target (150 ms) is what a task waits behind on a
+			// node at most: bounded by it plus the solo latency.
+			if f.Success < 0.999 || f.P95Ms > base+sc.QueueTarget.D().Seconds()*1000 {
+				t.Errorf("%s: tenant %s success %.2f%%, p95 %.0f ms against %.0f ms alone; want all and ≤ solo + 150 ms", r.Policy, name, f.Success*100, f.P95Ms, base)
+			}
+			share += f.Share
+		}
+		if a := flowOf(t, r, "a").Share; a < 0.75 || share > 0.25 {
+			t.Errorf("%s: a got %.1f%% of the results, b and c %.1f%%: want a the rest (≥ 75%%)", r.Policy, a*100, share*100)
+		}
+	}
+	// With the dispatchers' pull bound (2048 pending per band) the
+	// flood's backlog waits in the stream in stream order, and b and c
+	// behind it: the limitation docs/simulator.md reports (b's p95 is
+	// about 40 s in the full-size scenario).
+}
+
+// TestTenantWeights: three tenants saturating at weights 3:1:1 share the
+// capacity 60/20/20 within ±5 points when the hold orders by start tag
+// (the proposed fix); the dispatcher's finish-tag order is logged.
+func TestTenantWeights(t *testing.T) {
+	t.Parallel()
+	sc := scaled(t, "tenant-weights", 4)
+	const tasks = 2400 // 10 s
+	wide := *sc
+	wide.MaxAckPending = 1_000_000
+	rel, orc := flowRun(t, &wide, tasks, Options{FairByStartTag: true})
+	want := map[string]float64{"a": 0.6, "b": 0.2, "c": 0.2}
+	for _, r := range []*Result{rel, orc} {
+		for name, w := range want {
+			if got := flowOf(t, r, name).Share; got < w-0.05 || got > w+0.05 {
+				t.Errorf("%s: tenant %s share %.1f%%, want %.0f%% ± 5", r.Policy, name, got*100, w*100)
+			}
+		}
+	}
+	asIs, _ := flowRun(t, &wide, tasks, Options{})
+	t.Logf("as the dispatcher orders (finish tags): shares a/b/c %.1f/%.1f/%.1f%%", flowOf(t, asIs, "a").Share*100,
+		flowOf(t, asIs, "b").Share*100, flowOf(t, asIs, "c").Share*100)
+}

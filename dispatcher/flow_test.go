@@ -141,6 +141,34 @@ func TestHeldTasksGoHighestPriorityFirst(t *testing.T) {
 	}
 }
 
+// A held task saturated only because little of its own deadline is left
+// does not hold back its type: a younger task of the same priority that a
+// node can still start in time goes at the next pass, while the older one
+// waits to expire (issue 20: it blocked its type until then).
+func TestOwnDeadlineDoesNotBlockType(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// 4000 queued on 8 slots at the engine's prior 100 ms a task: about
+	// 50 s of wait, within a 60 s timeout but not within a 30 s deadline.
+	e.queued = 4000
+	busy := e.startNode("busy", []string{"o"}, map[string]behavior{"m": succeed})
+	e.submit(protocol.Task{ID: "near", Type: "o", TimeoutMs: 60_000, DeadlineMs: 30_000})
+	e.waitFor("the task with a deadline held", func() bool { return e.d.Report().Held == 1 })
+	e.submit(protocol.Task{ID: "young", Type: "o", TimeoutMs: 60_000})
+	if res := e.result("young"); res.Status != protocol.StatusSucceeded {
+		t.Fatalf("young: %+v, want succeeded while the older task waits", res)
+	}
+	if n := e.d.Counters().Expired.Load(); n != 0 {
+		t.Fatalf("expired = %d: the younger task went only once the older one expired", n)
+	}
+	if got := busy.attempts(); len(got) != 1 || !strings.HasPrefix(got[0], "young/") {
+		t.Fatalf("the node got %v, want only young's attempt", got)
+	}
+	if r := e.d.Report(); r.Held != 1 || r.Counters["inversions"] != 0 {
+		t.Fatalf("held %d, inversions %d; want the near-deadline task still held and 0", r.Held, r.Counters["inversions"])
+	}
+}
+
 // A sheddable task that cannot start before its deadline is shed, not
 // expired: code shed, retry_after_ms, counted, not dead-lettered.
 func TestSheddableHeldTaskIsShed(t *testing.T) {

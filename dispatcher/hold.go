@@ -31,9 +31,11 @@ import (
 // Flow control (docs/policies.md, "Flow control"): held tasks are decided
 // again highest priority first and, inside one priority, in start-time
 // fair order between tenants by weight (MLSCHED_TENANT_WEIGHTS): each
-// tenant's next task is tagged max(virtual time, the tenant's last tag) +
-// 1/weight, so a tenant that leaves its share unused gives it to the others
-// (work-conserving) and one that floods waits behind its own tasks. While a
+// tenant's next task starts at max(virtual time, the tenant's last finish
+// tag) and finishes 1/weight later, the smallest start goes first and the
+// virtual time is the start of the last task sent on, so a tenant that
+// leaves its share unused gives it to the others (work-conserving) and one
+// that floods waits behind its own tasks. While a
 // task of some priority is held for a candidate set (type and allow-list),
 // a new task of that set with no higher priority is held behind it: no
 // lower-priority task takes a slot a higher one could use (the inversions
@@ -268,7 +270,10 @@ func (in *intake) holdLoop(ctx context.Context) {
 // order between tenants inside a priority (order), and dispatches those
 // whose candidate set is no longer saturated; a set found saturated is not
 // decided again in this pass, so no lower-priority task of it goes before
-// a higher one. Tasks past their deadline fail; tasks cancelled meanwhile
+// a higher one. A task saturated only because little of its own deadline
+// is left stays held without marking its set (ownDeadlineOnly): it still
+// counts as held, so no lower priority passes it, but the younger tasks
+// of its priority may go. Tasks past their deadline fail; tasks cancelled meanwhile
 // are dropped (their result is stored), never dispatched; sheddable tasks
 // that cannot start in time are shed.
 func (in *intake) retryHeld() {
@@ -377,6 +382,15 @@ func (in *intake) retryHeld() {
 				in.dispatch(ht.a, ht.msg)
 				continue
 			}
+			if err == nil && !ht.expiry.IsZero() && in.ownDeadlineOnly(table, &ht.a) {
+				// Saturated only because too little of its own deadline is
+				// left: it waits here to go or expire (or be shed), and
+				// does not hold back the younger tasks of its set, which
+				// could still finish (issue 20).
+				in.keepAlive(ht, now)
+				keep = append(keep, ht)
+				continue
+			}
 			saturated = append(saturated, ht.key)
 		}
 		in.keepAlive(ht, now)
@@ -387,6 +401,19 @@ func (in *intake) retryHeld() {
 	h.q = append(keep, h.q...)
 	h.n.Store(int64(len(h.q)))
 	h.mu.Unlock()
+}
+
+// ownDeadlineOnly reports whether a held task found saturated would not be
+// with a full deadline (its timeout plus slack, and the queue target): only
+// its own deadline_ms, nearly spent, makes it so. Such a task does not mark
+// its candidate set saturated for the pass, as the simulator's hold
+// (shared/simulate/flow.go).
+func (in *intake) ownDeadlineOnly(table *policy.Table, a *attemptSpec) bool {
+	full := *a
+	full.noExpiry = true
+	req := in.request(&full)
+	dec, err := in.engine.Decide(table, &req)
+	return err == nil && !dec.Saturated
 }
 
 // capRoom reports whether a task held at its tenant's concurrency cap may
@@ -414,9 +441,14 @@ func (in *intake) keepAlive(ht *heldTask, now time.Time) {
 }
 
 // order sorts q for a pass: priority descending, then each task's fair
-// tag ascending (a tenant's k-th oldest held task of a priority is tagged
-// max(vtime, the tenant's last tag) + k/weight), then age. Called with mu
-// held.
+// start tag ascending (start-time fair queuing: a tenant's k-th oldest
+// held task of a priority starts at max(vtime, the tenant's last tag) +
+// (k-1)/weight and finishes 1/weight later), then its finish tag, then
+// age. Serving the smallest finish tag instead, while the virtual time
+// follows start tags, starved a backlogged low-weight tenant whenever a
+// pass sent one or two tasks: its start fell behind the virtual time and
+// was reset to it, losing its credit (3:1:1 gave 72/15/13; issue 20).
+// Called with mu held.
 func (h *holdRoom) order(q []*heldTask, rules *flowRules) {
 	slices.SortStableFunc(q, func(a, b *heldTask) int {
 		if c := cmp.Compare(b.a.task.Priority, a.a.task.Priority); c != 0 {
@@ -442,7 +474,7 @@ func (h *holdRoom) order(q []*heldTask, rules *flowRules) {
 		if c := cmp.Compare(b.a.task.Priority, a.a.task.Priority); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.tag, b.tag)
+		return cmp.Or(cmp.Compare(a.start, b.start), cmp.Compare(a.tag, b.tag), a.since.Compare(b.since))
 	})
 	if len(h.last) > 4096 { // tenants with no credit left are as new ones
 		for t, v := range h.last {

@@ -161,6 +161,10 @@ type attemptSpec struct {
 	// fullDeadline: decide without MLSCHED_QUEUE_TARGET (the hold asks
 	// whether a task whose hold time ran out is saturated at all).
 	fullDeadline bool
+	// noExpiry: decide as if the task had no deadline_ms of its own (the
+	// hold asks whether a task is saturated only because little of its
+	// own deadline is left).
+	noExpiry bool
 }
 
 // overLimit: held over its tenant's quota or cap, not for capacity (it
@@ -327,7 +331,7 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 		timeout = in.cfg.TaskTimeout
 	}
 	deadline := timeout + in.cfg.DeadlineSlack
-	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() {
+	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() && !a.noExpiry {
 		// A task that cannot start before its own deadline makes its
 		// candidates saturated: it is held, not sent to expire on a node.
 		deadline = max(0, min(deadline, time.Until(expiry)))

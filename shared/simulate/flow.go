@@ -34,8 +34,13 @@ import (
 //   - a pass of the hold (after each outcome, at most every 5 ms, and
 //     every 100 ms) takes the held tasks highest priority first and, inside
 //     a priority, in start-time fair order between tenants by weight (a
-//     tenant's k-th held task is tagged max(virtual time, its last tag) +
-//     k/weight); a type found saturated is not decided again in the pass;
+//     tenant's k-th held task starts at max(virtual time, its last finish
+//     tag) + (k-1)/weight and finishes 1/weight later; the smallest start
+//     goes first, then the smallest finish, then the oldest; the virtual
+//     time is the start of the last task sent on); a type found saturated
+//     is not decided again in the pass, unless only the task's own
+//     deadline makes it so (it would not be with the full deadline): that
+//     task stays held and the pass goes on;
 //   - in the pass a task past its deadline ends expired (sheddable: shed),
 //     one past its hold time (timeout plus slack) fails saturated
 //     (sheddable: shed) unless, with a queue target, a node could still
@@ -101,13 +106,13 @@ type flowControl struct {
 	maxPending int
 	pulled     [3]int
 	stream     [3][]*task
-	// noBlock: Options.OwnDeadlineNoBlock
-	noBlock bool
+	// ownBlocks: Options.OwnDeadlineBlocks
+	ownBlocks bool
 	// fullOK are the types a node could start within the full deadline, in
 	// this pass (one decision per type and pass, not per task).
 	fullOK []string
-	// byStart: Options.FairByStartTag
-	byStart bool
+	// byFinish: Options.FairByFinishTag
+	byFinish bool
 }
 
 // bandIndex is the priority's band consumer: 0 high, 1 normal, 2 low.
@@ -169,7 +174,7 @@ type tenantQueue struct {
 func newFlowControl(sc *Scenario, opt Options) *flowControl {
 	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: sc.QueueTarget.D(),
 		counts: map[string]*[priorityLevels]int{}, last: map[string]float64{}, nextPass: -1,
-		maxPending: sc.MaxAckPending, noBlock: opt.OwnDeadlineNoBlock, byStart: opt.FairByStartTag}
+		maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks, byFinish: opt.FairByFinishTag}
 	var sum float64
 	for _, fl := range f.flows {
 		sum += fl.Share
@@ -453,9 +458,10 @@ func (s *sim) passFlow(ctx context.Context) error {
 		f.n -= b.n
 		b.n = 0
 		for {
-			// the tenant whose next task has the smallest finish tag, as the
-			// dispatcher orders (ties: the older task); with byStart the
-			// smallest start tag (start-time fair queuing), then finish tag
+			// the tenant whose next task has the smallest start tag
+			// (start-time fair queuing), then finish tag, then the older
+			// task, as the dispatcher orders; with byFinish the smallest
+			// finish tag (the dispatcher before issue 20's fix)
 			best := -1
 			var bestKey, bestTag float64
 			for h := range heads {
@@ -464,9 +470,9 @@ func (s *sim) passFlow(ctx context.Context) error {
 					continue
 				}
 				tag := hd.base + float64(hd.i+1)/hd.w
-				key := tag
-				if f.byStart {
-					key = hd.base + float64(hd.i)/hd.w
+				key := hd.base + float64(hd.i)/hd.w
+				if f.byFinish {
+					key = tag
 				}
 				if best < 0 || key < bestKey || (key == bestKey && (tag < bestTag ||
 					(tag == bestTag && hd.items[hd.i].waitFrom < heads[best].items[heads[best].i].waitFrom))) {
@@ -557,10 +563,11 @@ func (s *sim) passTask(ctx context.Context, t *task, rate float64, ahead int, sa
 	req := s.flowRequest(t, false)
 	d, err := s.dec.peek(&req)
 	if err == nil && d.Saturated {
-		if f.noBlock && t.expiry > 0 {
+		if !f.ownBlocks && t.expiry > 0 {
 			// Saturated only by its own deadline (too little time left to
-			// finish anywhere)? Then it waits to expire without holding
-			// back the younger tasks of its type.
+			// finish anywhere)? Then it waits to go or expire without
+			// holding back the younger tasks of its type (hold.go's
+			// ownDeadlineOnly).
 			own := req
 			own.Deadline = s.flowRequest(&task{typ: t.typ, history: t.history}, false).Deadline
 			if d2, err2 := s.dec.peek(&own); err2 == nil && !d2.Saturated {

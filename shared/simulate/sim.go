@@ -56,21 +56,20 @@ type Options struct {
 	// RecoveryPoints is how close to the oracle, in percentage points of
 	// expected first-attempt success, counts as recovered (default 2).
 	RecoveryPoints float64
-	// OwnDeadlineNoBlock (flow control): a held task that is saturated
-	// only because too little of its own deadline is left does not make
-	// its type saturated for the rest of the hold's pass. The dispatcher
-	// does today (hold.go), so a task about to expire holds back the
-	// younger ones that could still finish; this is the proposed fix, to
-	// measure it (default off: as the dispatcher).
-	OwnDeadlineNoBlock bool
-	// FairByStartTag (flow control): inside a priority, the hold serves
-	// the smallest start tag first (start-time fair queuing). The
-	// dispatcher serves the smallest finish tag while its virtual time
-	// follows start tags (hold.go), so a backlogged low-weight tenant's
-	// start falls behind the virtual time and its credit is lost: at
-	// weights 3:1:1 the heavy tenant gets more than 60%. The proposed fix,
-	// to measure it (default off: as the dispatcher).
-	FairByStartTag bool
+	// OwnDeadlineBlocks (flow control): a held task that is saturated
+	// only because too little of its own deadline is left makes its type
+	// saturated for the rest of the hold's pass, as the dispatcher did
+	// before issue 20's fix, so a task about to expire holds back the
+	// younger ones that could still finish. To measure the old rule
+	// (default off: as the dispatcher now does, the pass goes on).
+	OwnDeadlineBlocks bool
+	// FairByFinishTag (flow control): inside a priority, the hold serves
+	// the smallest finish tag first while its virtual time follows start
+	// tags, as the dispatcher did before issue 20's fix: a backlogged
+	// low-weight tenant's start falls behind the virtual time and its
+	// credit is lost (3:1:1 gave 72/15/13). To measure the old order
+	// (default off: start-time fair queuing, as the dispatcher now does).
+	FairByFinishTag bool
 }
 
 func (o Options) withDefaults(sc *Scenario) Options {

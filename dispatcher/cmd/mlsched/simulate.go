@@ -42,8 +42,8 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	minSamples := fs.Int("min-samples", 0, "policy MinSamples: outcomes below which a model is explored (default: the policy default, 20)")
 	explore := fs.Float64("explore-share", 0, "policy ExploreShare: share of decisions given to under-sampled models (default: the policy default, 0.05)")
 	latWeight := fs.Float64("latency-weight", 0, "policy LatencyWeight of thompson (default 0)")
-	noBlock := fs.Bool("own-deadline-no-block", false, "flow control: a held task saturated only by its own deadline does not hold back its type in the hold's pass (a proposed fix of the dispatcher's hold; default: as the dispatcher does)")
-	byStart := fs.Bool("fair-by-start-tag", false, "flow control: inside a priority the hold serves the smallest start tag first, start-time fair queuing (a proposed fix of the dispatcher's hold, which serves the smallest finish tag; default: as the dispatcher does)")
+	ownBlocks := fs.Bool("own-deadline-blocks", false, "flow control: a held task saturated only by its own deadline holds back its type for the rest of the hold's pass (the dispatcher's rule before issue 20's fix, to measure it; default: as the dispatcher does now)")
+	byFinish := fs.Bool("fair-by-finish-tag", false, "flow control: inside a priority the hold serves the smallest finish tag first (the dispatcher's order before issue 20's fix, to measure it; default: the smallest start tag, as the dispatcher does now)")
 	window := fs.Duration("window", 0, "statistics window (default: the scenario's); -window 5m -bucket 10s is the dispatcher's default")
 	bucket := fs.Duration("bucket", 0, "bucket of the statistics window set by -window (default: a tenth of it)")
 	fs.Usage = func() {
@@ -133,7 +133,7 @@ Flags:
 		}
 		sc.Window = simulate.WindowSpec{Size: simulate.Duration(*window), Bucket: simulate.Duration(b)}
 	}
-	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Runs: *runs, Policies: policies, OwnDeadlineNoBlock: *noBlock, FairByStartTag: *byStart,
+	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Runs: *runs, Policies: policies, OwnDeadlineBlocks: *ownBlocks, FairByFinishTag: *byFinish,
 		Engine: policy.Config{MinSamples: *minSamples, ExploreShare: *explore, LatencyWeight: *latWeight}}
 	if _, err := policy.NewEngine(opt.Engine); err != nil {
 		return bad("%v", err)

@@ -345,8 +345,10 @@ func TestFlowOverloadMix(t *testing.T) {
 
 	mix := []int{5, 0, 0, 0, 0, 0, -5, -5, -5, 5} // 20% 5, 50% 0, 30% -5
 	load := uptimeLoad()
+	began := time.Now()
 	tasks := offer("mix", 640, time.Duration(seconds)*time.Second, mix)
 	res := collect(tasks)
+	elapsed := time.Since(began) // the offer and its drain
 
 	lat5, ok5, n5 := latencies(tasks, res, 5)
 	within5 := 0
@@ -412,6 +414,12 @@ func TestFlowOverloadMix(t *testing.T) {
 	t.Logf("2x overload %ds, %d tasks: priority 5 %d/%d succeeded (%.2f%%, target ≥ 99%%), p99 %.0f ms = %.2fx solo (target ≤ 2x), within deadline %.2f%% (target ≥ 99%%); succeeded by priority %v; shed or expired %d, %.1f%% sheddable (target ≥ 95%%); started after deadline %d; inversions %d",
 		seconds, len(tasks), ok5, n5, 100*float64(ok5)/float64(max(1, n5)), pct(lat5, 0.99), pct(lat5, 0.99)/max(1, pct(soloLat, 0.99)),
 		100*float64(within5)/float64(max(1, n5)), byPrio, shedOrExpired, share, startedLate, inversions)
+	succeeded := 0
+	for _, c := range byPrio {
+		succeeded += c[0]
+	}
+	t.Logf("throughput: %d successes in %.1f s from the first submission to the last result (%.0f/s; capacity about 320/s); load average at the end %s",
+		succeeded, elapsed.Seconds(), float64(succeeded)/elapsed.Seconds(), uptimeLoad())
 }
 
 func uptimeLoad() string {

@@ -145,7 +145,7 @@ func TestHeldTasksGoHighestPriorityFirst(t *testing.T) {
 // does not hold back its type: a younger task of the same priority that a
 // node can still start in time goes at the next pass, while the older one
 // waits to expire (issue 20: it blocked its type until then).
-func TestOwnDeadlineDoesNotBlockType(t *testing.T) {
+func TestHoldOwnDeadlineDoesNotBlockType(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	// 4000 queued on 8 slots at the engine's prior 100 ms a task: about

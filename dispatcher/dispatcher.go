@@ -432,7 +432,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		counters: &d.counters, metrics: d.metrics, rollouts: rolls, flow: flow})
 	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
 		counters: &d.counters, metrics: d.metrics}
-	backlog := &backlogSampler{js: js, reg: reg, log: d.log}
+	backlog := &backlogSampler{js: js, reg: reg, log: d.log, prune: prune}
 	streams := &streamSampler{js: js, log: d.log}
 	// One task consumer per priority band, band 0 first: it narrows the
 	// unfiltered consumer of an earlier version, which the others' filters

@@ -135,6 +135,12 @@ type backlogSampler struct {
 	reg  *registry.Registry // the types live nodes serve are reported at 0 too
 	log  zerolog.Logger
 	last atomic.Pointer[map[string]int64]
+	// prune, when set, removes finished tasks just before each sample: a
+	// limits-retention task stream keeps them until pruned, and the
+	// backlog is what is not finished (taskprune.go). What it cannot
+	// remove yet, a task finished above a floor an older running task
+	// holds, still counts until that task ends.
+	prune *taskPruner
 }
 
 func (b *backlogSampler) run(ctx context.Context) {
@@ -153,6 +159,11 @@ func (b *backlogSampler) run(ctx context.Context) {
 }
 
 func (b *backlogSampler) sample(ctx context.Context) (map[string]int64, error) {
+	if b.prune != nil {
+		if err := b.prune.prune(ctx); err != nil {
+			b.log.Debug().Err(err).Msg("removing finished tasks before the backlog sample failed")
+		}
+	}
 	st, err := b.js.Stream(ctx, topology.StreamTasks)
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)

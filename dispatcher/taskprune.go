@@ -52,6 +52,8 @@ type taskPruner struct {
 	every    time.Duration
 	straggle time.Duration
 
+	passMu sync.Mutex // one pass at a time: the loop's and the backlog sampler's
+
 	mu     sync.Mutex
 	active bool
 	acked  []ackedTask       // acked here, above their consumer's floor when last looked
@@ -118,6 +120,8 @@ func (p *taskPruner) run(ctx context.Context) {
 // prune runs one pass: purges below each band's ack floor, then deletes
 // the stragglers.
 func (p *taskPruner) prune(ctx context.Context) error {
+	p.passMu.Lock()
+	defer p.passMu.Unlock()
 	s, err := p.js.Stream(ctx, topology.StreamTasks)
 	if err != nil {
 		return err

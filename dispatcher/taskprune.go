@@ -103,18 +103,11 @@ func (p *taskPruner) noteAcked(msg jsplumb.Msg) {
 // run prunes every p.every until ctx ends, once it finds the task stream
 // under limits retention.
 func (p *taskPruner) run(ctx context.Context) {
-	t := time.NewTicker(p.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := p.prune(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn().Err(err).Msg("removing finished tasks failed; retried at the next pass")
-			}
+	every(ctx, p.every, func(ctx context.Context) {
+		if err := p.prune(ctx); err != nil && ctx.Err() == nil {
+			p.log.Warn().Err(err).Msg("removing finished tasks failed; retried at the next pass")
 		}
-	}
+	})
 }
 
 // prune runs one pass: purges below each band's ack floor, then deletes

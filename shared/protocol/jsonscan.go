@@ -368,10 +368,16 @@ func (r *jsonReader) int64Field(name string, dst *int64) error {
 }
 
 // stringsField decodes an array of strings as encoding/json decodes into
-// a []string: null sets it to nil; an array decodes its i-th element into
-// the i-th entry already there (so a null element keeps it) or a new one,
-// and the slice ends at the array's length (empty, not nil, for []).
+// a []string (arrayInto's rules; a null element keeps its entry).
 func (r *jsonReader) stringsField(name string, dst *[]string) error {
+	return arrayInto(r, name, dst, func(e *string) error { return r.stringField(name, e) })
+}
+
+// arrayInto decodes the array at pos into *dst as encoding/json decodes
+// into a slice: null sets it to nil; an array decodes its i-th element
+// (through elem) into the i-th entry already there (not zeroed) or a new
+// one, and the slice ends at the array's length (empty, not nil, for []).
+func arrayInto[T any](r *jsonReader, name string, dst *[]T, elem func(*T) error) error {
 	switch r.peek() {
 	case 'n':
 		if err := r.literal("null"); err != nil {
@@ -389,7 +395,7 @@ func (r *jsonReader) stringsField(name string, dst *[]string) error {
 	r.ws()
 	if r.peek() == ']' {
 		r.pos++
-		*dst = []string{}
+		*dst = []T{}
 		return nil
 	}
 	for {
@@ -398,9 +404,10 @@ func (r *jsonReader) stringsField(name string, dst *[]string) error {
 		case n < cap(s):
 			s = s[:n+1]
 		default:
-			s = append(s, "")
+			var zero T
+			s = append(s, zero)
 		}
-		if err := r.stringField(name, &s[n]); err != nil {
+		if err := elem(&s[n]); err != nil {
 			return err
 		}
 		n++
@@ -787,58 +794,9 @@ func DecodeResult(data []byte) (Result, error) {
 }
 
 // history decodes a result's "history" as encoding/json decodes into a
-// []Attempt: null sets it to nil, an array decodes its i-th element into
-// the i-th entry already there (not zeroed) or a new one, and the slice
-// ends at the array's length (empty, not nil, for []).
+// []Attempt (arrayInto's rules).
 func (r *jsonReader) history(dst *[]Attempt) error {
-	switch r.peek() {
-	case 'n':
-		if err := r.literal("null"); err != nil {
-			return err
-		}
-		*dst = nil
-		return nil
-	case '[':
-	default:
-		return r.typeError("history", "an array")
-	}
-	h := *dst
-	n := 0
-	r.pos++
-	r.ws()
-	if r.peek() == ']' {
-		r.pos++
-	} else {
-		for {
-			switch { // as reflect grows it: a slot past len within cap keeps its old entry
-			case n < len(h):
-			case n < cap(h):
-				h = h[:n+1]
-			default:
-				h = append(h, Attempt{})
-			}
-			if err := r.attempt(&h[n]); err != nil {
-				return err
-			}
-			n++
-			r.ws()
-			if r.peek() == ',' {
-				r.pos++
-				r.ws()
-				continue
-			}
-			if r.peek() != ']' {
-				return r.unexpected()
-			}
-			r.pos++
-			break
-		}
-	}
-	if n == 0 {
-		h = []Attempt{}
-	}
-	*dst = h[:n]
-	return nil
+	return arrayInto(r, "history", dst, r.attempt)
 }
 
 // attempt decodes one history entry into a (null leaves it).

@@ -36,6 +36,7 @@ type env struct {
 
 	mu        sync.Mutex
 	published map[string]int // result messages seen per task id
+	seenSeq   uint64         // the last results-stream sequence counted
 }
 
 func testConfig(url string) dispatcher.Config {
@@ -76,6 +77,9 @@ func newEnv(t *testing.T, mutate ...func(*dispatcher.Config)) *env {
 	cc, err := oc.Consume(func(m jetstream.Msg) {
 		e.mu.Lock()
 		e.published[strings.TrimPrefix(m.Subject(), "mlsched.results.")]++
+		if md, err := m.Metadata(); err == nil {
+			e.seenSeq = md.Sequence.Stream
+		}
 		e.mu.Unlock()
 	})
 	if err != nil {
@@ -162,7 +166,25 @@ func (e *env) result(id string) protocol.Result {
 
 // resultCount counts every result message published for id since the env
 // started (the stream keeps only the last per subject, so count on the wire).
+// The count is read only once the counting consumer has caught up with all
+// the stream has stored by now: a result stored just before the call is
+// counted, not still on its way to the consumer.
 func (e *env) resultCount(id string) int {
+	e.t.Helper()
+	s, err := e.ns.JS.Stream(e.ctx, topology.StreamResults)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	last := info.State.LastSeq
+	e.waitFor("the result counter to catch up", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.seenSeq >= last
+	})
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.published[id]

@@ -49,10 +49,7 @@ func TestFlowControlLive(t *testing.T) {
 	backlog := envInt(t, "MLSCHED_FLOW_BACKLOG", 3000)
 	urgent := envInt(t, "MLSCHED_FLOW_URGENT", 20)
 	quotaSeconds := envInt(t, "MLSCHED_FLOW_QUOTA_SECONDS", 4)
-	queueTarget := "150ms" // MLSCHED_FLOW_QUEUE_TARGET=0s: without it, for comparison
-	if v, ok := os.LookupEnv("MLSCHED_FLOW_QUEUE_TARGET"); ok {
-		queueTarget = v
-	}
+	queueTarget := flowQueueTarget()
 	c := harness.New(t)
 	c.StartNATS()
 	c.StartRedis()
@@ -258,6 +255,16 @@ func maxWindow(ts []time.Time, w time.Duration) (time.Duration, float64) {
 // exactly one result per task, that no task started after its deadline,
 // and 0 inversions; it reports the figures. make test offers it
 // for 5 s; MLSCHED_FLOW_OVERLOAD_SECONDS=60 is the run.
+// flowQueueTarget is the dispatchers' MLSCHED_QUEUE_TARGET in the flow
+// tests: 150ms, or MLSCHED_FLOW_QUEUE_TARGET (0s: without it, for
+// comparison).
+func flowQueueTarget() string {
+	if v, ok := os.LookupEnv("MLSCHED_FLOW_QUEUE_TARGET"); ok {
+		return v
+	}
+	return "150ms"
+}
+
 func TestFlowOverloadMix(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
 	seconds := envInt(t, "MLSCHED_FLOW_OVERLOAD_SECONDS", 5)
@@ -271,7 +278,7 @@ func TestFlowOverloadMix(t *testing.T) {
 	var ds []*harness.Dispatcher
 	for range 2 {
 		ds = append(ds, c.StartDispatcher(harness.DispatcherOptions{Env: map[string]string{
-			"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": "150ms"}}))
+			"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()}}))
 	}
 	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1})
 	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2})
@@ -410,7 +417,7 @@ func TestFlowOverloadMix(t *testing.T) {
 	if shedOrExpired > 0 {
 		share = 100 * float64(sheddable) / float64(shedOrExpired)
 	}
-	t.Logf("load average at start %s; solo priority 5 at 128/s: p99 %.0f ms over %d", load, pct(soloLat, 0.99), len(soloLat))
+	t.Logf("MLSCHED_QUEUE_TARGET=%s; load average at start %s; solo priority 5 at 128/s: p99 %.0f ms over %d", flowQueueTarget(), load, pct(soloLat, 0.99), len(soloLat))
 	t.Logf("2x overload %ds, %d tasks: priority 5 %d/%d succeeded (%.2f%%, target ≥ 99%%), p99 %.0f ms = %.2fx solo (target ≤ 2x), within deadline %.2f%% (target ≥ 99%%); succeeded by priority %v; shed or expired %d, %.1f%% sheddable (target ≥ 95%%); started after deadline %d; inversions %d",
 		seconds, len(tasks), ok5, n5, 100*float64(ok5)/float64(max(1, n5)), pct(lat5, 0.99), pct(lat5, 0.99)/max(1, pct(soloLat, 0.99)),
 		100*float64(within5)/float64(max(1, n5)), byPrio, shedOrExpired, share, startedLate, inversions)

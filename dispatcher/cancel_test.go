@@ -121,13 +121,5 @@ func TestCancelUnknownFinishedAndInvalid(t *testing.T) {
 
 // waiting counts the messages in the task stream.
 func (e *env) waiting() uint64 {
-	s, err := e.ns.JS.Stream(e.ctx, topology.StreamTasks)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(e.ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return info.State.Msgs
+	return e.streamState(topology.StreamTasks).Msgs
 }

@@ -164,14 +164,10 @@ func (e *env) result(id string) protocol.Result {
 	return res
 }
 
-// resultCount counts every result message published for id since the env
-// started (the stream keeps only the last per subject, so count on the wire).
-// The count is read only once the counting consumer has caught up with all
-// the stream has stored by now: a result stored just before the call is
-// counted, not still on its way to the consumer.
-func (e *env) resultCount(id string) int {
+// streamState reads a stream's current state.
+func (e *env) streamState(name string) jetstream.StreamState {
 	e.t.Helper()
-	s, err := e.ns.JS.Stream(e.ctx, topology.StreamResults)
+	s, err := e.ns.JS.Stream(e.ctx, name)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -179,7 +175,17 @@ func (e *env) resultCount(id string) int {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	last := info.State.LastSeq
+	return info.State
+}
+
+// resultCount counts every result message published for id since the env
+// started (the stream keeps only the last per subject, so count on the wire).
+// The count is read only once the counting consumer has caught up with all
+// the stream has stored by now: a result stored just before the call is
+// counted, not still on its way to the consumer.
+func (e *env) resultCount(id string) int {
+	e.t.Helper()
+	last := e.streamState(topology.StreamResults).LastSeq
 	e.waitFor("the result counter to catch up", func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()

@@ -183,6 +183,13 @@ func (in *intake) retryUnserved() {
 			in.complete.Settle(w.msg, nil)
 			continue
 		}
+		if expiry := in.flow.expiry(&a.task, a.submitted); !expiry.IsZero() && !now.Before(expiry) {
+			// Its own deadline_ms came first: it ends expired, as in the
+			// hold, not after the whole no-node wait.
+			r.leave()
+			in.expire(a, w.msg, expiry, "while it waited for a node that serves its type")
+			continue
+		}
 		if waited := now.Sub(a.submitted); waited >= in.cfg.NoNodeWait {
 			r.leave()
 			in.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), in.cfg.NoNodeWait))

@@ -151,3 +151,29 @@ func TestUnservedFloodProbe(t *testing.T) {
 	}
 	t.Logf("PROBE junk=%d: the good task behind them took %s", junk, time.Since(start).Round(time.Millisecond))
 }
+
+// A task with its own deadline_ms that waits for a node ends expired at its
+// deadline, not after MLSCHED_NO_NODE_WAIT: the waiting room keeps the flow
+// control's promise that a task past its deadline is never started (and
+// its producer hears so in time). The dashboard's browser test found it: a
+// sheddable task with deadline_ms 1 ended expired when the dispatcher saw
+// it late, and waited the whole no-node wait when it saw it within 1 ms.
+func TestUnservedTaskExpiresAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *dispatcher.Config) { c.NoNodeWait = 10 * time.Minute })
+	e.submit(protocol.Task{ID: "soon1", Type: "nobody", DeadlineMs: 1500})
+	e.submit(protocol.Task{ID: "soon2", Type: "nobody", Priority: -3, DeadlineMs: 1500})
+	for _, id := range []string{"soon1", "soon2"} {
+		res := e.result(id)
+		if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeExpired ||
+			!strings.Contains(res.Error, "waited for a node") {
+			t.Fatalf("%s: %+v, want failed, expired, while it waited for a node", id, res)
+		}
+		if c := e.resultCount(id); c != 1 {
+			t.Fatalf("%s: %d results", id, c)
+		}
+	}
+	if r := e.d.Report(); r.Unserved != 0 {
+		t.Fatalf("%d tasks still wait for a node", r.Unserved)
+	}
+}

@@ -247,14 +247,6 @@ func maxWindow(ts []time.Time, w time.Duration) (time.Duration, float64) {
 	return w.Round(time.Millisecond), float64(most) / w.Seconds()
 }
 
-// TestFlowOverloadMix is the 2x overload on real processes: 2
-// dispatcher replicas on Redis, 2 workers of 8 slots with one 50 ms model
-// (about 320 tasks/s), offered 640 tasks/s, 20% priority 5, 50% priority
-// 0, 30% priority -5, each with deadline_ms 5000. It first measures the
-// priority-5 flow alone at its rate (128/s) as the baseline. It asserts
-// exactly one result per task, that no task started after its deadline,
-// and 0 inversions; it reports the figures. make test offers it
-// for 5 s; MLSCHED_FLOW_OVERLOAD_SECONDS=60 is the run.
 // flowQueueTarget is the dispatchers' MLSCHED_QUEUE_TARGET in the flow
 // tests: 150ms, or MLSCHED_FLOW_QUEUE_TARGET (0s: without it, for
 // comparison).
@@ -265,6 +257,14 @@ func flowQueueTarget() string {
 	return "150ms"
 }
 
+// TestFlowOverloadMix is the 2x overload on real processes: 2
+// dispatcher replicas on Redis, 2 workers of 8 slots with one 50 ms model
+// (about 320 tasks/s), offered 640 tasks/s, 20% priority 5, 50% priority
+// 0, 30% priority -5, each with deadline_ms 5000. It first measures the
+// priority-5 flow alone at its rate (128/s) as the baseline. It asserts
+// exactly one result per task, that no task started after its deadline,
+// and 0 inversions; it reports the figures. make test offers it
+// for 5 s; MLSCHED_FLOW_OVERLOAD_SECONDS=60 is the run.
 func TestFlowOverloadMix(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
 	seconds := envInt(t, "MLSCHED_FLOW_OVERLOAD_SECONDS", 5)

@@ -25,6 +25,16 @@ import (
 // message saying why, so no type can keep another from waiting its turn.
 // Nothing is dropped: every task gets its result. On shutdown the tasks are
 // nak'ed for another replica.
+//
+// The bound is there so that one type cannot stall the others, and while no
+// node at all is live there is nothing to stall: that is an outage (every
+// heartbeat missed at once: a partition, a paused or restarted NATS, a
+// registry watch being re-created), not a type nobody serves. So while the
+// registry is empty the room takes every such task, bounded only by the
+// consumer's MaxAckPending, and valid tasks wait out the outage instead of
+// being rejected as no_model. Once nodes have been live again for the node
+// TTL (time for every node to announce itself), a room still over its bound
+// is cut back to it by the same rule: the type keeping the most gives way.
 
 // unservedRetry is how often waiting tasks are decided again.
 const unservedRetry = 250 * time.Millisecond
@@ -43,6 +53,7 @@ type unservedRoom struct {
 	q       []*unservedTask
 	inPass  int // tasks taken out of q by retryUnserved, still counted
 	stopped bool
+	outage  time.Time // last time a task found no live node at all
 }
 
 func (r *unservedRoom) len() int {
@@ -70,7 +81,11 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 		in.complete.Retry(msg, time.Second)
 		return nil
 	}
-	if len(r.q)+r.inPass < in.cfg.unservedMax() {
+	outage := len(in.reg.Live()) == 0
+	if outage {
+		r.outage = time.Now()
+	}
+	if outage || len(r.q)+r.inPass < in.cfg.unservedMax() {
 		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 		r.mu.Unlock()
 		return nil
@@ -218,5 +233,46 @@ func (in *intake) retryUnserved() {
 	}
 	r.mu.Lock()
 	r.q, r.inPass = append(keep, r.q...), 0 // tasks that came meanwhile are newer
+	var over []*unservedTask
+	var why []error
+	if len(r.q) > in.cfg.unservedMax() {
+		if len(in.reg.Live()) == 0 {
+			r.outage = now
+		} else if now.Sub(r.outage) >= in.cfg.NodeTTL {
+			over, why = r.trimLocked(in.cfg.unservedMax(), in)
+		}
+	}
 	r.mu.Unlock()
+	for i, w := range over {
+		in.counters.UnservedRefused.Add(1)
+		in.rejectUnserved(w, why[i])
+	}
+}
+
+// trimLocked cuts the room back to max after an outage let it grow: the
+// type keeping the most gives way, newest first. It returns the tasks cut
+// and the error each is rejected with.
+func (r *unservedRoom) trimLocked(max int, in *intake) (cut []*unservedTask, errs []error) {
+	counts := map[string]int{}
+	for _, w := range r.q {
+		counts[w.a.task.Type]++
+	}
+	for len(r.q) > max {
+		top := ""
+		for _, w := range r.q {
+			if t := w.a.task.Type; top == "" || counts[t] > counts[top] {
+				top = t
+			}
+		}
+		for i := len(r.q) - 1; i >= 0; i-- {
+			if w := r.q[i]; w.a.task.Type == top {
+				errs = append(errs, in.unservedFull(w.err, top, counts[top]))
+				cut = append(cut, w)
+				r.q = append(r.q[:i], r.q[i+1:]...)
+				counts[top]--
+				break
+			}
+		}
+	}
+	return cut, errs
 }

@@ -94,6 +94,56 @@ func TestUnservedFloodDoesNotStallIntake(t *testing.T) {
 	}
 }
 
+// The chaos-cluster failure (seed 2408314162), as a regression test: while
+// no node at all is live (a partition, then a pause: every heartbeat missed
+// at once), valid tasks beyond MLSCHED_UNSERVED_MAX were rejected as
+// no_model. An empty registry is an outage, not a type nobody serves, so the
+// room takes them all; they run once a node is back. After the node TTL,
+// what no live node serves is cut back to the bound by the usual rule.
+func TestUnservedRoomWaitsOutAnOutage(t *testing.T) {
+	t.Parallel()
+	const room, valid, junk = 2, 6, 4
+	e := newEnv(t, func(c *dispatcher.Config) {
+		c.MaxInFlight = 8 // MaxAckPending 16: room for all of them
+		c.UnservedMax = room
+		c.NoNodeWait = 10 * time.Minute
+		c.NodeTTL = 3 * time.Second
+	})
+	for i := 0; i < valid; i++ {
+		e.submit(protocol.Task{ID: fmt.Sprintf("ok%d", i), Type: "t"})
+	}
+	for i := 0; i < junk; i++ {
+		e.submit(protocol.Task{ID: fmt.Sprintf("junk%d", i), Type: "nobody"})
+	}
+	e.waitFor("every task waiting for a node", func() bool { return e.d.Report().Unserved == valid+junk })
+	if n := e.d.Report().Counters["unserved_refused"]; n != 0 {
+		t.Fatalf("%d tasks refused while no node was live, want 0", n)
+	}
+	e.startNode("back", []string{"t"}, map[string]behavior{"m": succeed})
+	for i := 0; i < valid; i++ {
+		if res := e.result(fmt.Sprintf("ok%d", i)); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("ok%d: %+v, want succeeded once a node is back", i, res)
+		}
+	}
+	// Nodes are live again: after the node TTL the junk beyond the bound
+	// gives way, with a clear result; the rest keeps waiting.
+	e.waitFor("the room cut back to its bound", func() bool { return e.d.Report().Unserved == room })
+	var rejected int
+	for i := 0; i < junk; i++ {
+		res, ok := e.lastResult(fmt.Sprintf("junk%d", i))
+		if !ok {
+			continue
+		}
+		if res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeNoModel || !strings.Contains(res.Error, "MLSCHED_UNSERVED_MAX") {
+			t.Fatalf("junk result %+v, want rejected, no_model, naming MLSCHED_UNSERVED_MAX", res)
+		}
+		rejected++
+	}
+	if rejected != junk-room {
+		t.Fatalf("%d junk tasks rejected, want %d", rejected, junk-room)
+	}
+}
+
 // lastResult is the task's stored result, if it has one.
 func (e *env) lastResult(id string) (protocol.Result, bool) {
 	s, err := e.ns.JS.Stream(e.ctx, topology.StreamResults)

@@ -128,19 +128,22 @@ func TestUnservedRoomWaitsOutAnOutage(t *testing.T) {
 	// Nodes are live again: after the node TTL the junk beyond the bound
 	// gives way, with a clear result; the rest keeps waiting.
 	e.waitFor("the room cut back to its bound", func() bool { return e.d.Report().Unserved == room })
-	var rejected int
-	for i := 0; i < junk; i++ {
-		res, ok := e.lastResult(fmt.Sprintf("junk%d", i))
-		if !ok {
-			continue
+	rejected := func() (n int) {
+		for i := 0; i < junk; i++ {
+			res, ok := e.lastResult(fmt.Sprintf("junk%d", i))
+			if !ok {
+				continue
+			}
+			if res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeNoModel || !strings.Contains(res.Error, "MLSCHED_UNSERVED_MAX") {
+				t.Fatalf("junk result %+v, want rejected, no_model, naming MLSCHED_UNSERVED_MAX", res)
+			}
+			n++
 		}
-		if res.Status != protocol.StatusRejected || res.ErrorCode != protocol.CodeNoModel || !strings.Contains(res.Error, "MLSCHED_UNSERVED_MAX") {
-			t.Fatalf("junk result %+v, want rejected, no_model, naming MLSCHED_UNSERVED_MAX", res)
-		}
-		rejected++
+		return n
 	}
-	if rejected != junk-room {
-		t.Fatalf("%d junk tasks rejected, want %d", rejected, junk-room)
+	e.waitFor("the cut junk's results", func() bool { return rejected() == junk-room })
+	if r := e.d.Report(); r.Unserved != room || r.Counters["unserved_refused"] != junk-room {
+		t.Fatalf("%d waiting and %d refused, want %d and %d", r.Unserved, r.Counters["unserved_refused"], room, junk-room)
 	}
 }
 

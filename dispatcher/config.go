@@ -106,8 +106,9 @@ type Config struct {
 	RetryBackoff    time.Duration `envconfig:"RETRY_BACKOFF" default:"100ms" desc:"delay before the first retry, doubled per attempt"`
 	RetryBackoffMax time.Duration `envconfig:"RETRY_BACKOFF_MAX" default:"5s" desc:"cap of the retry delay"`
 	// NoNodeWait is how long a task whose type no live node serves waits
-	// for one before it is rejected (default 30s).
-	NoNodeWait time.Duration `envconfig:"NO_NODE_WAIT" default:"30s" desc:"how long a task no live node serves waits before it is rejected"`
+	// for one before it is rejected (default 30s), counted from when its
+	// attempt first found none: a retry after a lost attempt gets it whole.
+	NoNodeWait time.Duration `envconfig:"NO_NODE_WAIT" default:"30s" desc:"how long a task no live node serves waits for one, from when its attempt first found none, before it is rejected"`
 	// UnservedMax bounds the tasks no live node serves that a replica keeps
 	// waiting (up to NoNodeWait) at once: each holds one of the consumer's
 	// MaxAckPending slots, which all types share. Beyond it, the type

@@ -232,6 +232,8 @@ type node struct {
 	id      string
 	models  map[string]behavior
 	silent  atomic.Bool  // consume but never answer (a hung node)
+	gone    atomic.Bool  // heartbeats stopped (leave)
+	leave   func()       // stop heartbeating and delete the node's entry
 	queued  atomic.Int64 // the queue its heartbeat announces
 	beat    func()       // announce now
 	mu      sync.Mutex
@@ -256,6 +258,9 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	beat := func() {
 		beatMu.Lock()
 		defer beatMu.Unlock()
+		if n.gone.Load() {
+			return
+		}
 		hb.SentAt = time.Now()
 		hb.Queued = int(n.queued.Load())
 		data, _ := json.Marshal(hb)
@@ -263,6 +268,14 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	}
 	beat()
 	n.beat = beat
+	n.leave = func() {
+		beatMu.Lock()
+		defer beatMu.Unlock()
+		n.gone.Store(true)
+		if err := kv.Delete(e.ctx, id); err != nil {
+			e.t.Errorf("node %s leaving: %v", id, err)
+		}
+	}
 	go func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()

@@ -148,6 +148,12 @@ type attemptSpec struct {
 	// heldSince is when the task was first held for want of capacity
 	// (hold.go); zero if it was not.
 	heldSince time.Time
+	// noNodeSince is when this attempt first found no live node that
+	// serves it (unserved.go); MLSCHED_NO_NODE_WAIT counts from there, not
+	// from the submission, so that a retry after a lost attempt, or a task
+	// that waited in a backlog, still gets the whole wait. Zero if it has
+	// not.
+	noNodeSince time.Time
 	// taskAck is the task message's ack subject (Dispatch.TaskAck), ""
 	// for a task dispatched by an older dispatcher.
 	taskAck string
@@ -209,7 +215,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			// reject; at once when the only candidates are unready models.
 			if why := unreadyOnly(in.reg.Live(), t.Type, t.Models); why != "" {
 				err = protocol.Errorf(code, "%s: %s", err.(*protocol.Error).Msg, why)
-			} else if time.Since(a.submitted) >= in.cfg.NoNodeWait {
+			} else if !a.noNodeSince.IsZero() && time.Since(a.noNodeSince) >= in.cfg.NoNodeWait {
 				err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, in.cfg.NoNodeWait)
 			} else if err = in.waitForNode(a, msg, err); err == nil {
 				return // bounded, so that no type stalls the others (unserved.go)

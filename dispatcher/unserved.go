@@ -71,7 +71,7 @@ func (r *unservedRoom) leave() {
 
 // waitForNode keeps a task that no live node serves (err has code
 // no_model or unknown_model) until one does or MLSCHED_NO_NODE_WAIT has
-// passed since its submission. It returns nil when the task waits (or was
+// passed since this attempt first found no node (a.noNodeSince). It returns nil when the task waits (or was
 // given back to the stream), or the error to reject it with now.
 func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	r := in.unserved
@@ -80,6 +80,9 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 		r.mu.Unlock()
 		in.complete.Retry(msg, time.Second)
 		return nil
+	}
+	if a.noNodeSince.IsZero() {
+		a.noNodeSince = time.Now()
 	}
 	outage := len(in.reg.Live()) == 0
 	if outage {
@@ -205,7 +208,7 @@ func (in *intake) retryUnserved() {
 			in.expire(a, w.msg, expiry, "while it waited for a node that serves its type")
 			continue
 		}
-		if waited := now.Sub(a.submitted); waited >= in.cfg.NoNodeWait {
+		if now.Sub(a.noNodeSince) >= in.cfg.NoNodeWait {
 			r.leave()
 			in.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), in.cfg.NoNodeWait))
 			continue

@@ -147,6 +147,28 @@ func TestUnservedRoomWaitsOutAnOutage(t *testing.T) {
 	}
 }
 
+// The chaos-cluster failure of the next run (same seed): an attempt was
+// lost, and when its retry found no live node the task was more than
+// MLSCHED_NO_NODE_WAIT past its submission, so it failed at once as
+// no_model. The wait now counts from when the attempt first found no node.
+func TestRetryWaitsTheWholeNoNodeWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *dispatcher.Config) { c.NoNodeWait = time.Second })
+	hung := e.startNode("hung", []string{"y"}, map[string]behavior{"h": succeed})
+	hung.silent.Store(true)
+	e.submit(protocol.Task{ID: "r1", Type: "y", TimeoutMs: 1500}) // lost after 2 s: past the wait
+	e.waitFor("dispatch to the hung node", func() bool { return len(hung.attempts()) == 1 })
+	hung.leave()
+	e.waitFor("the lost attempt's retry waiting for a node", func() bool {
+		return e.d.Counters().Lost.Load() == 1 && e.d.Report().Unserved == 1
+	})
+	e.startNode("ok", []string{"y"}, map[string]behavior{"g": succeed})
+	res := e.result("r1")
+	if res.Status != protocol.StatusSucceeded || res.Model != "g" || res.Attempts != 2 {
+		t.Fatalf("result = %+v, want succeeded on g in 2 attempts", res)
+	}
+}
+
 // lastResult is the task's stored result, if it has one.
 func (e *env) lastResult(id string) (protocol.Result, bool) {
 	s, err := e.ns.JS.Stream(e.ctx, topology.StreamResults)

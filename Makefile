@@ -205,6 +205,13 @@ soak: build redis-server ## sustained load: SOAK_RATE (0: highest sustained) for
 	cd e2e && $(GO) build -o ../$(BIN)/mlsched-soak ./cmd/mlsched-soak
 	$(BIN)/mlsched-soak -bin $(BIN) -rate $(SOAK_RATE) -duration $(SOAK_DURATION) -json .soak/soak.json -heap .soak/nats-heap.pb.gz $(SOAK_FLAGS) | tee .soak/soak.txt
 
+# What nats-server alone stores per second with sync_interval: always into
+# 1, 2, 4 and 8 streams at once (issue 24; figures in docs/benchmarks.md).
+.PHONY: fsyncprobe
+fsyncprobe: build ## nats-server alone, sync_interval always: msgs/s into 1, 2, 4, 8 streams (how far the disk bounds durable mode)
+	cd e2e && $(GO) build -o ../$(BIN)/mlsched-fsyncprobe ./cmd/mlsched-fsyncprobe
+	$(BIN)/mlsched-fsyncprobe -nats-server $(BIN)/nats-server -rounds 3
+
 # The full chaos run (e2e/chaos_test.go): 20000 tasks while worker and
 # dispatcher processes are kill -9'ed and nats-server and redis-server are
 # restarted. MLSCHED_CHAOS_SEED replays a run; figures in docs/chaos.md.

@@ -55,7 +55,8 @@
 //  2. shared/jsplumb/consumer.go: the task consumer hands it to intake;
 //  3. dispatcher/intake.go: handleTask, then dispatch;
 //  4. shared/protocol/task.go: DecodeTask validates it, in one pass on
-//  5. shared/protocol/jsonscan.go: the one hand-written JSON reader (task, outcome, result);
+//  5. shared/protocol/codec.go: the one decoder of task, outcome and result
+//     (segmentio/encoding, held to encoding/json's rules);
 //  6. shared/policy/engine.go: Decide picks model and node,
 //  7. shared/policy/table.go: on the decision table;
 //  8. dispatcher/trust.go: the dispatch is sealed;
@@ -65,18 +66,18 @@
 //  11. shared/jsplumb/completer.go: which hands the task, unacknowledged,
 //  12. dispatcher/taskack.go: to the task keeper until its result;
 //  13. worker/task.go: the node's consumer (2 again) hands the dispatch to
-//     onMessage, process and run (jsonscan.go's DecodeTaskHead), and
+//     onMessage, process and run (codec.go's DecodeTaskHead), and
 //     report encodes the outcome;
 //  14. worker/outcomes.go: the outcome goes as a direct report
 //     (publisher.go's Request);
-//  15. dispatcher/reports.go: handleReport (jsonscan.go's DecodeOutcome);
+//  15. dispatcher/reports.go: handleReport (codec.go's DecodeOutcome);
 //  16. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
 //  17. shared/settle/settle.go: Settle says finish;
 //  18. dispatcher/results.go: finish publishes the result; its
 //     acknowledgement (completer.go again) acks the task (taskack.go) and
 //     answers the report, acking the dispatch for the worker,
 //  19. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
-//     reads; client.Wait (client.go again) reads the result (jsonscan.go's
+//     reads; client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //
 // The shortest program that runs the system, a dispatcher and a worker in

@@ -57,9 +57,9 @@ func checkDecode(t *testing.T, data []byte, lim protocol.Limits) {
 		maxID = protocol.DefaultLimits.MaxIDLen
 	}
 	task, err := protocol.DecodeTask(data, lim)
-	// The single pass (decodeTaskFast, on jsonscan.go's reader) must agree
-	// with encoding/json, in the task and in the error, and accept only
-	// valid JSON.
+	// The fast decoder (decodeTaskFast, codec.go) must agree with
+	// encoding/json, in the task and in the error, and accept only valid
+	// JSON.
 	ref, refErr := protocol.DecodeTaskReflect(data, lim)
 	if !reflect.DeepEqual(task, ref) || fmt.Sprint(err) != fmt.Sprint(refErr) {
 		t.Fatalf("DecodeTask and encoding/json disagree on %q:\n %+v, %v\n %+v, %v", data, task, err, ref, refErr)

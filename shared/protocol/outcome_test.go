@@ -58,8 +58,8 @@ func TestDecodeOutcomeMatchesJSON(t *testing.T) {
 	if _, err := protocol.DecodeOutcome([]byte(`{"attempt":1.5}`)); err == nil || !strings.Contains(err.Error(), "attempt") {
 		t.Errorf("a type error names the field: %v", err)
 	}
-	var je *protocol.JSONError
-	if _, err := protocol.DecodeOutcome([]byte(`{"a":x}`)); !errors.As(err, &je) || je.Offset != 5 {
+	var je *json.SyntaxError
+	if _, err := protocol.DecodeOutcome([]byte(`{"a":x}`)); !errors.As(err, &je) || je.Offset != 6 {
 		t.Errorf("a syntax error carries its offset: %v", err)
 	}
 }

@@ -111,68 +111,25 @@ func DecodeTask(data []byte, lim Limits) (Task, error) {
 		t.ID = peekID(data, lim.MaxIDLen)
 		return t, Errorf(CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
 	}
-	// One pass through jsonscan.go's reader, the one tokenizer of every
-	// message; every error through encoding/json, whose messages are the
-	// ones producers see.
+	// codec.go's decoder when it accepts the task; every error through
+	// encoding/json, whose messages are the ones producers see.
 	if t, ok := decodeTaskFast(data); ok {
 		return t, t.Validate(lim)
 	}
 	return decodeTaskReflect(data, lim)
 }
 
-// taskFields are Task's JSON member names, in decodeTaskFast's order.
-var taskFields = []string{"id", "type", "payload", "models", "timeout_ms", "max_attempts", "max_latency_ms",
-	"min_success_rate", "priority", "tenant", "deadline_ms"}
-
-// decodeTaskFast decodes a task in one pass, without reflection, exactly
-// as json.Unmarshal into a Task would (jsonscan.go's reader: same inputs
-// accepted, names matched as encoding/json matches them, the last of a
-// repeated member wins). It reports false for anything DecodeTask must
-// reject on syntax (invalid JSON or UTF-8, not an object), so that
-// decodeTaskReflect words the error. FuzzDecodeTask holds the two to the
-// same tasks and errors.
+// decodeTaskFast decodes a task through codec.go's fast decoder. It
+// reports false for anything DecodeTask must reject on syntax (invalid JSON
+// or UTF-8, not an object), so that decodeTaskReflect words the error.
+// FuzzDecodeTask holds the two to the same tasks and errors.
 func decodeTaskFast(data []byte) (Task, bool) {
 	var t Task
-	if !utf8.Valid(data) {
-		return t, false
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' || !utf8.Valid(data) || fastDecode(data, &t) != nil {
+		return Task{}, false
 	}
-	r := jsonReader{data: data}
-	r.ws()
-	if r.peek() != '{' {
-		return t, false
-	}
-	err := r.document("a task", func(key []byte) error {
-		switch fieldIndex(key, taskFields) {
-		case 0:
-			return r.stringField("id", &t.ID)
-		case 1:
-			return r.stringField("type", &t.Type)
-		case 2:
-			if err := r.rawField(1, &t.Payload); err != nil {
-				return err
-			}
-			t.Payload = bytes.Clone(t.Payload) // a task outlives its message
-			return nil
-		case 3:
-			return r.stringsField("models", &t.Models)
-		case 4:
-			return r.int64Field("timeout_ms", &t.TimeoutMs)
-		case 5:
-			return r.intField("max_attempts", &t.MaxAttempts)
-		case 6:
-			return r.int64Field("max_latency_ms", &t.MaxLatencyMs)
-		case 7:
-			return r.floatField("min_success_rate", &t.MinSuccessRate)
-		case 8:
-			return r.intField("priority", &t.Priority)
-		case 9:
-			return r.stringField("tenant", &t.Tenant)
-		case 10:
-			return r.int64Field("deadline_ms", &t.DeadlineMs)
-		}
-		return r.skip(1)
-	})
-	return t, err == nil
+	return t, true
 }
 
 // decodeTaskReflect is DecodeTask through encoding/json: the reference

@@ -1,0 +1,128 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"unicode/utf8"
+
+	fastjson "github.com/segmentio/encoding/json"
+)
+
+// The one codec of the messages decoded once per task (a task, a
+// dispatch's task head, an outcome, a result): github.com/segmentio/encoding
+// (its json package), with encoding/json as the reference. Encoding is
+// encoding/json's (json.Marshal, and ReportReply.AppendJSON).
+//
+// Why a library and not encoding/json alone: on the path of one task these
+// decodes cost about 7 µs of CPU more through encoding/json, over the 3 µs
+// a message may cost (issue 18); the library replaced a hand-written reader
+// of 830 lines (docs/benchmarks.md, "The wire codec").
+//
+// Why segmentio/encoding: it keeps encoding/json's rules. goccy/go-json,
+// as fast, failed the conformance seeds: it accepted invalid JSON inside
+// values it skips or keeps raw ({"payload":[1,]}, a tab in a string) and
+// decoded 9223372036854775808 into an int without an error.
+// segmentio/encoding differs from encoding/json on two points only, both
+// guarded below: the Unicode folding of member names, and the nesting limit.
+//
+// Why encoding/json stays behind it: its words are the ones producers see
+// in a rejection, and it is the rule of what is accepted. Anything the fast
+// decoder refuses (or that is not valid UTF-8, or may fold or nest as only
+// encoding/json handles, or that makes it panic) is decoded again by
+// encoding/json, whose value or error is the answer. The fuzz tests hold
+// the pair to encoding/json alone: the same inputs accepted, the same
+// fields decoded.
+
+var errDecoderPanic = errors.New("protocol: fast decoder panicked")
+
+// decode unmarshals data into v as json.Unmarshal would.
+func decode[T any](data []byte, v *T) error {
+	if utf8.Valid(data) && !foldsOntoASCII(data) && !tooDeep(data) && fastDecode(data, v) == nil {
+		return nil
+	}
+	var zero T
+	*v = zero
+	return json.Unmarshal(data, v)
+}
+
+// foldsOntoASCII reports whether data holds, raw or escaped, one of the
+// two runes whose Unicode simple folding is an ASCII letter: the Kelvin
+// sign (U+212A, k) and the long s (U+017F, s). encoding/json matches a
+// member name through that folding ("tas\u212a_id" is task_id); the fast
+// decoder folds ASCII only, so such a message goes to encoding/json.
+func foldsOntoASCII(data []byte) bool {
+	if bytes.Contains(data, []byte("\u212a")) || bytes.Contains(data, []byte("\u017f")) { // the runes themselves
+		return true
+	}
+	for rest := data; ; {
+		i := bytes.Index(rest, []byte(`\u`))
+		if i < 0 || len(rest) < i+6 {
+			return false
+		}
+		if esc := rest[i+2 : i+6]; bytes.EqualFold(esc, []byte("212a")) || bytes.EqualFold(esc, []byte("017f")) {
+			return true
+		}
+		rest = rest[i+2:]
+	}
+}
+
+// maxJSONDepth is encoding/json's nesting limit, which the fast decoder
+// does not have.
+const maxJSONDepth = 10000
+
+// tooDeep reports whether data may nest deeper than encoding/json allows:
+// only a document with more openers than the limit can.
+func tooDeep(data []byte) bool {
+	return len(data) > maxJSONDepth && bytes.Count(data, []byte("["))+bytes.Count(data, []byte("{")) > maxJSONDepth
+}
+
+// fastDecode is segmentio/encoding's Unmarshal; a panic on hostile input is an
+// error, never a crash.
+func fastDecode(data []byte, v any) (err error) {
+	defer func() {
+		if recover() != nil {
+			err = errDecoderPanic
+		}
+	}()
+	return fastjson.Unmarshal(data, v)
+}
+
+// DecodeOutcome decodes an outcome message exactly as json.Unmarshal into
+// an Outcome would: the dispatcher decodes one per attempt. On error the
+// Outcome is not usable.
+func DecodeOutcome(data []byte) (Outcome, error) {
+	var o Outcome
+	if err := decode(data, &o); err != nil {
+		return Outcome{}, err
+	}
+	return o, nil
+}
+
+// taskHead is what a worker needs of a dispatch the dispatcher validated.
+type taskHead struct {
+	ID      string          `json:"id"`
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// DecodeTaskHead decodes a task message's id, type and payload, and nothing
+// else, exactly as json.Unmarshal would into a struct of those three fields.
+func DecodeTaskHead(data []byte) (id, typ string, payload json.RawMessage, err error) {
+	var h taskHead
+	if err := decode(data, &h); err != nil {
+		return "", "", nil, err
+	}
+	return h.ID, h.Type, h.Payload, nil
+}
+
+// DecodeResult decodes a result message exactly as json.Unmarshal into a
+// Result would: what a producer pays per result it reads. On error the
+// Result is not usable.
+func DecodeResult(data []byte) (Result, error) {
+	var res Result
+	if err := decode(data, &res); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}

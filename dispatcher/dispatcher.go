@@ -100,7 +100,7 @@ type Counters struct {
 	// Forged counts outcomes refused because they answer no dispatch a
 	// dispatcher made, or disagree with it (trust.go).
 	Forged atomic.Int64
-	// Reports counts the direct reports this replica settled (reports.go);
+	// Reports counts the direct reports this replica settled (outcomes.go);
 	// ReportsDeferred those it sent back to be stored as outcomes.
 	Reports, ReportsDeferred atomic.Int64
 	// Succeeded and Failed count the stored results by status (Rejected,

@@ -35,7 +35,7 @@
 //     seal the dispatch (trust.go) and republish the task bytes unchanged to
 //     mlsched.node.<node>.tasks; it keeps the tasks held for want of
 //     capacity and those waiting for a node;
-//   - outcomes (outcomes.go, reports.go): a stored outcome of
+//   - outcomes (outcomes.go): a stored outcome of
 //     MLSCHED_OUTCOMES or a worker's direct report of a success (a
 //     core-NATS request on mlsched.report.<node>, answered with a
 //     protocol.ReportReply once the result is stored), checked against its
@@ -48,7 +48,7 @@
 //     letters.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (19 files; the policy's, the executors' and
+// these files, in this order (18 files; the policy's, the executors' and
 // the libraries' inner files not counted):
 //
 //  1. shared/client/client.go: Submit publishes the task on mlsched.tasks.<type>;
@@ -70,13 +70,13 @@
 //     report encodes the outcome;
 //  14. worker/outcomes.go: the outcome goes as a direct report
 //     (publisher.go's Request);
-//  15. dispatcher/reports.go: handleReport (codec.go's DecodeOutcome);
-//  16. dispatcher/outcomes.go: settleOutcome checks it (trust.go again),
-//  17. shared/settle/settle.go: Settle says finish;
-//  18. dispatcher/results.go: finish publishes the result; its
+//  15. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome),
+//     then settleOutcome checks it (trust.go again),
+//  16. shared/settle/settle.go: Settle says finish;
+//  17. dispatcher/results.go: finish publishes the result; its
 //     acknowledgement (completer.go again) acks the task (taskack.go) and
 //     answers the report, acking the dispatch for the worker,
-//  19. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
+//  18. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
 //     reads; client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

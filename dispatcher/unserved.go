@@ -71,8 +71,9 @@ func (r *unservedRoom) leave() {
 
 // waitForNode keeps a task that no live node serves (err has code
 // no_model or unknown_model) until one does or MLSCHED_NO_NODE_WAIT has
-// passed since this attempt first found no node (a.noNodeSince). It returns nil when the task waits (or was
-// given back to the stream), or the error to reject it with now.
+// passed since this attempt first found no node (a.noNodeSince). It
+// returns nil when the task waits (or was given back to the stream), or the
+// error to reject it with now.
 func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	r := in.unserved
 	r.mu.Lock()
@@ -95,15 +96,8 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	}
 	// Full: the type keeping the most gives way, if it keeps more than this
 	// task's type would after taking a place.
-	counts := map[string]int{}
-	top := ""
-	for _, w := range r.q {
-		t := w.a.task.Type
-		counts[t]++
-		if top == "" || counts[t] > counts[top] {
-			top = t
-		}
-	}
+	counts := waitingByType(r.q)
+	top := keptMost(counts)
 	if top == "" || counts[top] <= counts[a.task.Type]+1 {
 		r.mu.Unlock()
 		in.counters.UnservedRefused.Add(1)
@@ -256,17 +250,9 @@ func (in *intake) retryUnserved() {
 // type keeping the most gives way, newest first. It returns the tasks cut
 // and the error each is rejected with.
 func (r *unservedRoom) trimLocked(max int, in *intake) (cut []*unservedTask, errs []error) {
-	counts := map[string]int{}
-	for _, w := range r.q {
-		counts[w.a.task.Type]++
-	}
+	counts := waitingByType(r.q)
 	for len(r.q) > max {
-		top := ""
-		for _, w := range r.q {
-			if t := w.a.task.Type; top == "" || counts[t] > counts[top] {
-				top = t
-			}
-		}
+		top := keptMost(counts)
 		for i := len(r.q) - 1; i >= 0; i-- {
 			if w := r.q[i]; w.a.task.Type == top {
 				errs = append(errs, in.unservedFull(w.err, top, counts[top]))
@@ -278,4 +264,25 @@ func (r *unservedRoom) trimLocked(max int, in *intake) (cut []*unservedTask, err
 		}
 	}
 	return cut, errs
+}
+
+// waitingByType counts the waiting tasks by type.
+func waitingByType(q []*unservedTask) map[string]int {
+	counts := map[string]int{}
+	for _, w := range q {
+		counts[w.a.task.Type]++
+	}
+	return counts
+}
+
+// keptMost is the type keeping the most waiting tasks ("" for none); of
+// types keeping as many, the first by name, so that the choice is stable.
+func keptMost(counts map[string]int) string {
+	top := ""
+	for t, n := range counts {
+		if n > 0 && (top == "" || n > counts[top] || n == counts[top] && t < top) {
+			top = t
+		}
+	}
+	return top
 }

@@ -38,12 +38,18 @@ var errDecoderPanic = errors.New("protocol: fast decoder panicked")
 
 // decode unmarshals data into v as json.Unmarshal would.
 func decode[T any](data []byte, v *T) error {
-	if utf8.Valid(data) && !foldsOntoASCII(data) && !tooDeep(data) && fastDecode(data, v) == nil {
+	if decodeFast(data, v) {
 		return nil
 	}
 	var zero T
 	*v = zero
 	return json.Unmarshal(data, v)
+}
+
+// decodeFast decodes data into v through the fast decoder, and reports
+// false (v then unusable) for anything only encoding/json may answer.
+func decodeFast[T any](data []byte, v *T) bool {
+	return utf8.Valid(data) && !foldsOntoASCII(data) && !tooDeep(data) && fastDecode(data, v) == nil
 }
 
 // foldsOntoASCII reports whether data holds, raw or escaped, one of the

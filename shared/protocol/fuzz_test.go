@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -40,6 +41,10 @@ func FuzzDecodeTask(f *testing.F) {
 		`{"id":"a1","type":"echo","models":["m1","m2"],"models":[null]}`, `{"id":"a1","type":"echo","models":["m1"],"models":null,"models":["m2",null]}`,
 		`{"id":"a1","type":"echo","models":[1]}`, `{"id":"a1","type":"echo","models":["m1",]}`, `{"id":"a1","type":"echo","payload":{"a":"\u00e9"},"PAYLOAD":[1]}`,
 		`{"id":"a1","type":"echo",}`, `{"id":"a1" "type":"echo"}`, `{"id":"a1","type":"echo","payload":tru}`, `{"id":"a1","type":"echo","payload":-}`,
+		// what only encoding/json may answer (codec.go): member names through
+		// the long s and the Kelvin sign, raw and escaped
+		"{\"id\":\"a1\",\"type\":\"echo\",\"max_attempt\u017f\":2}", `{"id":"a1","type":"echo","max_attempt\u017F":2,"tenant":"\u212a"}`,
+		"{\"id\":\"a1\",\"type\":\"echo\",\"tenant\":\"\u212a\",\"deadline_m\u017f\":9}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -108,5 +113,14 @@ func checkDecode(t *testing.T, data []byte, lim protocol.Limits) {
 		if back.Models[i] != task.Models[i] {
 			t.Fatalf("round trip changed models %v -> %v", task.Models, back.Models)
 		}
+	}
+}
+
+// TestDecodeTaskNestingLimit: a payload nested past encoding/json's limit
+// is refused as encoding/json refuses it, one within it accepted.
+func TestDecodeTaskNestingLimit(t *testing.T) {
+	for _, depth := range []int{9998, 9999, 10000} {
+		data := []byte(`{"id":"a1","type":"echo","payload":` + strings.Repeat("[", depth) + strings.Repeat("]", depth) + `}`)
+		checkDecode(t, data, protocol.Limits{})
 	}
 }

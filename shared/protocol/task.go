@@ -126,7 +126,7 @@ func DecodeTask(data []byte, lim Limits) (Task, error) {
 func decodeTaskFast(data []byte) (Task, bool) {
 	var t Task
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
-	if len(trimmed) == 0 || trimmed[0] != '{' || !utf8.Valid(data) || fastDecode(data, &t) != nil {
+	if len(trimmed) == 0 || trimmed[0] != '{' || !decodeFast(data, &t) {
 		return Task{}, false
 	}
 	return t, true

@@ -14,6 +14,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,29 +34,31 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds; each measures every stream count once, interleaved")
 	size := flag.Int("size", 300, "message bytes (a task or a result is a few hundred)")
 	flag.Parse()
-	if err := run(*server, *msgs, *rounds, *size); err != nil {
+	if _, err := run(os.Stdout, *server, *msgs, *rounds, *size); err != nil {
 		fmt.Fprintln(os.Stderr, "mlsched-fsyncprobe:", err)
 		os.Exit(1)
 	}
 }
 
-func run(server string, msgs, rounds, size int) error {
+// run measures every stream count rounds times, prints each round and the
+// table to out, and returns the median rate of each stream count.
+func run(out io.Writer, server string, msgs, rounds, size int) (map[int]float64, error) {
 	dir, err := os.MkdirTemp("", "mlsched-fsyncprobe-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
 	port, err := harness.FreePort()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	conf := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(conf, fmt.Appendf(nil, "listen: 127.0.0.1:%d\njetstream { store_dir: %q, sync_interval: always }\n", port, filepath.Join(dir, "js")), 0o600); err != nil {
-		return err
+		return nil, err
 	}
 	cmd := exec.Command(server, "-c", conf)
 	if err := cmd.Start(); err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	var nc *nats.Conn
@@ -64,7 +67,7 @@ func run(server string, msgs, rounds, size int) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("nats-server did not start: %w", err)
+			return nil, fmt.Errorf("nats-server did not start: %w", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -73,7 +76,7 @@ func run(server string, msgs, rounds, size int) error {
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(512), jetstream.WithPublishAsyncTimeout(time.Minute),
 		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ctx := context.Background()
 	payload := make([]byte, size)
@@ -83,21 +86,25 @@ func run(server string, msgs, rounds, size int) error {
 		for _, k := range counts {
 			r, err := measure(ctx, js, k, msgs, payload)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if n := failed.Swap(0); n > 0 {
-				return fmt.Errorf("%d streams: %d publishes failed", k, n)
+				return nil, fmt.Errorf("%d streams: %d publishes failed", k, n)
 			}
 			rates[k] = append(rates[k], r)
-			fmt.Printf("round %d, %d streams: %.0f msgs/s\n", round, k, r)
+			fmt.Fprintf(out, "round %d, %d streams: %.0f msgs/s\n", round, k, r)
 		}
 	}
-	base := median(rates[1])
-	fmt.Printf("\n| streams | msgs/s per round | median | vs 1 stream |\n|---|---|---|---|\n")
+	medians := map[int]float64{}
 	for _, k := range counts {
-		fmt.Printf("| %d | %v | %.0f | %.2fx |\n", k, rounded(rates[k]), median(rates[k]), median(rates[k])/base)
+		medians[k] = median(rates[k])
 	}
-	return nil
+	base := medians[1]
+	fmt.Fprintf(out, "\n| streams | msgs/s per round | median | vs 1 stream |\n|---|---|---|---|\n")
+	for _, k := range counts {
+		fmt.Fprintf(out, "| %d | %v | %.0f | %.2fx |\n", k, rounded(rates[k]), medians[k], medians[k]/base)
+	}
+	return medians, nil
 }
 
 // measure publishes n messages round-robin into k fresh file streams, 512 in

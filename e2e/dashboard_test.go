@@ -270,7 +270,14 @@ func TestDashboardInBrowser(t *testing.T) {
 	wait("the dead letter of doomed-1", `document.querySelector('#deadletters button.replay') !== null &&
 		Array.from(document.querySelectorAll('#deadletters tr[data-seq]')).some(r => r.innerText.includes("doomed-1"))`)
 	seq := count("doomed-1's dead letter", `Number(Array.from(document.querySelectorAll('#deadletters tr[data-seq]')).find(r => r.innerText.includes("doomed-1")).dataset.seq)`)
-	run("replay doomed-1", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#deadletters button.replay[data-seq="%d"]`, int(seq)))))
+	// Clicked from the page in one step: the table is redrawn on every
+	// update, and a click aimed at a row found a moment earlier can land on
+	// a row already replaced (the fresh-clone CI run saw the replay never
+	// sent).
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[bool](fmt.Sprintf(
+		`(() => { document.querySelector('#deadletters button.replay[data-seq="%d"]').click(); return true; })()`, int(seq)))); err != nil {
+		t.Fatalf("replay doomed-1: %v", err)
+	}
 	wait("the replay done", `document.getElementById("action-msg").dataset.status === "200" && document.getElementById("action-msg").innerText.includes("replaces it")`)
 	lookupID("doomed-1")
 	wait("doomed-1 looked up after its replay", `["failed","none"].includes(document.getElementById("lookup-summary").dataset.status)`)

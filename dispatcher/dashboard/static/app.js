@@ -332,6 +332,11 @@ function act(path, body) {
       m.hidden = false; m.className = "msg " + (ok ? "ok" : "bad"); m.dataset.status = String(status);
       m.textContent = (ok ? "" : "refused (" + status + "): ") + (j.message || "");
       if (ok && body.id) lookup(body.id);
+    })
+    .catch(err => { // no answer, or not JSON: say so rather than nothing
+      const m = document.getElementById("action-msg");
+      m.hidden = false; m.className = "msg bad"; m.dataset.status = "error";
+      m.textContent = "failed: " + err;
     });
 }
 

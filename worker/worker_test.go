@@ -385,13 +385,15 @@ func TestGracefulShutdownFinishesInFlight(t *testing.T) {
 			t.Errorf("%s: %+v", id, got[id].Outcome)
 		}
 	}
-	info, err := h.srv.JS.Stream(context.Background(), topology.StreamDispatch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := info.CachedInfo().State.Msgs; n != 0 {
-		t.Errorf("%d dispatches left un-acked after a graceful shutdown", n)
-	}
+	// The acks are sent before Run returns; the server removes the acked
+	// dispatches from the work-queue stream when it processes them.
+	waitFor(t, 5*time.Second, "no dispatch left un-acked after a graceful shutdown", func() bool {
+		s, err := h.srv.JS.Stream(context.Background(), topology.StreamDispatch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().State.Msgs == 0
+	})
 }
 
 func TestShutdownGraceNaksUnfinished(t *testing.T) {

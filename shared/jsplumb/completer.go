@@ -52,7 +52,7 @@ type Completer struct {
 // JetStream answers, on pub's reply goroutine: then must not block. An
 // error means nothing was published and msg is not settled (the caller
 // decides: usually Retry).
-func (c *Completer) Publish(ctx context.Context, pub *Publisher, msg Msg, m *nats.Msg, msgID string, then Then) error {
+func (c *Completer) Publish(ctx context.Context, pub Sender, msg Msg, m *nats.Msg, msgID string, then Then) error {
 	return pub.Publish(ctx, m, msgID, func(ack *jetstream.PubAck, err error) {
 		c.settle(msg, then(ack, err))
 	})
@@ -60,7 +60,7 @@ func (c *Completer) Publish(ctx context.Context, pub *Publisher, msg Msg, m *nat
 
 // PublishSlow is Publish for a then that blocks (it reads or publishes and
 // waits): it runs on a goroutine of its own, which Wait waits for.
-func (c *Completer) PublishSlow(ctx context.Context, pub *Publisher, msg Msg, m *nats.Msg, msgID string, then Then) error {
+func (c *Completer) PublishSlow(ctx context.Context, pub Sender, msg Msg, m *nats.Msg, msgID string, then Then) error {
 	c.slow.Add(1)
 	err := pub.Publish(ctx, m, msgID, func(ack *jetstream.PubAck, err error) {
 		go func() {

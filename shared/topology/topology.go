@@ -281,6 +281,10 @@ func Streams(c Config) []jetstream.StreamConfig {
 	// MaxMsgs/rate) — the results window of docs/operations.md.
 	results.MaxMsgs, results.MaxBytes, results.Discard = c.ResultsMaxMsgs, c.ResultsMaxBytes, jetstream.DiscardOld
 	results.AllowDirect = true
+	// Atomic batches are how a single server group-commits: the results
+	// and tasks published while the stream is busy are written with one
+	// fsync (jsplumb.GroupCommit, docs/benchmarks.md "Group commit").
+	results.AllowAtomicPublish = true
 	dlq := base(StreamDLQ, SubjectDLQAll, jetstream.LimitsPolicy)
 	dlq.MaxAge = c.DLQMaxAge
 	dlq.MaxBytes, dlq.Discard = c.DLQMaxBytes, jetstream.DiscardOld
@@ -291,6 +295,7 @@ func Streams(c Config) []jetstream.StreamConfig {
 	// finished tasks in batches (TasksRetention).
 	tasks := base(StreamTasks, SubjectTasksAll, TasksRetention)
 	tasks.MaxBytes, tasks.MaxMsgSize, tasks.Discard = c.TasksMaxBytes, c.TasksMaxMsgSize, jetstream.DiscardNew
+	tasks.AllowAtomicPublish = true
 	dispatch := base(StreamDispatch, SubjectDispatchAll, jetstream.WorkQueuePolicy)
 	dispatch.AllowDirect = true // the dispatcher reads in-flight dispatches by sequence
 	outcomes := base(StreamOutcomes, SubjectOutcomesAll, jetstream.WorkQueuePolicy)
@@ -447,16 +452,27 @@ func updateLimits(ctx context.Context, js jetstream.JetStream, s jetstream.Strea
 		cfg.MaxAge = want.MaxAge
 	}
 	cfg.Discard = want.Discard
+	// A stream of an earlier version gets atomic publishes (group commit);
+	// a server older than 2.12 ignores the field, and nothing batches.
+	cfg.AllowAtomicPublish = got.AllowAtomicPublish || want.AllowAtomicPublish
 	if cfg.MaxMsgs == got.MaxMsgs && cfg.MaxBytes == got.MaxBytes && cfg.MaxMsgSize == got.MaxMsgSize &&
-		cfg.MaxAge == got.MaxAge && cfg.Discard == got.Discard {
+		cfg.MaxAge == got.MaxAge && cfg.Discard == got.Discard && cfg.AllowAtomicPublish == got.AllowAtomicPublish {
 		return nil
 	}
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("stream %s: update limits max_msgs=%d max_bytes=%d max_msg_size=%d max_age=%v discard=%v (have %d, %d, %d, %v, %v): %w",
-			want.Name, cfg.MaxMsgs, cfg.MaxBytes, cfg.MaxMsgSize, cfg.MaxAge, cfg.Discard,
-			got.MaxMsgs, got.MaxBytes, got.MaxMsgSize, got.MaxAge, got.Discard, err)
+		return fmt.Errorf("stream %s: update limits max_msgs=%d max_bytes=%d max_msg_size=%d max_age=%v discard=%v allow_atomic=%v (have %d, %d, %d, %v, %v, %v): %w",
+			want.Name, cfg.MaxMsgs, cfg.MaxBytes, cfg.MaxMsgSize, cfg.MaxAge, cfg.Discard, cfg.AllowAtomicPublish,
+			got.MaxMsgs, got.MaxBytes, got.MaxMsgSize, got.MaxAge, got.Discard, got.AllowAtomicPublish, err)
 	}
 	return nil
+}
+
+// GroupCommits reports whether publishes into the stream described by info
+// gain from group commit (jsplumb.GroupCommit): it is on disk, where every
+// stored message costs an fsync of its own on a single server, and it
+// takes atomic batches. In memory a batch only costs more.
+func GroupCommits(info *jetstream.StreamInfo) bool {
+	return info != nil && info.Config.Storage == jetstream.FileStorage && info.Config.AllowAtomicPublish
 }
 
 // unlimited maps every "no limit" value to -1: the server reports -1 for a

@@ -53,6 +53,9 @@ type Client struct {
 
 	hubOnce sync.Once
 	waits   *hub // Wait and WaitAll's shared results consumer (waiters.go)
+
+	grouped bool        // WithGroupCommit
+	gc      groupCommit // group.go
 }
 
 // Option configures a Client.
@@ -106,6 +109,7 @@ func Dial(cfg natsconn.Config, opts ...Option) (*Client, error) {
 // it does nothing for a client made with New.
 func (c *Client) Close() {
 	c.hub().close()
+	c.gc.stop()
 	if c.nc != nil {
 		_ = c.nc.Drain()
 	}
@@ -181,6 +185,13 @@ func (c *Client) publish(ctx context.Context, subject string, data []byte, msgID
 }
 
 func (c *Client) publishMsg(ctx context.Context, subject string, data []byte, msgID, traceparent string) (SubmitAck, error) {
+	g, err := c.group(ctx)
+	if err != nil {
+		return SubmitAck{}, fmt.Errorf("submit to %s: %w", subject, err)
+	}
+	if g != nil {
+		return publishGrouped(ctx, g, taskMsg(subject, data, traceparent), msgID)
+	}
 	opts := []jetstream.PublishOpt{jetstream.WithExpectStream(topology.StreamTasks)}
 	if msgID != "" {
 		opts = append(opts, jetstream.WithMsgID(msgID))

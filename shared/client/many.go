@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -35,6 +37,15 @@ func (c *Client) SubmitMany(ctx context.Context, tasks []protocol.Task, window i
 	if err := c.ensureTasksStream(ctx); err != nil {
 		for i := range errs {
 			errs[i] = err
+		}
+		return acks, errs
+	}
+	if g, err := c.group(ctx); err != nil || g != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		if g != nil {
+			c.submitGrouped(ctx, g, tasks, window, acks, errs)
 		}
 		return acks, errs
 	}
@@ -80,6 +91,46 @@ func (c *Client) SubmitMany(ctx context.Context, tasks []protocol.Task, window i
 		settle(f)
 	}
 	return acks, errs
+}
+
+// submitGrouped is SubmitMany through the group commit: up to window tasks
+// await their acknowledgement at once, as one or a few batches.
+func (c *Client) submitGrouped(ctx context.Context, g *jsplumb.GroupCommit, tasks []protocol.Task, window int, acks []SubmitAck, errs []error) {
+	var wg sync.WaitGroup
+	room := make(chan struct{}, window)
+	for i, t := range tasks {
+		select {
+		case room <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			errs[i] = ctx.Err()
+			continue
+		}
+		data, err := c.encode(t)
+		if err != nil {
+			errs[i] = err
+			<-room
+			continue
+		}
+		m := taskMsg(topology.BandTaskSubject(t.Type, t.Priority), data, "")
+		wg.Add(1)
+		err = g.Publish(ctx, m, t.ID, func(ack *jetstream.PubAck, err error) {
+			if err != nil {
+				errs[i] = fmt.Errorf("submit to %s: %w", m.Subject, err)
+			} else {
+				acks[i] = SubmitAck{Seq: ack.Sequence, Duplicate: ack.Duplicate}
+			}
+			<-room
+			wg.Done()
+		})
+		if err != nil {
+			errs[i] = fmt.Errorf("submit to %s: %w", m.Subject, err)
+			<-room
+			wg.Done()
+		}
+	}
+	wg.Wait() // every callback comes, at the latest at the publisher's timeout
 }
 
 // ensureTasksStream creates the streams when the task stream is missing, so

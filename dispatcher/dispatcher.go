@@ -420,7 +420,15 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return err
 	}
 	limiter := quota.New(quota.Params{Rates: flow.rates, Caps: flow.caps, Redis: rc, Replica: d.cfg.Name})
-	fin := newFinisher(finisherParams{log: d.log, resPub: resPub, complete: complete, dlq: dlq,
+	// Results on disk are group-committed: those published while the
+	// stream is busy are stored as one batch, with one fsync.
+	var results jsplumb.Sender = resPub
+	resGroup := &lifecycle.Func{}
+	if d.cfg.GroupCommit && topology.GroupCommits(resultsStream.CachedInfo()) {
+		g := jsplumb.NewGroupCommit(resPub, jsplumb.GroupCommitConfig{MaxWaiting: d.cfg.MaxInFlight})
+		results, resGroup = g, &lifecycle.Func{OnStart: g.Start, OnStop: g.Stop}
+	}
+	fin := newFinisher(finisherParams{log: d.log, results: results, resPub: resPub, complete: complete, dlq: dlq,
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter})
 	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
@@ -503,6 +511,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// their messages
 		{"dispatch publisher", &lifecycle.Func{OnStart: pub.Start, OnStop: pub.Stop}},
 		{"result publisher", &lifecycle.Func{OnStart: resPub.Start, OnStop: resPub.Stop}},
+		{"result group commit", resGroup},
 		// waits for the slow follow-ups of results (an exhausted task's dead
 		// letter), which settle their messages
 		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},

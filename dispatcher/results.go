@@ -28,8 +28,11 @@ type finisher struct{ finisherParams }
 
 // finisherParams is what the finisher needs.
 type finisherParams struct {
-	log      zerolog.Logger
-	resPub   *jsplumb.Publisher // results and dead letters, with room of their own
+	log    zerolog.Logger
+	resPub *jsplumb.Publisher // results and dead letters, with room of their own
+	// results publishes the results: a group commit over resPub, or
+	// (nil) resPub itself.
+	results  jsplumb.Sender
 	complete *jsplumb.Completer
 	dlq      *deadLetters
 	// resultsStream reads a stored result (failExhausted).
@@ -42,7 +45,12 @@ type finisherParams struct {
 	quota *quota.Limiter
 }
 
-func newFinisher(p finisherParams) *finisher { return &finisher{p} }
+func newFinisher(p finisherParams) *finisher {
+	if p.results == nil {
+		p.results = p.resPub
+	}
+	return &finisher{p}
+}
 
 // resultMsg is a task's final result message. JetStream refuses it when
 // the task already has one (expected last subject sequence 0), which is
@@ -110,7 +118,7 @@ func (f *finisher) finish(msg jsplumb.Msg, res *protocol.Result, traceparent str
 	span := f.resultSpan(res, traceparent)
 	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {
-		err = f.complete.Publish(context.Background(), f.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
+		err = f.complete.Publish(context.Background(), f.results, msg, m, "", func(ack *jetstream.PubAck, err error) error {
 			_, err = f.resultStored(res, ack, err)
 			span.End(err)
 			return err
@@ -154,7 +162,7 @@ func (f *finisher) failExhausted(msg jsplumb.Msg, res *protocol.Result, dl proto
 	span := f.resultSpan(res, traceparent)
 	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {
-		err = f.complete.PublishSlow(context.Background(), f.resPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
+		err = f.complete.PublishSlow(context.Background(), f.results, msg, m, "", func(ack *jetstream.PubAck, err error) error {
 			stored, err := f.resultStored(res, ack, err)
 			span.End(err)
 			if err != nil {

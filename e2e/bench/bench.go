@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,6 +94,19 @@ type Options struct {
 	Dir string `json:"-"`
 	// Progress receives one line per step (default: discarded).
 	Progress io.Writer `json:"-"`
+}
+
+// groupCommit is whether the dispatcher and the producer group-commit
+// (MLSCHED_GROUP_COMMIT): as an operator would set it, on when nats-server
+// fsyncs every write (sync_interval always), off when it syncs lazily, where
+// a batch (staged and synced on its own) costs more than it saves;
+// DispatcherEnv overrides it.
+func (o Options) groupCommit() bool {
+	if v, ok := o.DispatcherEnv["MLSCHED_GROUP_COMMIT"]; ok {
+		on, err := strconv.ParseBool(v)
+		return err == nil && on
+	}
+	return o.withDefaults().SyncInterval == "always"
 }
 
 func (o Options) withDefaults() Options {

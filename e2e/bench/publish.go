@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -25,6 +26,32 @@ const taskType = "bench"
 type publisher struct {
 	js      jetstream.JetStream
 	payload string // a JSON value of the requested size
+	// group, when set, publishes the tasks instead: what is published while
+	// the task stream is busy is stored as one atomic batch, one fsync
+	// (jsplumb.GroupCommit), as the SDK's SubmitMany does.
+	group *jsplumb.GroupCommit
+}
+
+// groupCommit makes p publish through a group commit on nc when the task
+// stream is on disk and takes atomic batches, until the returned stop.
+func (p *publisher) groupCommit(ctx context.Context, nc *nats.Conn) (stop func(), err error) {
+	s, err := p.js.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		return nil, err
+	}
+	if !topology.GroupCommits(s.CachedInfo()) {
+		return func() {}, nil
+	}
+	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: 4096, Timeout: time.Minute})
+	if err := pub.Start(ctx); err != nil {
+		return nil, err
+	}
+	p.group = jsplumb.NewGroupCommit(pub, jsplumb.GroupCommitConfig{MaxWaiting: 4096})
+	if err := p.group.Start(ctx); err != nil {
+		_ = pub.Stop()
+		return nil, err
+	}
+	return func() { _ = p.group.Stop(); _ = pub.Stop(); p.group = nil }, nil
 }
 
 func newPublisher(js jetstream.JetStream, payloadBytes int) *publisher {
@@ -46,6 +73,9 @@ type inflight struct {
 // acknowledged. A publish that fails is retried synchronously (the
 // Nats-Msg-Id makes that safe).
 func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
+	if p.group != nil {
+		return p.runGrouped(ctx, tr, rate)
+	}
 	futs := make(chan inflight, 4096)
 	var (
 		wg      sync.WaitGroup
@@ -106,6 +136,54 @@ func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
 		return ctx.Err()
 	}
 	settle()
+	failMu.Lock()
+	defer failMu.Unlock()
+	return failErr
+}
+
+// runGrouped is run through the group commit: every task's callback is
+// awaited, and a failed publish is retried synchronously.
+func (p *publisher) runGrouped(ctx context.Context, tr *tracker, rate int) error {
+	var (
+		wg      sync.WaitGroup
+		failMu  sync.Mutex
+		failErr error
+	)
+	start := time.Now()
+	subject := topology.TaskSubject(taskType)
+	for i := range tr.sent {
+		if rate > 0 { // pace: sleep only when ahead by a millisecond or more
+			target := start.Add(time.Duration(int64(i) * int64(time.Second) / int64(rate)))
+			if ahead := time.Until(target); ahead >= time.Millisecond {
+				time.Sleep(ahead)
+			}
+		}
+		id := tr.id(i)
+		msg := &nats.Msg{Subject: subject, Data: p.body(id), Header: nats.Header{protocol.HdrMsgID: []string{id}}}
+		tr.sent[i].Store(time.Now().UnixNano())
+		wg.Add(1)
+		err := p.group.Publish(ctx, msg, "", func(_ *jetstream.PubAck, err error) {
+			if err == nil {
+				wg.Done()
+				return
+			}
+			go func() { // never block the reply goroutine
+				defer wg.Done()
+				again := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: nats.Header{protocol.HdrMsgID: []string{id}}}
+				if err := p.retry(ctx, again, err); err != nil {
+					failMu.Lock()
+					failErr = errors.Join(failErr, err)
+					failMu.Unlock()
+				}
+			}()
+		})
+		if err != nil {
+			wg.Done()
+			wg.Wait()
+			return fmt.Errorf("publish %s: %w", id, err)
+		}
+	}
+	wg.Wait()
 	failMu.Lock()
 	defer failMu.Unlock()
 	return failErr

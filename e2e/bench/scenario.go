@@ -154,6 +154,13 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 	}
 
 	pub := newPublisher(r.pubJS, o.Payload)
+	if o.groupCommit() { // the producer follows the dispatcher
+		stop, err := pub.groupCommit(ctx, r.pubNC)
+		if err != nil {
+			return res, nil, fmt.Errorf("producer's group commit: %w", err)
+		}
+		defer stop()
+	}
 	ready := map[string]float64{}
 	for _, g := range r.mem {
 		if rss, err := RSS(g.Pids[0]); err == nil {
@@ -420,6 +427,7 @@ func (r *run) startMlsched(ctx context.Context) error {
 		"MLSCHED_PPROF_ADDR":      pprofAddr,
 		"MLSCHED_STREAM_REPLICAS": strconv.Itoa(r.o.replicas()),
 		"MLSCHED_HTTP_ADDR":       "127.0.0.1:0", // never a fixed port: the workers run on the same host
+		"MLSCHED_GROUP_COMMIT":    strconv.FormatBool(r.o.groupCommit()),
 	}, r.o.DispatcherEnv))
 	if err != nil {
 		return err

@@ -208,7 +208,7 @@ soak: build redis-server ## sustained load: SOAK_RATE (0: highest sustained) for
 # What nats-server alone stores per second with sync_interval: always into
 # 1, 2, 4 and 8 streams at once (issue 24; figures in docs/benchmarks.md).
 .PHONY: fsyncprobe
-fsyncprobe: build ## nats-server alone, sync_interval always: msgs/s into 1, 2, 4, 8 streams (how far the disk bounds durable mode)
+fsyncprobe: build ## nats-server alone, sync_interval always: msgs/s into 1, 2, 4, 8 streams and into 1 through the group commit (how far the disk bounds durable mode)
 	cd e2e && $(GO) build -o ../$(BIN)/mlsched-fsyncprobe ./cmd/mlsched-fsyncprobe
 	$(BIN)/mlsched-fsyncprobe -nats-server $(BIN)/nats-server -rounds 3
 

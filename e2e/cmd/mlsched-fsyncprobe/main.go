@@ -5,7 +5,9 @@
 // disk's fsync rate; several streams fsync in parallel, and the file system
 // may merge their journal commits. A successful mlsched task stores two
 // messages on two streams (the task, its result): this says how far the
-// disk, rather than the CPU, bounds durable mode on this machine.
+// disk, rather than the CPU, bounds durable mode on this machine. The last
+// row publishes into one stream through mlsched's group commit
+// (jsplumb.GroupCommit: atomic batches, one fsync per batch).
 //
 //	bin/mlsched-fsyncprobe -nats-server bin/nats-server -msgs 20000 -rounds 3
 package main
@@ -19,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 )
 
 func main() {
@@ -40,9 +44,19 @@ func main() {
 	}
 }
 
-// run measures every stream count rounds times, prints each round and the
-// table to out, and returns the median rate of each stream count.
-func run(out io.Writer, server string, msgs, rounds, size int) (map[int]float64, error) {
+// probe is one row of the table: messages round-robin into streams fresh
+// file streams, through a group commit when group.
+type probe struct {
+	name    string
+	streams int
+	group   bool
+}
+
+var probes = []probe{{"1", 1, false}, {"2", 2, false}, {"4", 4, false}, {"8", 8, false}, {"1, group commit", 1, true}}
+
+// run measures every probe rounds times, prints each round and the table to
+// out, and returns the median rate of each probe by name.
+func run(out io.Writer, server string, msgs, rounds, size int) (map[string]float64, error) {
 	dir, err := os.MkdirTemp("", "mlsched-fsyncprobe-")
 	if err != nil {
 		return nil, err
@@ -80,31 +94,82 @@ func run(out io.Writer, server string, msgs, rounds, size int) (map[int]float64,
 	}
 	ctx := context.Background()
 	payload := make([]byte, size)
-	counts := []int{1, 2, 4, 8}
-	rates := map[int][]float64{}
+	rates := map[string][]float64{}
 	for round := 1; round <= rounds; round++ {
-		for _, k := range counts {
-			r, err := measure(ctx, js, k, msgs, payload)
+		for _, p := range probes {
+			var r float64
+			if p.group {
+				r, err = measureGroup(ctx, nc, js, msgs, payload)
+			} else {
+				r, err = measure(ctx, js, p.streams, msgs, payload)
+			}
 			if err != nil {
 				return nil, err
 			}
 			if n := failed.Swap(0); n > 0 {
-				return nil, fmt.Errorf("%d streams: %d publishes failed", k, n)
+				return nil, fmt.Errorf("%s streams: %d publishes failed", p.name, n)
 			}
-			rates[k] = append(rates[k], r)
-			fmt.Fprintf(out, "round %d, %d streams: %.0f msgs/s\n", round, k, r)
+			rates[p.name] = append(rates[p.name], r)
+			fmt.Fprintf(out, "round %d, %s streams: %.0f msgs/s\n", round, p.name, r)
 		}
 	}
-	medians := map[int]float64{}
-	for _, k := range counts {
-		medians[k] = median(rates[k])
+	medians := map[string]float64{}
+	for _, p := range probes {
+		medians[p.name] = median(rates[p.name])
 	}
-	base := medians[1]
+	base := medians["1"]
 	fmt.Fprintf(out, "\n| streams | msgs/s per round | median | vs 1 stream |\n|---|---|---|---|\n")
-	for _, k := range counts {
-		fmt.Fprintf(out, "| %d | %v | %.0f | %.2fx |\n", k, rounded(rates[k]), medians[k], medians[k]/base)
+	for _, p := range probes {
+		fmt.Fprintf(out, "| %s | %v | %.0f | %.2fx |\n", p.name, rounded(rates[p.name]), medians[p.name], medians[p.name]/base)
 	}
 	return medians, nil
+}
+
+// measureGroup publishes n messages into one fresh file stream through a
+// group commit (as the dispatcher stores results), as fast as it takes
+// them, and returns the stored messages per second.
+func measureGroup(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, n int, payload []byte) (float64, error) {
+	_ = js.DeleteStream(ctx, "PROBE_G")
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROBE_G", Subjects: []string{"probe.g.>"},
+		Storage: jetstream.FileStorage, AllowAtomicPublish: true}); err != nil {
+		return 0, err
+	}
+	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{Timeout: time.Minute})
+	if err := pub.Start(ctx); err != nil {
+		return 0, err
+	}
+	defer func() { _ = pub.Stop() }()
+	g := jsplumb.NewGroupCommit(pub, jsplumb.GroupCommitConfig{})
+	if err := g.Start(ctx); err != nil {
+		return 0, err
+	}
+	defer func() { _ = g.Stop() }()
+	var (
+		wg      sync.WaitGroup
+		refused atomic.Int64
+	)
+	start := time.Now()
+	for range n {
+		wg.Add(1)
+		if err := g.Publish(ctx, &nats.Msg{Subject: "probe.g.m", Data: payload}, "", func(_ *jetstream.PubAck, err error) {
+			if err != nil {
+				refused.Add(1)
+			}
+			wg.Done()
+		}); err != nil {
+			return 0, err
+		}
+	}
+	wg.Wait()
+	rate := float64(n) / time.Since(start).Seconds()
+	if k := refused.Load(); k > 0 {
+		return 0, fmt.Errorf("group commit: %d publishes failed", k)
+	}
+	batches, _ := g.Stats()
+	if batches == 0 && n >= 1000 {
+		return 0, fmt.Errorf("group commit: no batch in %d publishes", n)
+	}
+	return rate, nil
 }
 
 // measure publishes n messages round-robin into k fresh file streams, 512 in

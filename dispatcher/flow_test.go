@@ -243,6 +243,37 @@ func TestTenantRateQuota(t *testing.T) {
 	}
 }
 
+// Over its rate quota, a tenant's held tasks with a deadline get the tokens
+// newest first: the oldest would start with little of their deadline left
+// (adaptive LIFO). Every task still runs, within its deadline here.
+func TestTenantRateQuotaServesNewestFirst(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *dispatcher.Config) { c.TenantRates = map[string]string{"a": "4"} })
+	n := e.startNode("n1", []string{"q"}, map[string]behavior{"m": succeed})
+	const k = 8
+	for i := range k {
+		e.submit(protocol.Task{ID: fmt.Sprintf("qa%d", i), Type: "q", Tenant: "a", DeadlineMs: 30_000})
+	}
+	for i := range k {
+		if res := e.result(fmt.Sprintf("qa%d", i)); res.Status != protocol.StatusSucceeded {
+			t.Fatalf("qa%d: %+v", i, res)
+		}
+	}
+	pos := func(id string) int {
+		for i, s := range n.attempts() {
+			if strings.HasPrefix(s, id+"/") {
+				return i
+			}
+		}
+		return -1
+	}
+	// qa0 (maybe qa1) is let in on arrival; the held rest go newest first.
+	last, second := pos(fmt.Sprintf("qa%d", k-1)), pos("qa2")
+	if last < 0 || second < 0 || last > second {
+		t.Fatalf("dispatch order %v: the newest held task (qa%d) must go before the older qa2", n.attempts(), k-1)
+	}
+}
+
 // A tenant at its concurrency cap (tasks dispatched, not yet finished):
 // its next task is held, not sent, while other tenants' go on; it goes once
 // a place frees (here: the silent node's attempts are lost at their

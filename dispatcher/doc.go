@@ -15,7 +15,9 @@
 //   - snapshot.go: the refresher of the statistics snapshot and the decision
 //     table, which also writes breaker transitions;
 //   - the dispatch and result publishers (shared/jsplumb, each with its own
-//     room, so that a dispatch backlog does not hold back results);
+//     room, so that a dispatch backlog does not hold back results), and the
+//     results' group commit (MLSCHED_GROUP_COMMIT: results published while
+//     the stream is busy are stored as one atomic batch, one fsync);
 //   - the Completer (shared/jsplumb): publish-then-ack, the one place a
 //     consumed message (or a direct report) is acked once what handling it
 //     published is stored, nak'ed for redelivery otherwise, or kept in
@@ -48,7 +50,7 @@
 //     letters.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (18 files; the policy's, the executors' and
+// these files, in this order (19 files; the policy's, the executors' and
 // the libraries' inner files not counted):
 //
 //  1. shared/client/client.go: Submit publishes the task on mlsched.tasks.<type>;
@@ -73,10 +75,12 @@
 //  15. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome),
 //     then settleOutcome checks it (trust.go again),
 //  16. shared/settle/settle.go: Settle says finish;
-//  17. dispatcher/results.go: finish publishes the result; its
-//     acknowledgement (completer.go again) acks the task (taskack.go) and
-//     answers the report, acking the dispatch for the worker,
-//  18. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
+//  17. dispatcher/results.go: finish publishes the result (on disk,
+//  18. shared/jsplumb/groupcommit.go: with the results published meanwhile,
+//     through publisher.go); its acknowledgement (completer.go again) acks
+//     the task (taskack.go) and answers the report, acking the dispatch for
+//     the worker,
+//  19. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
 //     reads; client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

@@ -105,17 +105,9 @@ func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
 	}()
 
 	start := time.Now()
-	subject := topology.TaskSubject(taskType)
 	for i := range tr.sent {
-		if rate > 0 { // pace: sleep only when ahead by a millisecond or more
-			target := start.Add(time.Duration(int64(i) * int64(time.Second) / int64(rate)))
-			if ahead := time.Until(target); ahead >= time.Millisecond {
-				time.Sleep(ahead)
-			}
-		}
-		id := tr.id(i)
-		msg := &nats.Msg{Subject: subject, Data: p.body(id), Header: nats.Header{protocol.HdrMsgID: []string{id}}}
-		tr.sent[i].Store(time.Now().UnixNano())
+		pace(start, i, rate)
+		msg := p.message(tr, i)
 		for {
 			fut, err := p.js.PublishMsgAsync(msg)
 			if err == nil {
@@ -123,7 +115,7 @@ func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
 				break
 			}
 			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
-				return fmt.Errorf("publish %s: %w", id, err)
+				return fmt.Errorf("publish %s: %w", tr.id(i), err)
 			}
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -150,17 +142,10 @@ func (p *publisher) runGrouped(ctx context.Context, tr *tracker, rate int) error
 		failErr error
 	)
 	start := time.Now()
-	subject := topology.TaskSubject(taskType)
 	for i := range tr.sent {
-		if rate > 0 { // pace: sleep only when ahead by a millisecond or more
-			target := start.Add(time.Duration(int64(i) * int64(time.Second) / int64(rate)))
-			if ahead := time.Until(target); ahead >= time.Millisecond {
-				time.Sleep(ahead)
-			}
-		}
+		pace(start, i, rate)
+		msg := p.message(tr, i)
 		id := tr.id(i)
-		msg := &nats.Msg{Subject: subject, Data: p.body(id), Header: nats.Header{protocol.HdrMsgID: []string{id}}}
-		tr.sent[i].Store(time.Now().UnixNano())
 		wg.Add(1)
 		err := p.group.Publish(ctx, msg, "", func(_ *jetstream.PubAck, err error) {
 			if err == nil {
@@ -187,6 +172,25 @@ func (p *publisher) runGrouped(ctx context.Context, tr *tracker, rate int) error
 	failMu.Lock()
 	defer failMu.Unlock()
 	return failErr
+}
+
+// pace sleeps until task i is due at rate tasks/s from start (rate 0: at
+// once), only when ahead by a millisecond or more.
+func pace(start time.Time, i, rate int) {
+	if rate <= 0 {
+		return
+	}
+	target := start.Add(time.Duration(int64(i) * int64(time.Second) / int64(rate)))
+	if ahead := time.Until(target); ahead >= time.Millisecond {
+		time.Sleep(ahead)
+	}
+}
+
+// message is task i's message (Nats-Msg-Id = its id), its send time noted.
+func (p *publisher) message(tr *tracker, i int) *nats.Msg {
+	id := tr.id(i)
+	tr.sent[i].Store(time.Now().UnixNano())
+	return &nats.Msg{Subject: topology.TaskSubject(taskType), Data: p.body(id), Header: nats.Header{protocol.HdrMsgID: []string{id}}}
 }
 
 func (p *publisher) retry(ctx context.Context, msg *nats.Msg, first error) error {

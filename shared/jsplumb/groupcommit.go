@@ -137,17 +137,8 @@ func (g *GroupCommit) Stats() (batches, messages int64) { return g.batches.Load(
 // MaxWaiting messages wait or fly, until ctx ends. An error means cb will
 // not be called.
 func (g *GroupCommit) Publish(ctx context.Context, m *nats.Msg, msgID string, cb Callback) error {
-	if m.Reply != "" {
-		return errors.New("jsplumb: the message has a reply subject")
-	}
-	select {
-	case g.room <- struct{}{}:
-	default:
-		select {
-		case g.room <- struct{}{}:
-		case <-ctx.Done():
-			return fmt.Errorf("jsplumb: waiting for room (%d messages waiting or in flight): %w", g.cfg.MaxWaiting, ctx.Err())
-		}
+	if err := takeRoom(ctx, m, g.room, "messages waiting or in flight"); err != nil {
+		return err
 	}
 	g.mu.Lock()
 	if g.stopping {

@@ -169,17 +169,8 @@ func (p *Publisher) Request(ctx context.Context, m *nats.Msg, msgID string, cb R
 }
 
 func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry) error {
-	if m.Reply != "" {
-		return errors.New("jsplumb: the message has a reply subject")
-	}
-	select {
-	case p.room <- struct{}{}:
-	default:
-		select {
-		case p.room <- struct{}{}:
-		case <-ctx.Done():
-			return fmt.Errorf("jsplumb: waiting for room (%d publishes in flight): %w", p.cfg.MaxPending, ctx.Err())
-		}
+	if err := takeRoom(ctx, m, p.room, "publishes in flight"); err != nil {
+		return err
 	}
 	if msgID != "" {
 		if m.Header == nil {
@@ -208,6 +199,25 @@ func (p *Publisher) send(ctx context.Context, m *nats.Msg, msgID string, e entry
 		// The timeout loop or a disconnect took it first and called cb.
 	}
 	return nil
+}
+
+// takeRoom checks that m has no reply subject of its own and takes a unit
+// of room, waiting until ctx ends; what names the units in the error.
+func takeRoom(ctx context.Context, m *nats.Msg, room chan struct{}, what string) error {
+	if m.Reply != "" {
+		return errors.New("jsplumb: the message has a reply subject")
+	}
+	select {
+	case room <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case room <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("jsplumb: waiting for room (%d %s): %w", cap(room), what, ctx.Err())
+	}
 }
 
 // take removes and returns the entry of id, releasing its room (false when

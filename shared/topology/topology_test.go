@@ -42,8 +42,11 @@ func TestEnsureBoundsExistingResultsStream(t *testing.T) {
 	if err := topology.Ensure(ctx, srv.JS, topology.Config{}); err != nil { // a worker or producer
 		t.Fatal(err)
 	}
-	if got := info().Config; got.MaxMsgs != -1 || got.MaxBytes != -1 {
-		t.Fatalf("without UpdateLimits: max_msgs=%d max_bytes=%d, want the stream untouched", got.MaxMsgs, got.MaxBytes)
+	if got := info().Config; got.MaxMsgs != -1 || got.MaxBytes != -1 || got.AllowAtomicPublish {
+		t.Fatalf("without UpdateLimits: max_msgs=%d max_bytes=%d allow_atomic=%v, want the stream untouched", got.MaxMsgs, got.MaxBytes, got.AllowAtomicPublish)
+	}
+	if topology.GroupCommits(info()) {
+		t.Fatal("GroupCommits on a stream without atomic publishes")
 	}
 	if err := topology.Ensure(ctx, srv.JS, topology.Config{UpdateLimits: true}); err != nil {
 		t.Fatal(err)
@@ -52,6 +55,9 @@ func TestEnsureBoundsExistingResultsStream(t *testing.T) {
 	if got.Config.MaxMsgs != topology.DefaultResultsMaxMsgs || got.Config.MaxBytes != topology.DefaultResultsMaxBytes ||
 		got.Config.Discard != jetstream.DiscardOld || got.Config.MaxAge != 24*time.Hour {
 		t.Fatalf("updated config: max_msgs=%d max_bytes=%d discard=%v max_age=%v", got.Config.MaxMsgs, got.Config.MaxBytes, got.Config.Discard, got.Config.MaxAge)
+	}
+	if !got.Config.AllowAtomicPublish || !topology.GroupCommits(got) {
+		t.Fatalf("updated config: allow_atomic=%v, want atomic publishes (group commit) on the file results stream", got.Config.AllowAtomicPublish)
 	}
 	if got.State.Msgs != 10 || !got.Created.Equal(created) {
 		t.Fatalf("after update: %d results (want 10), created %v (want %v: updated, not re-created)", got.State.Msgs, got.Created, created)
@@ -160,5 +166,21 @@ func TestBandConsumersReplaceTheUnfilteredOne(t *testing.T) {
 		if band == topology.BandNormal && info.NumPending != 1 {
 			t.Fatalf("band 0 consumer has %d pending, want the 1 task queued before the update", info.NumPending)
 		}
+	}
+}
+
+// New task and results streams take atomic publishes; only on file storage
+// does group commit pay.
+func TestStreamsAllowGroupCommit(t *testing.T) {
+	for _, sc := range topology.Streams(topology.Config{}) {
+		want := sc.Name == topology.StreamTasks || sc.Name == topology.StreamResults
+		if sc.AllowAtomicPublish != want {
+			t.Errorf("%s: allow_atomic=%v, want %v", sc.Name, sc.AllowAtomicPublish, want)
+		}
+	}
+	file := &jetstream.StreamInfo{Config: jetstream.StreamConfig{Storage: jetstream.FileStorage, AllowAtomicPublish: true}}
+	mem := &jetstream.StreamInfo{Config: jetstream.StreamConfig{Storage: jetstream.MemoryStorage, AllowAtomicPublish: true}}
+	if !topology.GroupCommits(file) || topology.GroupCommits(mem) || topology.GroupCommits(nil) {
+		t.Fatal("GroupCommits: want true on file storage with atomic publishes only")
 	}
 }

@@ -149,6 +149,9 @@ func dispatcherPerms() Permissions {
 		// may not cancel tasks, which is the admin's.
 		protocol.SubjectAdminStats,
 	)
+	// A tenant's tasks beyond its share of a band's pull window are parked
+	// on subjects of their own (dispatcher/park.go).
+	p.Publish = append(p.Publish, topology.ParkedFilters()...)
 	p.Subscribe = []string{natsconn.InboxDispatcher + ".>", subjectAdminAll, // stats, cancel
 		topology.SubjectReportsAll} // direct reports, answered through allow_responses
 	return p

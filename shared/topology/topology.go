@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
@@ -140,6 +141,77 @@ func BandConsumer(band int) (durable string, filters []string) {
 		return ConsumerDispatcher + "-low", []string{"mlsched.tasks.*.low"}
 	}
 	return ConsumerDispatcher, []string{"mlsched.tasks.*", "mlsched.tasks.*.*.>"}
+}
+
+// Parking (dispatcher/park.go): a tenant's tasks beyond its share of a
+// band's pull window are moved, publish then ack, to a subject of their own
+// in MLSCHED_TASKS, mlsched.tasks._park[-high|-low].<tenant>, and pulled
+// back through a durable consumer per band and tenant, so that one tenant's
+// backlog never stands in the stream before another's tasks. These four-token
+// subjects are read by no band consumer (BandConsumer): a task type may not
+// be named _park, _park-high or _park-low.
+const parkPrefix = "mlsched.tasks._park"
+
+// ParkedSubject is where the dispatcher parks a tenant's task of a band.
+func ParkedSubject(band int, tenant string) string {
+	return parkToken(band) + "." + tenant
+}
+
+func parkToken(band int) string {
+	if sfx := bandSuffix(band); sfx != "" {
+		return parkPrefix + "-" + sfx
+	}
+	return parkPrefix
+}
+
+// ParkedFilters are the subjects of every parked task, one per band.
+func ParkedFilters() []string {
+	out := make([]string, 0, len(Bands))
+	for _, b := range Bands {
+		out = append(out, parkToken(b)+".*")
+	}
+	return out
+}
+
+// ParseParkedSubject returns the band and tenant of a parked task's
+// subject; ok is false for any other subject.
+func ParseParkedSubject(subject string) (band int, tenant string, ok bool) {
+	head, tenant, found := strings.Cut(strings.TrimPrefix(subject, "mlsched.tasks."), ".")
+	if !found || tenant == "" || strings.Contains(tenant, ".") || !strings.HasPrefix(subject, parkPrefix) {
+		return 0, "", false
+	}
+	for _, b := range Bands {
+		if "mlsched.tasks."+head == parkToken(b) {
+			return b, tenant, true
+		}
+	}
+	return 0, "", false
+}
+
+// ParkedConsumerPrefix begins every parked consumer's name.
+const ParkedConsumerPrefix = "parked-"
+
+// ParkedConsumer is the durable name of the consumer every replica shares
+// for one band's parked tasks of one tenant: parked-<band>-<tenant>, or a
+// hash of the tenant when it holds a character a consumer name may not.
+func ParkedConsumer(band int, tenant string) string {
+	name := ParkedConsumerPrefix + bandName(band) + "-"
+	for i := 0; i < len(tenant); i++ {
+		c := tenant[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			h := fnv.New64a()
+			h.Write([]byte(tenant))
+			return fmt.Sprintf("%sx%016x", name, h.Sum64())
+		}
+	}
+	return name + tenant
+}
+
+func bandName(band int) string {
+	if sfx := bandSuffix(band); sfx != "" {
+		return sfx
+	}
+	return "normal"
 }
 
 // DispatchSubject is the subject a node consumes its dispatches from.

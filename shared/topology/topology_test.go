@@ -184,3 +184,37 @@ func TestStreamsAllowGroupCommit(t *testing.T) {
 		t.Fatal("GroupCommits: want true on file storage with atomic publishes only")
 	}
 }
+
+// Parked subjects name their band and tenant, are read by no band
+// consumer, and a tenant a consumer name may not hold is hashed.
+func TestParkedSubjects(t *testing.T) {
+	for _, band := range topology.Bands {
+		for _, tenant := range []string{"acme", "a/b", "x\\y"} {
+			subj := topology.ParkedSubject(band, tenant)
+			b, tn, ok := topology.ParseParkedSubject(subj)
+			if !ok || b != band || tn != tenant {
+				t.Fatalf("topology.ParseParkedSubject(%q) = %d, %q, %v", subj, b, tn, ok)
+			}
+			if _, _, ok := topology.ParseTaskSubject(subj); ok {
+				t.Fatalf("%s reads as a task subject", subj)
+			}
+			for _, f := range topology.ParkedFilters() {
+				if f == subj {
+					t.Fatalf("filter %s is a subject", f)
+				}
+			}
+			name := topology.ParkedConsumer(band, tenant)
+			if strings.ContainsAny(name, "./\\*> ") || !strings.HasPrefix(name, topology.ParkedConsumerPrefix) {
+				t.Fatalf("topology.ParkedConsumer(%d, %q) = %q, not a valid durable name", band, tenant, name)
+			}
+		}
+	}
+	if got := topology.ParkedConsumer(topology.BandHigh, "acme"); got != "parked-high-acme" {
+		t.Fatalf("topology.ParkedConsumer = %q", got)
+	}
+	for _, s := range []string{"mlsched.tasks.a", "mlsched.tasks.a.high", "mlsched.tasks._park", "mlsched.tasks._park.a.b", "mlsched.tasks._parkx.a"} {
+		if _, _, ok := topology.ParseParkedSubject(s); ok {
+			t.Fatalf("%s parsed as parked", s)
+		}
+	}
+}

@@ -37,7 +37,7 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
 		"succeeded": c.Succeeded.Load(), "failed": c.Failed.Load(), "shed": c.Shed.Load(),
 		"expired": c.Expired.Load(), "shed_sheddable": c.ShedFlow.Load(), "over_quota": c.OverQuota.Load(),
-		"inversions": c.Inversions.Load(),
+		"inversions": c.Inversions.Load(), "parked": c.Parked.Load(),
 	}
 	r.Types = c.types.snapshot()
 	if reason := p.snaps.degraded.Load(); reason != nil {

@@ -134,6 +134,9 @@ type Config struct {
 	// QueueTarget bounds what a node queues (0: its deadline does); the
 	// rest waits in the hold, in priority and fair order.
 	QueueTarget time.Duration `envconfig:"QUEUE_TARGET" default:"0s" desc:"flow control: a node counts as saturated once a task would wait plus run this long there (0: the attempt's deadline), so the rest waits in the dispatcher's hold, in priority and tenant order; e.g. twice the model latency"`
+	// ParkAbove is how many tasks of one tenant a replica holds in a band
+	// before it parks the tenant's next ones (park.go).
+	ParkAbove int `envconfig:"PARK_ABOVE" default:"256" desc:"flow control: once a replica holds this many tasks of one tenant in a priority band while other tenants send to it, the tenant's next tasks are parked on a subject of their own and come back as its held ones leave, so one tenant's backlog never stands before another's in the stream (at most half MLSCHED_MAX_IN_FLIGHT; 0: off)"`
 	// QuotaReject rejects an over-quota task at once instead of holding it.
 	QuotaReject bool `envconfig:"QUOTA_REJECT" default:"false" desc:"reject a task over its tenant's rate quota or concurrency cap at once with quota_exceeded and retry_after_ms, instead of holding it until its deadline"`
 
@@ -227,6 +230,8 @@ func (c Config) Validate() error {
 		return bad("SWEEP_INTERVAL", c.SweepInterval, "must be positive")
 	case c.NoNodeWait < 0:
 		return bad("NO_NODE_WAIT", c.NoNodeWait, "must not be negative")
+	case c.ParkAbove < 0:
+		return bad("PARK_ABOVE", c.ParkAbove, "must not be negative (0: off)")
 	case c.QueueTarget < 0:
 		return bad("QUEUE_TARGET", c.QueueTarget, "must not be negative (0: off)")
 	case c.DeadlineSlack < 0:

@@ -113,6 +113,9 @@ type Counters struct {
 	// lower-priority task while a higher-priority held task of the same
 	// type could have used the slot (flow control: it must stay 0).
 	Expired, ShedFlow, OverQuota, Inversions atomic.Int64
+	// Parked counts the tasks parked over their tenant's share of a band
+	// (park.go).
+	Parked atomic.Int64
 	// Ended counts the tasks ended without being started, by priority
 	// band (flowBands) and flow-control code (flowCodes): shed counts per
 	// band, with bounded labels.
@@ -435,6 +438,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
 		quota: limiter})
+	in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
+		js: js, held: in.held, pub: pub, complete: complete, counters: &d.counters, handle: in.handleParked})
+	prune.parked = in.park.running
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
 		snaps: snaps, sealer: seals, superseded: superseded, keeper: keeper, retry: in, fin: fin,
 		counters: &d.counters, metrics: d.metrics, rollouts: rolls, flow: flow})
@@ -529,6 +535,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"unserved room", in.unservedService()},
 		// before the task consumer: a dispatch's report finds a replica
 		{"direct reports", out.reportsService()},
+		// the parked tasks' consumers, stopped before the hold room
+		{"parked tasks", in.park.service()},
 		{"task consumer", tasks},
 		{"task consumer (high band)", bandConsumers[1]},
 		{"task consumer (low band)", bandConsumers[2]},

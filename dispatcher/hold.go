@@ -68,6 +68,14 @@ type heldTask struct {
 	// counted: it is in the room's counts (not while over its quota or
 	// cap).
 	counted bool
+	// inTenant: it is in the room's per band and tenant counts (parking).
+	inTenant bool
+}
+
+// bandTenant keys the held tasks of one tenant in one priority band.
+type bandTenant struct {
+	band   int
+	tenant string
 }
 
 // candidateKey names a task's candidate set: tasks of one key compete for
@@ -103,10 +111,24 @@ type holdRoom struct {
 	// (hold.go's doc).
 	vtime float64
 	last  map[string]float64
+	// tenants are the held tasks per band and tenant, over their quota
+	// too: what parking weighs (park.go).
+	tenants map[bandTenant]int
 }
 
 func newHoldRoom() *holdRoom {
-	return &holdRoom{kick: make(chan struct{}, 1), counts: map[string]*[priorityLevels]int{}, last: map[string]float64{}}
+	return &holdRoom{kick: make(chan struct{}, 1), counts: map[string]*[priorityLevels]int{}, last: map[string]float64{},
+		tenants: map[bandTenant]int{}}
+}
+
+// tenantHeld is how many tasks of the tenant's band the room holds.
+func (h *holdRoom) tenantHeld(band int, tenant string) int {
+	if h.n.Load() == 0 && h.inPass.Load() == 0 {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.tenants[bandTenant{band, tenant}]
 }
 
 // countLocked adds d to the held count of the key and priority.
@@ -129,12 +151,21 @@ func (h *holdRoom) countLocked(key string, priority, d int) {
 
 // leave: a held task leaves the hold (dispatched, ended or released).
 func (h *holdRoom) leave(ht *heldTask) {
-	if !ht.counted {
+	if !ht.counted && !ht.inTenant {
 		return
 	}
 	h.mu.Lock()
-	h.countLocked(ht.key, ht.a.task.Priority, -1)
-	ht.counted = false
+	if ht.counted {
+		h.countLocked(ht.key, ht.a.task.Priority, -1)
+		ht.counted = false
+	}
+	if ht.inTenant {
+		k := bandTenant{topology.BandOf(ht.a.task.Priority), ht.tenant}
+		if h.tenants[k]--; h.tenants[k] <= 0 {
+			delete(h.tenants, k)
+		}
+		ht.inTenant = false
+	}
 	h.mu.Unlock()
 }
 
@@ -210,6 +241,8 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 	ht := &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now,
 		key: candidateKey(&a.task), tenant: a.task.TenantName()}
 	h.q = append(h.q, ht)
+	h.tenants[bandTenant{topology.BandOf(a.task.Priority), ht.tenant}]++
+	ht.inTenant = true
 	if !a.overLimit() { // a task over its quota holds back no other tenant's
 		h.countLocked(ht.key, a.task.Priority, 1)
 		ht.counted = true

@@ -31,6 +31,7 @@ type intake struct {
 	intakeParams
 	held     *holdRoom
 	unserved *unservedRoom
+	park     *parking  // nil: never park
 	quotaLog sometimes // bounded-rate log of degraded quotas
 }
 
@@ -77,19 +78,48 @@ var _ retrier = (*intake)(nil)
 // wake prompts the hold loop (hold.go).
 func (in *intake) wake() { in.held.wake() }
 
-// handleTask is one message of MLSCHED_TASKS.
+// taskOrigin is where a task message comes from: its band's stream, or its
+// tenant's parked tasks (park.go), which carry the submission in headers.
+type taskOrigin struct {
+	subject     string // where the producer published it
+	submitted   time.Time
+	submission  string // its sequence in MLSCHED_TASKS: where it was stored, or parked
+	traceparent string
+	first       bool // its first delivery
+	parked      bool
+}
+
+// handleTask is one message of a band of MLSCHED_TASKS.
 func (in *intake) handleTask(msg jetstream.Msg) {
-	data := msg.Data()
-	submitted, submission, first := time.Now(), "", true
+	o := taskOrigin{subject: msg.Subject(), submitted: time.Now(), first: true, traceparent: protocol.TraceparentOf(msg.Headers())}
 	if meta, err := msg.Metadata(); err == nil {
-		submitted, submission = meta.Timestamp, strconv.FormatUint(meta.Sequence.Stream, 10)
-		first = meta.NumDelivered == 1
+		o.submitted, o.submission = meta.Timestamp, strconv.FormatUint(meta.Sequence.Stream, 10)
+		o.first = meta.NumDelivered == 1
 	}
+	in.take(msg, o)
+}
+
+// handleParked is one parked task coming back (park.go).
+func (in *intake) handleParked(msg jetstream.Msg) {
+	o, err := parkedOrigin(msg)
+	if err != nil {
+		in.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("task rejected")
+		task, _ := protocol.DecodeTask(msg.Data(), in.cfg.Limits())
+		in.fin.reject(msg, ending{subject: msg.Subject(), data: msg.Data(), task: task, err: err, status: protocol.StatusRejected,
+			submitted: time.Now(), traceparent: o.traceparent})
+		return
+	}
+	in.take(msg, o)
+}
+
+// take validates a task and dispatches it (or holds, or parks it).
+func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
+	data := msg.Data()
 	task, err := protocol.DecodeTask(data, in.cfg.Limits())
 	if err == nil {
-		err = checkTaskSubject(msg.Subject(), &task)
+		err = checkTaskSubject(o.subject, &task)
 	}
-	if first { // a task waiting for a node is redelivered: count it once
+	if o.first && !o.parked { // a task waiting for a node is redelivered: count it once
 		typ := task.Type
 		if err != nil {
 			typ = "invalid"
@@ -97,23 +127,27 @@ func (in *intake) handleTask(msg jetstream.Msg) {
 		in.metrics.received.Get(typ).Inc()
 	}
 	if err != nil {
-		in.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", msg.Subject()).Msg("task rejected")
-		in.fin.reject(msg, ending{subject: msg.Subject(), data: data, task: task, err: err, status: protocol.StatusRejected,
-			submitted: submitted, submission: submission, traceparent: protocol.TraceparentOf(msg.Headers())})
+		in.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", o.subject).Msg("task rejected")
+		in.fin.reject(msg, ending{subject: o.subject, data: data, task: task, err: err, status: protocol.StatusRejected,
+			submitted: o.submitted, submission: o.submission, traceparent: o.traceparent})
 		return
 	}
-	if in.superseded.Cancelled(task.ID, submission) { // cancelled while it waited: it has its result
+	if in.superseded.Cancelled(task.ID, o.submission) { // cancelled while it waited: it has its result
 		in.complete.Settle(msg, nil)
 		return
 	}
-	if !first && in.fin.hasResult(task.ID) {
+	if (!o.first || o.parked) && in.fin.hasResult(task.ID) {
 		// Redelivered with its result stored: the ack of the task was lost
 		// (or the replica that would have kept it alive is gone).
 		in.complete.Settle(msg, nil)
 		return
 	}
-	in.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: submitted, submission: submission,
-		traceparent: protocol.TraceparentOf(msg.Headers()), taskAck: msg.Reply()}, msg)
+	if !o.parked && in.park.shouldPark(topology.BandOf(task.Priority), task.TenantName()) {
+		in.park.park(msg, &task, data, o)
+		return
+	}
+	in.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: o.submitted, submission: o.submission,
+		traceparent: o.traceparent, taskAck: msg.Reply()}, msg)
 }
 
 // checkTaskSubject: a task is published on its type's subject, band 0

@@ -66,9 +66,13 @@ func parseTaskAck(subj string) (consumer, seq string, ok bool) {
 }
 
 // isTaskConsumer: the durable is one of the priority bands' consumers of
-// MLSCHED_TASKS (topology.BandConsumer), each of which a task may have
-// been delivered by.
+// MLSCHED_TASKS (topology.BandConsumer) or a tenant's parked tasks'
+// (topology.ParkedConsumer), each of which a task may have been delivered
+// by.
 func isTaskConsumer(name string) bool {
+	if strings.HasPrefix(name, topology.ParkedConsumerPrefix) {
+		return true
+	}
 	for _, band := range topology.Bands {
 		if durable, _ := topology.BandConsumer(band); durable == name {
 			return true

@@ -58,6 +58,9 @@ type taskPruner struct {
 	active bool
 	acked  []ackedTask       // acked here, above their consumer's floor when last looked
 	floors map[string]uint64 // consumer -> ack floor last purged up to
+	// parked, when set, lists the parked tasks' consumers (park.go), pruned
+	// as the bands' are.
+	parked func() (durables, filters []string)
 }
 
 type ackedTask struct {
@@ -131,8 +134,23 @@ func (p *taskPruner) prune(ctx context.Context) error {
 	}
 	var errs []error
 	floors := map[string]uint64{}
+	type pruned struct {
+		durable string
+		filters []string
+	}
+	var consumers []pruned
 	for _, band := range topology.Bands {
 		durable, filters := topology.BandConsumer(band)
+		consumers = append(consumers, pruned{durable, filters})
+	}
+	if p.parked != nil {
+		durables, filters := p.parked()
+		for i := range durables {
+			consumers = append(consumers, pruned{durables[i], filters[i : i+1]})
+		}
+	}
+	for _, pc := range consumers {
+		durable, filters := pc.durable, pc.filters
 		c, err := s.Consumer(ctx, durable)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue

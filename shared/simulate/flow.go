@@ -53,6 +53,16 @@ import (
 //     by the band consumer's MaxAckPending (the scenario's
 //     max_ack_pending, default 2048: 2 x MLSCHED_MAX_IN_FLIGHT); the rest
 //     waits in the stream, in stream order, and is pulled as tasks finish;
+//   - tenant parking (the scenario's park_above, default 256; -1: off): a
+//     task pulled from a band's stream is parked when its tenant already
+//     has at least park_above tasks held in that band (any priority of
+//     it) and another tenant's task was pulled from the band's stream in
+//     the last 60 s (so a single-tenant workload never parks). A parked
+//     task leaves the band's pull window at once (it is acked: the band
+//     pulls the next) and waits in a FIFO per band and tenant, which is
+//     pulled while fewer than 2 x park_above of its tasks are pulled and
+//     not finished; a task pulled from it is taken in like any other and
+//     never parked again. Parking takes no simulated time;
 //   - an inversion is a dispatch while a task of the same type with a
 //     higher priority is held; the dispatcher counts them and so does this.
 //
@@ -106,6 +116,12 @@ type flowControl struct {
 	maxPending int
 	pulled     [3]int
 	stream     [3][]*task
+	// tenant parking per band (parkAbove 0: off): the held tasks by
+	// tenant, the last pulls from the stream, the parked queues by tenant
+	parkAbove, parkedPending int
+	heldBy                   [3]map[string]int
+	lastPull                 [3]pullMark
+	parked                   [3]map[string]*parkedQueue
 	// ownBlocks: Options.OwnDeadlineBlocks
 	ownBlocks bool
 	// fullOK are the types a node could start within the full deadline, in
@@ -126,8 +142,8 @@ func bandIndex(priority int) int {
 	return 1
 }
 
-// intake takes a new task from the stream if its band's consumer has room,
-// else the task waits in the stream.
+// intake takes a new task from the stream if its band's consumer has room
+// (and parks it, or takes it in), else the task waits in the stream.
 func (s *sim) intake(ctx context.Context, t *task) error {
 	f := s.fc
 	b := bandIndex(t.priority)
@@ -135,26 +151,94 @@ func (s *sim) intake(ctx context.Context, t *task) error {
 		f.stream[b] = append(f.stream[b], t)
 		return nil
 	}
+	if s.park(t, b) {
+		return nil
+	}
 	f.pulled[b]++
 	t.pulled = true
 	return s.dispatchFlow(ctx, t, false)
 }
 
-// finished: a pulled task has its result; its band pulls the next.
+// finished: a pulled task has its result; its band, or its parked queue,
+// pulls the next.
 func (s *sim) finishedFlow(t *task) {
 	f := s.fc
-	if !t.pulled {
-		return
-	}
 	b := bandIndex(t.priority)
-	f.pulled[b]--
-	if len(f.stream[b]) > 0 {
-		next := f.stream[b][0]
-		f.stream[b][0] = nil
-		f.stream[b] = f.stream[b][1:]
-		f.pulled[b]++
-		next.pulled = true
-		s.push(s.now, evRedecide, s.eventT(next))
+	switch {
+	case t.fromPark:
+		pq := f.parked[b][t.tenant]
+		pq.pending--
+		s.pullParked(pq)
+	case t.pulled:
+		f.pulled[b]--
+		for len(f.stream[b]) > 0 && f.pulled[b] < f.maxPending {
+			next := f.stream[b][0]
+			f.stream[b][0] = nil
+			f.stream[b] = f.stream[b][1:]
+			if s.park(next, b) {
+				continue // acked: the band pulls on
+			}
+			f.pulled[b]++
+			next.pulled = true
+			s.push(s.now, evRedecide, s.eventT(next))
+		}
+	}
+}
+
+// parkMemory is how long a pull of another tenant's task from a band
+// keeps parking on for the band's other tenants.
+const parkMemory = 60 * time.Second
+
+// pullMark is a band's last pull from its stream, and the last one of
+// another tenant than that pull's.
+type pullMark struct {
+	tenant  string
+	at      time.Duration
+	otherAt time.Duration // of a tenant other than tenant
+}
+
+// parkedQueue is a band's parked tasks of one tenant, in parking order,
+// and how many it has pulled that have not finished.
+type parkedQueue struct {
+	q       []*task
+	pending int
+}
+
+// park is the parking rule for a task just pulled from band b's stream:
+// it reports whether the task was parked (and is out of the band's pull
+// window).
+func (s *sim) park(t *task, b int) bool {
+	f := s.fc
+	m := &f.lastPull[b]
+	other := m.otherAt // the last pull of a tenant other than t's
+	if m.tenant != t.tenant {
+		other = m.at
+		m.otherAt, m.tenant = m.at, t.tenant
+	}
+	m.at = s.now
+	if f.parkAbove <= 0 || f.heldBy[b][t.tenant] < f.parkAbove || s.now-other > parkMemory {
+		return false
+	}
+	pq := f.parked[b][t.tenant]
+	if pq == nil {
+		pq = &parkedQueue{}
+		f.parked[b][t.tenant] = pq
+	}
+	pq.q = append(pq.q, t)
+	s.pullParked(pq)
+	return true
+}
+
+// pullParked takes tasks from a parked queue, oldest first, while fewer
+// than parkedPending of its tasks are pulled and not finished.
+func (s *sim) pullParked(pq *parkedQueue) {
+	for len(pq.q) > 0 && pq.pending < s.fc.parkedPending {
+		t := pq.q[0]
+		pq.q[0] = nil
+		pq.q = pq.q[1:]
+		pq.pending++
+		t.fromPark = true
+		s.push(s.now, evRedecide, s.eventT(t))
 	}
 }
 
@@ -175,6 +259,14 @@ func newFlowControl(sc *Scenario, opt Options) *flowControl {
 	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: sc.QueueTarget.D(),
 		counts: map[string]*[priorityLevels]int{}, last: map[string]float64{}, nextPass: -1,
 		maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks, byFinish: opt.FairByFinishTag}
+	if sc.ParkAbove > 0 {
+		f.parkAbove, f.parkedPending = sc.ParkAbove, 2*sc.ParkAbove
+	}
+	for b := range f.lastPull {
+		f.heldBy[b] = map[string]int{}
+		f.parked[b] = map[string]*parkedQueue{}
+		f.lastPull[b] = pullMark{at: -parkMemory - 1, otherAt: -parkMemory - 1} // none yet
+	}
 	var sum float64
 	for _, fl := range f.flows {
 		sum += fl.Share
@@ -260,6 +352,7 @@ func (f *flowControl) heldAtLeast(typ string, priority int, strict bool) bool {
 func (f *flowControl) leave(t *task) {
 	if t.counted {
 		f.count(t.typ, t.priority, -1)
+		f.heldBy[bandIndex(t.priority)][t.tenant]--
 		t.counted = false
 	}
 }
@@ -297,6 +390,7 @@ func (s *sim) hold(t *task) {
 	}
 	if !t.counted {
 		f.count(t.typ, t.priority, 1)
+		f.heldBy[bandIndex(t.priority)][t.tenant]++
 		t.counted = true
 	}
 	if f.inPass {

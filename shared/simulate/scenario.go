@@ -147,10 +147,19 @@ type Scenario struct {
 	// priority band and not finished (the band consumer's MaxAckPending,
 	// default 2048: 2 x MLSCHED_MAX_IN_FLIGHT); the rest waits in the
 	// stream in stream order. Flow control only.
-	MaxAckPending int     `json:"max_ack_pending,omitempty"`
-	Models        []Model `json:"models"`
-	Nodes         []Node  `json:"nodes"`
-	Events        []Event `json:"events,omitempty"`
+	MaxAckPending int `json:"max_ack_pending,omitempty"`
+	// ParkAbove is the dispatcher's tenant parking threshold (default
+	// 256; -1: no parking): a task pulled from a band's stream while its
+	// tenant has at least this many tasks held in the band, and another
+	// tenant's task was pulled from the band in the last 60 s, is parked
+	// out of the band's pull window in a queue of its tenant, which is
+	// pulled with at most 2 x ParkAbove of its tasks pending. So a
+	// flooding tenant's backlog does not fill the window. Flow control
+	// only.
+	ParkAbove int     `json:"park_above,omitempty"`
+	Models    []Model `json:"models"`
+	Nodes     []Node  `json:"nodes"`
+	Events    []Event `json:"events,omitempty"`
 }
 
 // WindowSpec configures the statistics window.
@@ -653,6 +662,12 @@ func (sc *Scenario) validateFlows() error {
 	}
 	if sc.MaxAckPending == 0 {
 		sc.MaxAckPending = 2048
+	}
+	if sc.ParkAbove < -1 || sc.ParkAbove > 1_000_000 {
+		return invalid("park_above", "%d is outside 1..1000000 (-1: off)", sc.ParkAbove)
+	}
+	if sc.ParkAbove == 0 {
+		sc.ParkAbove = 256
 	}
 	return nil
 }

@@ -55,6 +55,7 @@ func TestParseScenarioErrorsAreSpecific(t *testing.T) {
 		{"flow priority", `"types": {"t": 1}`, `"types": {"t": 1}, "flows": [{"share": 1, "priority": 11}]`, "arrival.flows[0].priority", "outside -10..10"},
 		{"flow tenant", `"types": {"t": 1}`, `"types": {"t": 1}, "flows": [{"share": 1, "tenant": "a.b"}]`, "arrival.flows[0].tenant", `"a.b"`},
 		{"tenant weight", `"nodes": [`, `"tenant_weights": {"a": 0}, "nodes": [`, "tenant_weights.a", "outside (0, 1000]"},
+		{"park above", `"nodes": [`, `"park_above": -2, "nodes": [`, "park_above", "outside 1..1000000 (-1: off)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -159,6 +159,7 @@ type task struct {
 	start, tag float64
 	counted    bool
 	pulled     bool // taken from the stream by a band consumer
+	fromPark   bool // taken from its parked queue (flow.go)
 }
 
 type attemptState uint8

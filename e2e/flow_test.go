@@ -53,38 +53,13 @@ func TestFlowControlLive(t *testing.T) {
 	quotaSeconds := envInt(t, "MLSCHED_FLOW_QUOTA_SECONDS", 4)
 	quotaRate := envInt(t, "MLSCHED_FLOW_QUOTA_RATE", 200)
 	queueTarget := flowQueueTarget()
-	c := harness.New(t)
-	c.StartNATS()
-	c.StartRedis()
-	models := filepath.Join(t.TempDir(), "models.yaml")
-	if err := os.WriteFile(models, []byte(flowModels), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var ds []*harness.Dispatcher
-	for range 3 {
-		ds = append(ds, c.StartDispatcher(harness.DispatcherOptions{Env: map[string]string{
-			"MLSCHED_TASK_TIMEOUT": "2s",
-			"MLSCHED_QUEUE_TARGET": queueTarget,
-			"MLSCHED_TENANT_RATES": fmt.Sprintf("q:%d", quotaRate),
-		}}))
-	}
-	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1})
-	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	for _, d := range ds {
-		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees 2 nodes", func() error {
-			r, err := d.Stats(ctx)
-			if err != nil {
-				return err
-			}
-			if len(r.Nodes) != 2 {
-				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
-			}
-			return nil
-		})
-		waitTableRefreshed(ctx, t, d)
-	}
+	c, ds := flowCluster(ctx, t, 3, map[string]string{
+		"MLSCHED_TASK_TIMEOUT": "2s",
+		"MLSCHED_QUEUE_TARGET": queueTarget,
+		"MLSCHED_TENANT_RATES": fmt.Sprintf("q:%d", quotaRate),
+	})
 	_, js := c.Connect(nats.Name("e2e-flow"))
 	cl := client.New(js)
 
@@ -271,35 +246,9 @@ func flowQueueTarget() string {
 func TestFlowOverloadMix(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
 	seconds := envInt(t, "MLSCHED_FLOW_OVERLOAD_SECONDS", 5)
-	c := harness.New(t)
-	c.StartNATS()
-	c.StartRedis()
-	models := filepath.Join(t.TempDir(), "models.yaml")
-	if err := os.WriteFile(models, []byte(flowModels), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var ds []*harness.Dispatcher
-	for range 2 {
-		ds = append(ds, c.StartDispatcher(harness.DispatcherOptions{Env: map[string]string{
-			"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()}}))
-	}
-	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1})
-	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	for _, d := range ds {
-		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees 2 nodes", func() error {
-			r, err := d.Stats(ctx)
-			if err != nil {
-				return err
-			}
-			if len(r.Nodes) != 2 {
-				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
-			}
-			return nil
-		})
-		waitTableRefreshed(ctx, t, d)
-	}
+	c, ds := flowCluster(ctx, t, 2, map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()})
 	_, js := c.Connect(nats.Name("e2e-flow-mix"))
 	cl := client.New(js)
 
@@ -323,17 +272,7 @@ func TestFlowOverloadMix(t *testing.T) {
 		}
 		return all
 	}
-	collect := func(tasks []protocol.Task) map[string]*protocol.Result {
-		ids := make([]string, len(tasks))
-		for i, tk := range tasks {
-			ids[i] = tk.ID
-		}
-		res := make(map[string]*protocol.Result, len(ids))
-		if err := cl.WaitAll(ctx, ids, func(r *protocol.Result) { res[r.ID] = r }); err != nil {
-			t.Fatalf("waiting for results: %v (have %d of %d)", err, len(res), len(ids))
-		}
-		return res
-	}
+	collect := func(tasks []protocol.Task) map[string]*protocol.Result { return flowCollect(ctx, t, cl, tasks) }
 	latencies := func(tasks []protocol.Task, res map[string]*protocol.Result, prio int) (lat []float64, ok, n int) {
 		for _, tk := range tasks {
 			if tk.Priority != prio {
@@ -391,30 +330,9 @@ func TestFlowOverloadMix(t *testing.T) {
 			}
 		}
 	}
-	var inversions int64
-	for _, d := range ds {
-		r, err := d.Stats(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		inversions += r.Counters["inversions"]
-	}
-	rs, err := js.Stream(ctx, topology.StreamResults)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := rs.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectResultsAll))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := len(solo) + len(tasks); info.State.Msgs != uint64(want) || len(info.State.Subjects) != want {
-		t.Errorf("results stream: %d messages on %d subjects, want %d: lost or duplicate results", info.State.Msgs, len(info.State.Subjects), want)
-	}
+	inversions := flowCheck(ctx, t, js, ds, len(solo)+len(tasks))["inversions"]
 	if startedLate != 0 {
 		t.Errorf("%d tasks started after their deadline", startedLate)
-	}
-	if inversions != 0 {
-		t.Errorf("inversions = %d, want 0", inversions)
 	}
 	share := 0.0
 	if shedOrExpired > 0 {
@@ -438,4 +356,182 @@ func uptimeLoad() string {
 		return "unknown"
 	}
 	return string(b[:min(len(b), 14)])
+}
+
+// TestFlowNoisyTenant is the issue's noisy tenant on real processes: 2
+// dispatcher replicas on Redis, 2 workers of 8 slots with one 50 ms model
+// (about 320 tasks/s). Tenant a floods at 10x capacity while b and c send
+// 10% of capacity each (32/s). It first measures b alone at its rate as
+// the baseline. The replicas park a's tasks beyond its share of the band
+// (dispatcher/park.go), so b's and c's tasks are not queued behind the
+// flood in the stream. It asserts exactly one result per task, 0
+// inversions and that a was parked; it reports b's and c's p95 against
+// b's alone (the issue's target: ≤ 1.5x) and a's throughput. make test
+// floods for 2 s; MLSCHED_FLOW_NOISY_SECONDS=15 is the issue's run, and
+// MLSCHED_FLOW_PARK_ABOVE=0 turns parking off for comparison.
+func TestFlowNoisyTenant(t *testing.T) {
+	requireBinaries(t, "dispatcher", "worker")
+	seconds := envInt(t, "MLSCHED_FLOW_NOISY_SECONDS", 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	env := map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()}
+	if v, ok := os.LookupEnv("MLSCHED_FLOW_PARK_ABOVE"); ok { // 0: parking off, for comparison
+		env["MLSCHED_PARK_ABOVE"] = v
+	}
+	c, ds := flowCluster(ctx, t, 2, env)
+	_, js := c.Connect(nats.Name("e2e-flow-noisy"))
+	cl := client.New(js, client.WithGroupCommit(true))
+
+	// offer submits each tenant's rate for the duration, 10 batches a
+	// second, on one goroutine per tenant; it returns the tasks.
+	offer := func(prefix string, rates map[string]int, d time.Duration) []protocol.Task {
+		var mu sync.Mutex
+		var all []protocol.Task
+		var wg sync.WaitGroup
+		for tenant, rate := range rates {
+			wg.Go(func() {
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				n := 0
+				for start := time.Now(); time.Since(start) < d; <-tick.C {
+					batch := make([]protocol.Task, max(1, rate/10))
+					for i := range batch {
+						batch[i] = protocol.Task{ID: fmt.Sprintf("%s-%s-%06d", prefix, tenant, n), Type: "flow", Tenant: tenant,
+							TimeoutMs: 2000, Payload: json.RawMessage(`{}`)}
+						n++
+					}
+					if _, errs := cl.SubmitMany(ctx, batch, 512); firstErr(errs) != nil {
+						t.Error(firstErr(errs))
+						return
+					}
+					mu.Lock()
+					all = append(all, batch...)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return all
+	}
+	collect := func(tasks []protocol.Task) map[string]*protocol.Result { return flowCollect(ctx, t, cl, tasks) }
+	// of returns a tenant's latencies of its successes (sorted), its
+	// successes and its tasks.
+	of := func(tasks []protocol.Task, res map[string]*protocol.Result, tenant string) (lat []float64, ok, n int) {
+		for _, tk := range tasks {
+			if tk.Tenant != tenant {
+				continue
+			}
+			n++
+			if r := res[tk.ID]; r.Status == protocol.StatusSucceeded {
+				ok++
+				lat = append(lat, r.LatencyMs)
+			}
+		}
+		slices.Sort(lat)
+		return lat, ok, n
+	}
+
+	solo := offer("solo", map[string]int{"b": 32}, 5*time.Second)
+	soloLat, _, _ := of(solo, collect(solo), "b")
+
+	load := uptimeLoad()
+	began := time.Now()
+	tasks := offer("noisy", map[string]int{"a": 3200, "b": 32, "c": 32}, time.Duration(seconds)*time.Second)
+	res := collect(tasks)
+	elapsed := time.Since(began)
+
+	parked := flowCheck(ctx, t, js, ds, len(solo)+len(tasks))["parked"]
+	if parked == 0 && os.Getenv("MLSCHED_FLOW_PARK_ABOVE") != "0" {
+		t.Errorf("no task of the flooding tenant was parked")
+	}
+	base := pct(soloLat, 0.95)
+	t.Logf("MLSCHED_QUEUE_TARGET=%s; load average at start %s; b alone at 32/s: p95 %.0f ms over %d", flowQueueTarget(), load, base, len(soloLat))
+	for _, tenant := range []string{"b", "c"} {
+		lat, ok, n := of(tasks, res, tenant)
+		t.Logf("tenant %s during the flood (%ds): %d/%d succeeded, p50 %.0f ms, p95 %.0f ms = %.2fx b alone (target ≤ 1.5x)",
+			tenant, seconds, ok, n, pct(lat, 0.5), pct(lat, 0.95), pct(lat, 0.95)/max(1, base))
+	}
+	_, okA, nA := of(tasks, res, "a")
+	t.Logf("tenant a: %d/%d succeeded, %.0f/s from the first submission to the last result (capacity about 320/s, less b's and c's 64/s); parked %d; load average at the end %s",
+		okA, nA, float64(okA)/elapsed.Seconds(), parked, uptimeLoad())
+}
+
+// flowCluster starts the flow tests' cluster: nats-server, redis-server,
+// replicas dispatcher replicas with env, and 2 workers of 8 slots with one
+// 50 ms model (about 320 tasks/s); it returns once every replica sees both
+// nodes and has a decision table.
+func flowCluster(ctx context.Context, t *testing.T, replicas int, env map[string]string) (*harness.Cluster, []*harness.Dispatcher) {
+	t.Helper()
+	c := harness.New(t)
+	c.StartNATS()
+	c.StartRedis()
+	models := filepath.Join(t.TempDir(), "models.yaml")
+	if err := os.WriteFile(models, []byte(flowModels), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var ds []*harness.Dispatcher
+	for range replicas {
+		ds = append(ds, c.StartDispatcher(harness.DispatcherOptions{Env: env}))
+	}
+	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1})
+	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2})
+	for _, d := range ds {
+		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees 2 nodes", func() error {
+			r, err := d.Stats(ctx)
+			if err != nil {
+				return err
+			}
+			if len(r.Nodes) != 2 {
+				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
+			}
+			return nil
+		})
+		waitTableRefreshed(ctx, t, d)
+	}
+	return c, ds
+}
+
+// flowCollect waits for the tasks' results.
+func flowCollect(ctx context.Context, t *testing.T, cl *client.Client, tasks []protocol.Task) map[string]*protocol.Result {
+	t.Helper()
+	ids := make([]string, len(tasks))
+	for i, tk := range tasks {
+		ids[i] = tk.ID
+	}
+	res := make(map[string]*protocol.Result, len(ids))
+	if err := cl.WaitAll(ctx, ids, func(r *protocol.Result) { res[r.ID] = r }); err != nil {
+		t.Fatalf("waiting for results: %v (have %d of %d)", err, len(res), len(ids))
+	}
+	return res
+}
+
+// flowCheck asserts exactly one stored result for each of want tasks and
+// 0 inversions; it returns the replicas' counters summed.
+func flowCheck(ctx context.Context, t *testing.T, js jetstream.JetStream, ds []*harness.Dispatcher, want int) map[string]int64 {
+	t.Helper()
+	sum := map[string]int64{}
+	for _, d := range ds {
+		r, err := d.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range r.Counters {
+			sum[k] += v
+		}
+	}
+	rs, err := js.Stream(ctx, topology.StreamResults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := rs.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectResultsAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != uint64(want) || len(info.State.Subjects) != want {
+		t.Errorf("results stream: %d messages on %d subjects, want %d: lost or duplicate results", info.State.Msgs, len(info.State.Subjects), want)
+	}
+	if sum["inversions"] != 0 {
+		t.Errorf("inversions = %d, want 0", sum["inversions"])
+	}
+	return sum
 }

@@ -32,11 +32,12 @@
 //     `mlsched stats` and `mlsched cancel`;
 //   - the three stages, each a type built from a params struct of what it
 //     needs, and the consumers that feed them:
-//   - intake (intake.go, hold.go, unserved.go): validate a task (reject or
+//   - intake (intake.go, hold.go, unserved.go, park.go): validate a task (reject or
 //     dead-letter bad input), decide model and node with the policy engine,
 //     seal the dispatch (trust.go) and republish the task bytes unchanged to
 //     mlsched.node.<node>.tasks; it keeps the tasks held for want of
-//     capacity and those waiting for a node;
+//     capacity and those waiting for a node, and parks a flooding
+//     tenant's tasks beyond its share of a band;
 //   - outcomes (outcomes.go): a stored outcome of
 //     MLSCHED_OUTCOMES or a worker's direct report of a success (a
 //     core-NATS request on mlsched.report.<node>, answered with a

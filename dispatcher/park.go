@@ -26,7 +26,7 @@ import (
 // (issue 20: 46.7 s against 72 ms alone). So a task of a tenant that already
 // has MLSCHED_PARK_ABOVE tasks held in its band, while another tenant has
 // sent to that band within the last parkMemory, is parked instead of held:
-// published, unchanged, on mlsched.tasks._park[-high|-low].<tenant> with its
+// published, unchanged, on mlsched.tasks._park[-high|-low].t_<tenant> with its
 // submission's time and sequence in headers, and then acked (publish then
 // ack: a crash between the two parks it again, and the message id
 // "park-<sequence>" makes that harmless). The band's window stays open to

@@ -145,17 +145,22 @@ func BandConsumer(band int) (durable string, filters []string) {
 
 // Parking (dispatcher/park.go): a tenant's tasks beyond its share of a
 // band's pull window are moved, publish then ack, to a subject of their own
-// in MLSCHED_TASKS, mlsched.tasks._park[-high|-low].<tenant>, and pulled
+// in MLSCHED_TASKS, mlsched.tasks._park[-high|-low].t_<tenant>, and pulled
 // back through a durable consumer per band and tenant, so that one tenant's
 // backlog never stands in the stream before another's tasks. These four-token
-// subjects are read by no band consumer (BandConsumer): a task type may not
-// be named _park, _park-high or _park-low.
+// subjects are read by no band consumer (BandConsumer): the tenant's token
+// is prefixed, so that a tenant named high or low does not make a band's
+// subject of it; a task type may not be named _park, _park-high or
+// _park-low.
 const parkPrefix = "mlsched.tasks._park"
 
 // ParkedSubject is where the dispatcher parks a tenant's task of a band.
 func ParkedSubject(band int, tenant string) string {
-	return parkToken(band) + "." + tenant
+	return parkToken(band) + "." + parkTenant + tenant
 }
+
+// parkTenant prefixes the tenant's token of a parked subject.
+const parkTenant = "t_"
 
 func parkToken(band int) string {
 	if sfx := bandSuffix(band); sfx != "" {
@@ -176,8 +181,9 @@ func ParkedFilters() []string {
 // ParseParkedSubject returns the band and tenant of a parked task's
 // subject; ok is false for any other subject.
 func ParseParkedSubject(subject string) (band int, tenant string, ok bool) {
-	head, tenant, found := strings.Cut(strings.TrimPrefix(subject, "mlsched.tasks."), ".")
-	if !found || tenant == "" || strings.Contains(tenant, ".") || !strings.HasPrefix(subject, parkPrefix) {
+	head, token, found := strings.Cut(strings.TrimPrefix(subject, "mlsched.tasks."), ".")
+	tenant, prefixed := strings.CutPrefix(token, parkTenant)
+	if !found || !prefixed || tenant == "" || strings.Contains(tenant, ".") || !strings.HasPrefix(subject, parkPrefix) {
 		return 0, "", false
 	}
 	for _, b := range Bands {

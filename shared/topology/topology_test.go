@@ -189,7 +189,7 @@ func TestStreamsAllowGroupCommit(t *testing.T) {
 // consumer, and a tenant a consumer name may not hold is hashed.
 func TestParkedSubjects(t *testing.T) {
 	for _, band := range topology.Bands {
-		for _, tenant := range []string{"acme", "a/b", "x\\y"} {
+		for _, tenant := range []string{"acme", "a/b", "x\\y", "high", "low"} {
 			subj := topology.ParkedSubject(band, tenant)
 			b, tn, ok := topology.ParseParkedSubject(subj)
 			if !ok || b != band || tn != tenant {
@@ -197,6 +197,14 @@ func TestParkedSubjects(t *testing.T) {
 			}
 			if _, _, ok := topology.ParseTaskSubject(subj); ok {
 				t.Fatalf("%s reads as a task subject", subj)
+			}
+			for _, b := range topology.Bands { // no band consumer reads it
+				_, filters := topology.BandConsumer(b)
+				for _, f := range filters {
+					if subjectMatches(f, subj) {
+						t.Fatalf("band %d's filter %s reads %s", b, f, subj)
+					}
+				}
 			}
 			for _, f := range topology.ParkedFilters() {
 				if f == subj {
@@ -212,9 +220,10 @@ func TestParkedSubjects(t *testing.T) {
 	if got := topology.ParkedConsumer(topology.BandHigh, "acme"); got != "parked-high-acme" {
 		t.Fatalf("topology.ParkedConsumer = %q", got)
 	}
-	for _, s := range []string{"mlsched.tasks.a", "mlsched.tasks.a.high", "mlsched.tasks._park", "mlsched.tasks._park.a.b", "mlsched.tasks._parkx.a"} {
+	for _, s := range []string{"mlsched.tasks.a", "mlsched.tasks.a.high", "mlsched.tasks._park", "mlsched.tasks._park.a.b", "mlsched.tasks._parkx.t_a", "mlsched.tasks._park.a"} {
 		if _, _, ok := topology.ParseParkedSubject(s); ok {
 			t.Fatalf("%s parsed as parked", s)
 		}
 	}
 }
+

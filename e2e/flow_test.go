@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -243,12 +245,14 @@ func flowQueueTarget() string {
 // exactly one result per task, that no task started after its deadline,
 // and 0 inversions; it reports the figures. make test offers it
 // for 5 s; MLSCHED_FLOW_OVERLOAD_SECONDS=60 is the run.
+// MLSCHED_FLOW_REPLICAS sets the replicas (default 2), and
+// MLSCHED_FLOW_PPROF_PORT serves each replica's pprof from that port on.
 func TestFlowOverloadMix(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
 	seconds := envInt(t, "MLSCHED_FLOW_OVERLOAD_SECONDS", 5)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, ds := flowCluster(ctx, t, 2, map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()})
+	c, ds := flowCluster(ctx, t, envInt(t, "MLSCHED_FLOW_REPLICAS", 2), map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()})
 	_, js := c.Connect(nats.Name("e2e-flow-mix"))
 	cl := client.New(js)
 
@@ -470,8 +474,16 @@ func flowCluster(ctx context.Context, t *testing.T, replicas int, env map[string
 		t.Fatal(err)
 	}
 	var ds []*harness.Dispatcher
-	for range replicas {
-		ds = append(ds, c.StartDispatcher(harness.DispatcherOptions{Env: env}))
+	for i := range replicas {
+		e := maps.Clone(env)
+		if port := os.Getenv("MLSCHED_FLOW_PPROF_PORT"); port != "" { // replica i serves pprof on port+i
+			p, err := strconv.Atoi(port)
+			if err != nil {
+				t.Fatalf("MLSCHED_FLOW_PPROF_PORT=%q: %v", port, err)
+			}
+			e["MLSCHED_PPROF_ADDR"] = fmt.Sprintf("127.0.0.1:%d", p+i)
+		}
+		ds = append(ds, c.StartDispatcher(harness.DispatcherOptions{Env: e}))
 	}
 	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1})
 	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2})

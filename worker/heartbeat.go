@@ -13,8 +13,20 @@ import (
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
-// heartbeat announces the node in the nodes bucket every interval; the
-// bucket's TTL removes a node that stops announcing.
+// loadEvery is how often a node whose load moves beats, besides its
+// interval. A beat's running and queued figures steer every dispatcher's
+// load model until the next one: stale by up to an interval (1 s), a queue
+// the node has drained still looks full, and the dispatchers hold their
+// tasks while it idles. Each replica counts the outcomes it receives
+// against that figure, so one replica saw the drain and two did not
+// (issue 20, TestFlowOverloadMix at 150 ms queue target: 189 tasks/s of
+// 320 on 2 replicas, and 283 with 200 ms beats).
+const loadEvery = 200 * time.Millisecond
+
+// heartbeat announces the node in the nodes bucket every interval, and
+// every loadEvery while its load moves (its in-flight count changed, or
+// it had work queued); the bucket's TTL removes a node that stops
+// announcing.
 type heartbeat struct {
 	kv     jetstream.KeyValue
 	node   string
@@ -35,6 +47,8 @@ type heartbeat struct {
 	// after a server restart.
 	ensure func(context.Context) (jetstream.KeyValue, error)
 	mu     sync.Mutex // guards kv
+	// lastInFlight and lastQueued are the last beat's load figures.
+	lastInFlight, lastQueued atomic.Int64
 }
 
 func (h *heartbeat) bucket() jetstream.KeyValue {
@@ -43,10 +57,13 @@ func (h *heartbeat) bucket() jetstream.KeyValue {
 	return h.kv
 }
 
-// Run beats at once and then every interval until ctx ends.
+// Run beats at once and then every interval, and every loadEvery while
+// the load moves, until ctx ends.
 func (h *heartbeat) Run(ctx context.Context) {
 	t := time.NewTicker(h.every)
 	defer t.Stop()
+	load := time.NewTicker(min(h.every, loadEvery))
+	defer load.Stop()
 	for {
 		bctx, cancel := context.WithTimeout(ctx, max(h.every, time.Second))
 		if err := h.Beat(bctx); err != nil && ctx.Err() == nil {
@@ -61,13 +78,35 @@ func (h *heartbeat) Run(ctx context.Context) {
 			}
 		}
 		cancel()
-		select {
-		case <-ctx.Done():
+		if !h.next(ctx, t.C, load.C) {
 			return
-		case <-t.C:
-		case <-h.kick:
 		}
 	}
+}
+
+// next waits for the next beat: the interval, a kick, or loadEvery while
+// the load moves; false once ctx ends.
+func (h *heartbeat) next(ctx context.Context, every, load <-chan time.Time) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-every:
+			return true
+		case <-h.kick:
+			return true
+		case <-load:
+			if h.loadMoved() {
+				return true
+			}
+		}
+	}
+}
+
+// loadMoved reports whether the load the last beat announced may be stale:
+// the in-flight count changed since, or work was queued then.
+func (h *heartbeat) loadMoved() bool {
+	return int64(h.inFlight()) != h.lastInFlight.Load() || h.lastQueued.Load() > 0
 }
 
 // Beat puts the node's current heartbeat.
@@ -90,7 +129,10 @@ func (h *heartbeat) Beat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = h.bucket().Put(ctx, h.node, b)
+	if _, err = h.bucket().Put(ctx, h.node, b); err == nil {
+		h.lastInFlight.Store(int64(hb.InFlight))
+		h.lastQueued.Store(int64(hb.Queued))
+	}
 	return err
 }
 

@@ -582,3 +582,42 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		t.Errorf("default node id %q", w.Node())
 	}
 }
+
+// A node whose load moves announces it without waiting for its interval
+// (here an hour): its in-flight count as a task starts and as it ends, so
+// the dispatchers' load model does not see a drained node as busy for a
+// whole interval.
+func TestHeartbeatFollowsLoad(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-load")
+	kv, err := h.srv.JS.KeyValue(context.Background(), topology.BucketNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config()
+	cfg.HeartbeatInterval, cfg.NodeTTL = time.Hour, 2*time.Hour
+	gate := make(chan struct{})
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	h.start(cfg, WithHandler("gated", func(ctx context.Context, _ Task) (any, error) {
+		select {
+		case <-gate:
+			return "finished", nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}), WithModels([]ModelSpec{goModel("echo-m", "gated")}))
+	inFlight := func(want int) func() bool {
+		return func() bool {
+			e, err := kv.Get(context.Background(), "n-load")
+			var hb protocol.Heartbeat
+			return err == nil && json.Unmarshal(e.Value(), &hb) == nil && hb.InFlight == want
+		}
+	}
+	waitFor(t, 20*time.Second, "the first heartbeat", inFlight(0))
+	h.dispatch("load-1", "echo-m", dispatchOpts{})
+	waitFor(t, 20*time.Second, "a heartbeat with the task in flight", inFlight(1))
+	open()
+	waitFor(t, 20*time.Second, "a heartbeat with the node idle again", inFlight(0))
+}

@@ -371,14 +371,18 @@ func uptimeLoad() string {
 // flood in the stream. It asserts exactly one result per task, 0
 // inversions and that a was parked; it reports b's and c's p95 against
 // b's alone (the target: ≤ 1.5x) and a's throughput. make test
-// floods for 2 s; MLSCHED_FLOW_NOISY_SECONDS=15 is the run, and
+// floods for 2 s, and kills one replica with -9 once it has parked tasks
+// (started again at once); MLSCHED_FLOW_NOISY_SECONDS=15
+// MLSCHED_FLOW_NOISY_KILL=0 is the run, and
 // MLSCHED_FLOW_PARK_ABOVE=0 turns parking off for comparison.
 func TestFlowNoisyTenant(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
 	seconds := envInt(t, "MLSCHED_FLOW_NOISY_SECONDS", 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	env := map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()}
+	kill := os.Getenv("MLSCHED_FLOW_NOISY_KILL") != "0"
+	// a killed replica's parked tasks in hand come back after the ack wait
+	env := map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget(), "MLSCHED_ACK_WAIT": "5s"}
 	if v, ok := os.LookupEnv("MLSCHED_FLOW_PARK_ABOVE"); ok { // 0: parking off, for comparison
 		env["MLSCHED_PARK_ABOVE"] = v
 	}
@@ -440,7 +444,33 @@ func TestFlowNoisyTenant(t *testing.T) {
 
 	load := uptimeLoad()
 	began := time.Now()
+	killed := make(chan error, 1)
+	if kill {
+		// kill -9 a replica once it has parked tasks (some in its hands),
+		// and start it again: every task still gets exactly one result.
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			killed <- harness.WaitFor(wctx, func() error {
+				r, err := ds[0].Stats(wctx)
+				if err == nil && r.Counters["parked"] == 0 {
+					err = fmt.Errorf("replica 1 has parked nothing yet")
+				}
+				return err
+			})
+			ds[0].Kill()
+			killed <- ds[0].Restart()
+		}()
+	}
 	tasks := offer("noisy", map[string]int{"a": 3200, "b": 32, "c": 32}, time.Duration(seconds)*time.Second)
+	if kill {
+		for range 2 {
+			if err := <-killed; err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("%s was killed with -9 after it parked tasks, and started again", ds[0].Name)
+	}
 	res := collect(tasks)
 	elapsed := time.Since(began)
 

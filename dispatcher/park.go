@@ -28,8 +28,8 @@ import (
 // sent to that band within the last parkMemory, is parked instead of held:
 // published, unchanged, on mlsched.tasks._park[-high|-low].t_<tenant> with its
 // submission's time and sequence in headers, and then acked (publish then
-// ack: a crash between the two parks it again, and the message id
-// "park-<sequence>" makes that harmless). The band's window stays open to
+// ack: a crash between the two parks it again, and the message id, which
+// names the submission, makes that harmless). The band's window stays open to
 // the other tenants, whose tasks reach the hold as soon as they are stored.
 //
 // Each band and tenant with parked tasks has a durable consumer every
@@ -122,7 +122,10 @@ func (p *parking) park(msg jsplumb.Msg, t *protocol.Task, data []byte, o taskOri
 	}
 	out := &nats.Msg{Subject: topology.ParkedSubject(band, tenant), Data: data, Header: h}
 	id := t.ID
-	err := p.complete.Publish(context.Background(), p.pub, msg, out, "park-"+o.submission, func(ack *jetstream.PubAck, err error) error {
+	// The message id names the submission and the task: a crash between
+	// the publish and the ack parks it once, and no producer's id (a task
+	// id is a token, without spaces) can make a parking look a duplicate.
+	err := p.complete.Publish(context.Background(), p.pub, msg, out, "mlsched park "+o.submission+" "+id, func(ack *jetstream.PubAck, err error) error {
 		if err != nil {
 			p.log.Warn().Err(err).Str("task_id", id).Msg("parking failed, will retry")
 			return err

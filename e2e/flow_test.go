@@ -445,21 +445,31 @@ func TestFlowNoisyTenant(t *testing.T) {
 	load := uptimeLoad()
 	began := time.Now()
 	killed := make(chan error, 1)
+	victim := make(chan *harness.Dispatcher, 1)
 	if kill {
-		// kill -9 a replica once it has parked tasks (some in its hands),
-		// and start it again: every task still gets exactly one result.
+		// kill -9 the first replica found with parked tasks (some in its
+		// hands), and start it again: every task still gets exactly one
+		// result.
 		go func() {
 			wctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
-			killed <- harness.WaitFor(wctx, func() error {
-				r, err := ds[0].Stats(wctx)
-				if err == nil && r.Counters["parked"] == 0 {
-					err = fmt.Errorf("replica 1 has parked nothing yet")
+			var d *harness.Dispatcher
+			err := harness.WaitFor(wctx, func() error {
+				for _, r := range ds {
+					if st, err := r.Stats(wctx); err == nil && st.Counters["parked"] > 0 {
+						d = r
+						return nil
+					}
 				}
-				return err
+				return fmt.Errorf("no replica has parked a task yet")
 			})
-			ds[0].Kill()
-			killed <- ds[0].Restart()
+			killed <- err
+			if err != nil {
+				return
+			}
+			d.Kill()
+			victim <- d
+			killed <- d.Restart()
 		}()
 	}
 	tasks := offer("noisy", map[string]int{"a": 3200, "b": 32, "c": 32}, time.Duration(seconds)*time.Second)
@@ -469,7 +479,7 @@ func TestFlowNoisyTenant(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		t.Logf("%s was killed with -9 after it parked tasks, and started again", ds[0].Name)
+		t.Logf("%s was killed with -9 after it parked tasks, and started again", (<-victim).Name)
 	}
 	res := collect(tasks)
 	elapsed := time.Since(began)

@@ -89,18 +89,7 @@ func TestBurstCapacity(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for _, d := range ds {
-		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees 3 nodes", func() error {
-			r, err := d.Stats(ctx)
-			if err != nil {
-				return err
-			}
-			if len(r.Nodes) != 3 {
-				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
-			}
-			return nil
-		})
-	}
+	waitSeesNodes(ctx, t, ds, 3)
 	// The registry knowing the nodes is not enough: a replica decides on
 	// the table its next snapshot refresh builds. A burst sent before that
 	// found no node, filled the room for tasks waiting for one
@@ -245,6 +234,23 @@ func envInt(t *testing.T, name string, def int) int {
 		t.Fatalf("%s=%q: want a positive integer", name, v)
 	}
 	return n
+}
+
+// waitSeesNodes waits until every replica's registry knows n nodes.
+func waitSeesNodes(ctx context.Context, t *testing.T, ds []*harness.Dispatcher, n int) {
+	t.Helper()
+	for _, d := range ds {
+		harness.Eventually(t, harness.ReadyTimeout, fmt.Sprintf("%s sees %d nodes", d.Name, n), func() error {
+			r, err := d.Stats(ctx)
+			if err != nil {
+				return err
+			}
+			if len(r.Nodes) != n {
+				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
+			}
+			return nil
+		})
+	}
 }
 
 // waitTableRefreshed waits until d's routing table was rebuilt after now:

@@ -179,18 +179,7 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	for _, d := range disps {
-		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees every node", func() error {
-			r, err := d.Stats(ctx)
-			if err != nil {
-				return err
-			}
-			if len(r.Nodes) != len(chaosNodes) {
-				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
-			}
-			return nil
-		})
-	}
+	waitSeesNodes(ctx, t, disps, len(chaosNodes))
 
 	nc, js := c.Connect(nats.Name("chaos-producer"))
 	if slices.Contains(cv.kinds, faultKillNATS) {

@@ -277,19 +277,8 @@ func TestFlowOverloadMix(t *testing.T) {
 		return all
 	}
 	collect := func(tasks []protocol.Task) map[string]*protocol.Result { return flowCollect(ctx, t, cl, tasks) }
-	latencies := func(tasks []protocol.Task, res map[string]*protocol.Result, prio int) (lat []float64, ok, n int) {
-		for _, tk := range tasks {
-			if tk.Priority != prio {
-				continue
-			}
-			n++
-			if r := res[tk.ID]; r.Status == protocol.StatusSucceeded {
-				ok++
-				lat = append(lat, r.LatencyMs)
-			}
-		}
-		slices.Sort(lat)
-		return lat, ok, n
+	latencies := func(tasks []protocol.Task, res map[string]*protocol.Result, prio int) ([]float64, int, int) {
+		return flowLatencies(tasks, res, func(tk protocol.Task) bool { return tk.Priority == prio })
 	}
 
 	solo := offer("solo", 128, 5*time.Second, []int{5})
@@ -422,21 +411,8 @@ func TestFlowNoisyTenant(t *testing.T) {
 		return all
 	}
 	collect := func(tasks []protocol.Task) map[string]*protocol.Result { return flowCollect(ctx, t, cl, tasks) }
-	// of returns a tenant's latencies of its successes (sorted), its
-	// successes and its tasks.
-	of := func(tasks []protocol.Task, res map[string]*protocol.Result, tenant string) (lat []float64, ok, n int) {
-		for _, tk := range tasks {
-			if tk.Tenant != tenant {
-				continue
-			}
-			n++
-			if r := res[tk.ID]; r.Status == protocol.StatusSucceeded {
-				ok++
-				lat = append(lat, r.LatencyMs)
-			}
-		}
-		slices.Sort(lat)
-		return lat, ok, n
+	of := func(tasks []protocol.Task, res map[string]*protocol.Result, tenant string) ([]float64, int, int) {
+		return flowLatencies(tasks, res, func(tk protocol.Task) bool { return tk.Tenant == tenant })
 	}
 
 	solo := offer("solo", map[string]int{"b": 32}, 5*time.Second)
@@ -527,17 +503,8 @@ func flowCluster(ctx context.Context, t *testing.T, replicas int, env map[string
 	}
 	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1})
 	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2})
+	waitSeesNodes(ctx, t, ds, 2)
 	for _, d := range ds {
-		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees 2 nodes", func() error {
-			r, err := d.Stats(ctx)
-			if err != nil {
-				return err
-			}
-			if len(r.Nodes) != 2 {
-				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
-			}
-			return nil
-		})
 		waitTableRefreshed(ctx, t, d)
 	}
 	return c, ds
@@ -586,4 +553,21 @@ func flowCheck(ctx context.Context, t *testing.T, js jetstream.JetStream, ds []*
 		t.Errorf("inversions = %d, want 0", sum["inversions"])
 	}
 	return sum
+}
+
+// flowLatencies returns, of the tasks keep selects, the latencies of the
+// successes (sorted), the successes and the tasks.
+func flowLatencies(tasks []protocol.Task, res map[string]*protocol.Result, keep func(protocol.Task) bool) (lat []float64, ok, n int) {
+	for _, tk := range tasks {
+		if !keep(tk) {
+			continue
+		}
+		n++
+		if r := res[tk.ID]; r.Status == protocol.StatusSucceeded {
+			ok++
+			lat = append(lat, r.LatencyMs)
+		}
+	}
+	slices.Sort(lat)
+	return lat, ok, n
 }

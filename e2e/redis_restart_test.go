@@ -85,18 +85,7 @@ func runRestart(t *testing.T, shape restartShape) (before, after float64) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	for _, d := range ds {
-		harness.Eventually(t, harness.ReadyTimeout, d.Name+" sees 3 nodes", func() error {
-			r, err := d.Stats(ctx)
-			if err != nil {
-				return err
-			}
-			if len(r.Nodes) != 3 {
-				return fmt.Errorf("%s knows %d nodes", d.Name, len(r.Nodes))
-			}
-			return nil
-		})
-	}
+	waitSeesNodes(ctx, t, ds, 3)
 	nc, js := c.Connect(nats.Name("e2e-restart-producer"))
 	seen := newResultCounter()
 	sub, err := nc.Subscribe(topology.SubjectResultsAll, seen.observe)

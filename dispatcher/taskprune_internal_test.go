@@ -161,3 +161,65 @@ func TestTaskPrunerLeavesAWorkQueueStream(t *testing.T) {
 		t.Fatal("pruner active on a work-queue stream")
 	}
 }
+
+// A parked tenant's finished tasks are purged below its parked consumer's
+// ack floor, as a band's (with stragglers off: only the floor removes
+// them), and an unfinished one stays; the band's tasks are not touched.
+func TestTaskPrunerPurgesParkedTasksByFloor(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := topology.Ensure(ctx, srv.JS, topology.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := srv.JS.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.JS.Publish(ctx, topology.TaskSubject("x"), []byte(`{"id":"waiting","type":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	subj := topology.ParkedSubject(topology.BandNormal, "a")
+	for i := range 3 {
+		if _, err := srv.JS.Publish(ctx, subj, fmt.Appendf(nil, `{"id":"p%d","type":"x","tenant":"a"}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := topology.ParkedConsumer(topology.BandNormal, "a")
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, FilterSubject: subj,
+		AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 3 {
+		t.Fatalf("fetched %d parked tasks, want 3", len(msgs))
+	}
+	p := newTaskPruner(srv.JS, zerolog.Nop())
+	p.straggle = time.Hour
+	p.parked = func() ([]string, []string) { return []string{name}, []string{subj} }
+	if err := p.prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs[:2] { // p0 and p1 finish, p2 still runs
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+		p.noteAcked(m)
+	}
+	if err := p.prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// sequence 1 is the band's waiting task, 2..4 the parked ones
+	if got := taskSeqs(ctx, t, s); !slices.Equal(got, []uint64{1, 4}) {
+		t.Fatalf("after a pass the stream holds %v, want [1 4] (the band's waiting task and the running parked one)", got)
+	}
+}

@@ -280,6 +280,13 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 		return
 	}
 	if key != "" && in.held.heldAtLeast(key, t.Priority, true) {
+		// A higher-priority task of the set was held since this one's
+		// check (by another goroutine, decided at the same moment): this
+		// one waits behind it, and the pass sends that one first.
+		if in.hold(a, msg, dec, in.holdWait(&a), expiry) {
+			in.held.wake()
+			return
+		}
 		in.counters.Inversions.Add(1) // only when the hold is closed: it must stay 0
 	}
 	if dec.Panic {

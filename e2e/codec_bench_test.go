@@ -34,11 +34,7 @@ func BenchmarkCodecs(b *testing.B) {
 		b.Fatal(err)
 	}
 	r.FinishedAt = time.Now()
-	type head struct {
-		ID      string          `json:"id"`
-		Type    string          `json:"type"`
-		Payload json.RawMessage `json:"payload"`
-	}
+	type head = protocol.TaskHead
 	type codec struct {
 		name string
 		f    func() error
@@ -65,7 +61,7 @@ func BenchmarkCodecs(b *testing.B) {
 			}},
 		}},
 		{"DecodeTaskHead", []codec{ // worker
-			{"protocol", func() error { _, _, _, err := protocol.DecodeTaskHead(task); return err }},
+			{"protocol", func() error { _, err := protocol.DecodeTaskHead(task); return err }},
 			{"json", func() error { var h head; return json.Unmarshal(task, &h) }},
 			{"goccy", func() error { var h head; return gojson.Unmarshal(task, &h) }},
 		}},

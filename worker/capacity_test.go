@@ -37,7 +37,7 @@ func TestModelMaxConcurrency(t *testing.T) {
 	var cur, peak, other atomic.Int32
 	gate := make(chan struct{})
 	cfg := h.config()
-	cfg.Concurrency = 4
+	cfg.Concurrency, cfg.Prefetch = 4, 2
 	limited := goModel("big", "gated")
 	limited.MaxConcurrency = new(int)
 	*limited.MaxConcurrency = limit
@@ -61,15 +61,16 @@ func TestModelMaxConcurrency(t *testing.T) {
 	for i := range total {
 		h.dispatch(fmt.Sprintf("b%d", i), "big", dispatchOpts{})
 	}
-	// big runs 2 at once; 2 more big tasks are delivered (the consumer lets
-	// 4 be unacknowledged) and wait for the limit; 4 wait in the stream.
+	// big runs 2 at once; 4 more big tasks are delivered (the consumer lets
+	// Concurrency + Prefetch = 6 be unacknowledged) and wait for the limit;
+	// 2 wait in the stream.
 	waitFor(t, 10*time.Second, "the limit reached and the queue announced", func() bool {
 		hb, ok := h.heartbeatOf()
 		if !ok || cur.Load() != limit {
 			return false
 		}
 		for _, m := range hb.Models {
-			if m.Name == "big" && m.MaxConcurrency == limit && m.InFlight == 4 {
+			if m.Name == "big" && m.MaxConcurrency == limit && m.InFlight == 6 {
 				return hb.Queued == total-limit && hb.InFlight == limit
 			}
 		}

@@ -27,8 +27,14 @@ type Config struct {
 	// WithModels.
 	ModelsFile string `envconfig:"MODELS_FILE" default:"models.yaml" desc:"models YAML file"`
 	// Concurrency is how many tasks run at once (default 8); it is also the
-	// consumer's MaxAckPending and the announced capacity.
+	// announced capacity.
 	Concurrency int `envconfig:"CONCURRENCY" default:"8" desc:"tasks run at once"`
+	// Prefetch is how many dispatches the node takes beyond its running
+	// tasks, to start them in priority and tenant order instead of arrival
+	// order (default 32). The consumer's MaxAckPending is Concurrency +
+	// Prefetch. A code-built Config's 0 takes the default; set the
+	// variable to 0 for arrival order.
+	Prefetch int `envconfig:"PREFETCH" default:"32" desc:"dispatches taken beyond the running tasks, started in priority and tenant order (0: arrival order)"`
 	// AckWait is the dispatch consumer's ack wait (default 30s); running
 	// tasks signal progress every AckWait/3.
 	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"dispatch ack wait"`
@@ -71,6 +77,19 @@ type Config struct {
 	OTelEndpoint string `envconfig:"OTEL_ENDPOINT" desc:"OTLP/HTTP collector URL for spans, e.g. http://collector:4318 (empty: tracing off)"`
 	// Log is the logging configuration (MLSCHED_LOG_FORMAT, MLSCHED_LOG_LEVEL).
 	config.Log
+
+	// loaded: read by LoadConfig, so a zero is the environment's (e.g.
+	// MLSCHED_PREFETCH=0) and New leaves it; New gives the zero fields of a
+	// Config built in code their defaults.
+	loaded bool
+}
+
+// LoadConfig reads the MLSCHED_* variables: unset ones take their
+// defaults, and a variable set to 0 means 0.
+func LoadConfig() (Config, error) {
+	c := Config{loaded: true}
+	err := config.Load(&c)
+	return c, err
 }
 
 func (c Config) validate() error {
@@ -92,6 +111,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Concurrency < 1:
 		return bad("CONCURRENCY", c.Concurrency, "must be at least 1")
+	case c.Prefetch < 0:
+		return bad("PREFETCH", c.Prefetch, "must not be negative")
 	case c.AckWait <= 0:
 		return bad("ACK_WAIT", c.AckWait, "must be positive")
 	case c.HeartbeatInterval <= 0:

@@ -113,6 +113,7 @@ type dispatchOpts struct {
 	payload  string
 	headers  map[string]string // overrides
 	compact  bool              // the compact encoding (protocol.HdrDispatch)
+	body     string            // the task's JSON (default: taskBody)
 }
 
 // body is the task JSON of a dispatch.
@@ -134,6 +135,9 @@ func (h *harness) dispatch(id, modelName string, o dispatchOpts) *nats.Msg {
 	}
 	m := nats.NewMsg(topology.DispatchSubject(h.node))
 	m.Data = taskBody(id, o.payload)
+	if o.body != "" {
+		m.Data = []byte(o.body)
+	}
 	pd := protocol.Dispatch{TaskID: id, Type: "t", Model: modelName, Node: h.node, Attempt: o.attempt, MaxAttempts: 3,
 		Deadline: o.deadline, Timeout: o.timeout, Submitted: time.Now(),
 		History: []protocol.Attempt{{Attempt: 0, Model: "x", Node: "n0", Status: protocol.OutcomeTimeout, LatencyMs: 1}}}

@@ -36,6 +36,9 @@ type dispatch struct {
 	protocol.Dispatch
 	body    []byte // the task's original bytes
 	payload json.RawMessage
+	// priority and tenant order the node's queue (slots.go).
+	priority int
+	tenant   string
 }
 
 // parseDispatch reads the headers and body. It fills what it can even on
@@ -45,29 +48,30 @@ func parseDispatch(msg jetstream.Msg) (dispatch, error) {
 	d := dispatch{Dispatch: pd, body: msg.Data()}
 	// Only what the worker uses: the dispatcher validated the rest, and the
 	// original bytes travel on in the outcome of a failed attempt.
-	// One pass, as json.Unmarshal into those three fields would.
-	id, typ, payload, bodyErr := protocol.DecodeTaskHead(d.body)
+	head, bodyErr := protocol.DecodeTaskHead(d.body)
 	if d.TaskID == "" {
-		d.TaskID = id // keys the outcome of a dispatch without the header
+		d.TaskID = head.ID // keys the outcome of a dispatch without the header
 	}
 	if d.Type == "" {
-		d.Type = typ
+		d.Type = head.Type
 	}
-	d.payload = bytes.Clone(payload) // the model's own copy: the body travels on in a failed outcome
+	d.payload = bytes.Clone(head.Payload) // the model's own copy: the body travels on in a failed outcome
+	d.priority, d.tenant = head.Priority, head.Tenant
 	switch {
 	case bodyErr != nil:
 		return d, fmt.Errorf("%w: body is not a task: %v", ErrMalformedDispatch, bodyErr)
 	case herr != nil:
 		return d, fmt.Errorf("%w: %w", ErrMalformedDispatch, herr)
-	case id != d.TaskID:
-		return d, fmt.Errorf("%w: the dispatch is for task %q but its body is task %q", ErrMalformedDispatch, d.TaskID, id)
+	case head.ID != d.TaskID:
+		return d, fmt.Errorf("%w: the dispatch is for task %q but its body is task %q", ErrMalformedDispatch, d.TaskID, head.ID)
 	}
 	return d, nil
 }
 
 // onMessage is the consumer's handler. It never blocks for long: the task
 // runs on its own goroutine once a slot is free (the server's MaxAckPending
-// already bounds what is delivered).
+// bounds what is delivered to Concurrency + Prefetch), and the slots go to
+// the waiting dispatches in priority and tenant order (slots.go).
 func (w *Worker) onMessage(msg jetstream.Msg) {
 	w.admit.Lock()
 	if w.draining.Load() {
@@ -80,6 +84,9 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 	w.admit.Unlock()
 	go func() {
 		defer w.tasks.Done()
+		// Keep the dispatch ours while it waits, runs and until its outcome
+		// is stored (report hands stop to the outcome publisher).
+		stop := progressTimer(w.complete, msg, w.cfg.AckWait/3)
 		// The model's own limit first, so that a task waiting for it does
 		// not hold one of the node's slots.
 		d, perr := parseDispatch(msg)
@@ -92,22 +99,20 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 				defer func() { <-h.limit }()
 			}
 		}
-		w.slots <- struct{}{}
+		w.slots.acquire(d.priority, d.tenant)
 		w.waiting.Add(-1)
 		w.inFlight.Add(1)
-		defer func() { w.inFlight.Add(-1); <-w.slots }()
-		w.process(msg, d, perr)
+		defer func() { w.inFlight.Add(-1); w.slots.release() }()
+		w.process(msg, d, perr, stop)
 	}()
 }
 
 // process runs one dispatch (parsed, perr telling why it cannot run) and
-// reports its outcome, then acks.
-func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error) {
+// reports its outcome, then acks. stopProgress ends the dispatch's
+// progress signals; the outcome publisher calls it once it owns msg.
+func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress func()) {
 	log := w.log.With().Str("task_id", d.TaskID).Str("model", d.Model).Int("attempt", d.Attempt).Logger()
 
-	// Keep the dispatch ours while it runs and until its outcome is stored
-	// (report hands stopProgress to the outcome publisher).
-	stopProgress := progressTimer(w.complete, msg, w.cfg.AckWait/3)
 	reported := false
 	defer func() {
 		if !reported {

@@ -76,7 +76,7 @@ type Worker struct {
 	outcomes  *outcomePublisher
 	models    map[string]*hosted
 	tasks     sync.WaitGroup
-	slots     chan struct{}
+	slots     *slots
 	taskCtx   context.Context
 	cancelRun context.CancelCauseFunc
 
@@ -101,8 +101,10 @@ type hosted struct {
 
 // New validates the configuration and the models. It does not connect.
 func New(cfg Config, opts ...Option) (*Worker, error) {
-	if err := config.FillZero(&cfg); err != nil { // zero fields take their defaults, as from an empty environment
-		return nil, err
+	if !cfg.loaded {
+		if err := config.FillZero(&cfg); err != nil { // zero fields take their defaults, as from an empty environment
+			return nil, err
+		}
 	}
 	if cfg.NATS.PoolKey != "" {
 		// A pool member's node id is the public key of the user key it
@@ -270,12 +272,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Outcomes in flight count as tasks until their dispatch is acked, so
 	// that a shutdown waits for them. MaxAckPending already bounds them by
-	// Concurrency; the window makes the bound explicit.
+	// Concurrency + Prefetch; the window makes the bound explicit.
 	w.complete = &jsplumb.Completer{NakDelay: nakDelay, Settled: w.tasks.Done,
 		Failed: func(op string, err error) { w.log.Warn().Err(err).Str("op", op).Msg("settling a dispatch failed") }}
 	if err := start("outcome publisher", &lifecycle.Func{
 		OnStart: func(ctx context.Context) (err error) {
-			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.cfg.Concurrency, w.cfg.PublishTimeout,
+			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.cfg.Concurrency+w.cfg.Prefetch, w.cfg.PublishTimeout,
 				!w.cfg.StoredOutcomesOnly, w.tasks.Done)
 			return err
 		},
@@ -315,7 +317,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := start("task context", &lifecycle.Func{
 		OnStart: func(context.Context) error {
 			w.taskCtx, w.cancelRun = context.WithCancelCause(context.WithoutCancel(ctx))
-			w.slots = make(chan struct{}, w.cfg.Concurrency)
+			w.slots = newSlots(w.cfg.Concurrency)
 			return nil
 		},
 		OnStop: func() error { w.cancelRun(nil); return nil }}); err != nil {
@@ -378,7 +380,7 @@ func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke
 			FilterSubject: topology.DispatchSubject(w.node),
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       w.cfg.AckWait,
-			MaxAckPending: w.cfg.Concurrency,
+			MaxAckPending: w.cfg.Concurrency + w.cfg.Prefetch,
 			MaxDeliver:    -1,
 			// A pool member's consumer belongs to an identity that dies
 			// with its process (natsconn/pool.go): the server deletes it an
@@ -386,8 +388,8 @@ func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke
 			// every container ever started. A named node's stays.
 			InactiveThreshold: poolConsumerInactive(w.cfg.NATS.PoolKey != ""),
 		},
-		// It never has more than Concurrency messages outstanding.
-		Pull: w.cfg.Concurrency, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,
+		// It never has more than Concurrency + Prefetch messages outstanding.
+		Pull: w.cfg.Concurrency + w.cfg.Prefetch, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,
 		Log: w.log.With().Str("consumer", topology.NodeConsumer(w.node)).Logger(),
 		// A memory-backed dispatch stream is gone after a restart of a
 		// single server: re-create it (on a node key the server may refuse,

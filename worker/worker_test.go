@@ -309,7 +309,7 @@ func TestBoundedConcurrency(t *testing.T) {
 	var cur, peak atomic.Int32
 	gate := make(chan struct{})
 	cfg := h.config()
-	cfg.Concurrency = n
+	cfg.Concurrency, cfg.Prefetch = n, 4
 	h.start(cfg, WithHandler("gated", func(ctx context.Context, _ Task) (any, error) {
 		c := cur.Add(1)
 		defer cur.Add(-1)
@@ -329,18 +329,20 @@ func TestBoundedConcurrency(t *testing.T) {
 	for i := range total {
 		h.dispatch(fmt.Sprintf("c%d", i), "m", dispatchOpts{})
 	}
-	// n run; the rest wait on the server, not in the worker.
+	// n run, Prefetch wait in the worker for a slot, the rest wait on the
+	// server.
 	cons, err := h.srv.JS.Consumer(context.Background(), topology.StreamDispatch, topology.NodeConsumer("n-conc"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := cons.CachedInfo().Config; c.MaxAckPending != n || c.AckWait != cfg.AckWait || c.MaxDeliver != -1 ||
+	if c := cons.CachedInfo().Config; c.MaxAckPending != n+cfg.Prefetch || c.AckWait != cfg.AckWait || c.MaxDeliver != -1 ||
 		c.FilterSubject != topology.DispatchSubject("n-conc") || c.AckPolicy != jetstream.AckExplicitPolicy {
 		t.Errorf("consumer config %+v", c)
 	}
-	waitFor(t, 10*time.Second, "n running and the rest pending", func() bool {
+	waitFor(t, 10*time.Second, "n running, Prefetch waiting and the rest pending", func() bool {
 		info, err := cons.Info(context.Background())
-		return err == nil && cur.Load() == n && info.NumAckPending == n && info.NumPending == total-n
+		return err == nil && cur.Load() == n && info.NumAckPending == n+cfg.Prefetch && info.NumPending == uint64(total-n-cfg.Prefetch) &&
+			h.heartbeat().Queued == total-n
 	})
 	close(gate)
 	got := h.collect(total, 20*time.Second)
@@ -567,6 +569,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"no models", Config{NodeID: "n"}, []Option{WithModels(nil)}, "no models"},
 		{"unknown handler", Config{NodeID: "n"}, []Option{WithModels([]ModelSpec{goModel("m", "gone")})}, `"gone" is not registered`},
 		{"models file", Config{NodeID: "n", ModelsFile: "/nonexistent.yaml"}, nil, "/nonexistent.yaml"},
+		{"prefetch", Config{NodeID: "n", Prefetch: -1}, []Option{WithModels(ok)}, "MLSCHED_PREFETCH"},
 	}
 	for _, c := range cases {
 		_, err := New(c.cfg, append(c.opts, WithLogger(zerolog.Nop()))...)
@@ -580,6 +583,29 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 	}
 	if w.Node() == "" || protocol.ValidToken(w.Node(), 64) != nil {
 		t.Errorf("default node id %q", w.Node())
+	}
+	if w.cfg.Prefetch != 32 {
+		t.Errorf("a code-built Config's prefetch %d, want the default 32", w.cfg.Prefetch)
+	}
+}
+
+// A variable set to 0 means 0, not the default: MLSCHED_PREFETCH=0 is
+// arrival order, and MLSCHED_SHUTDOWN_GRACE=0 no grace.
+func TestLoadConfigKeepsZeros(t *testing.T) {
+	t.Setenv("MLSCHED_PREFETCH", "0")
+	t.Setenv("MLSCHED_SHUTDOWN_GRACE", "0s")
+	t.Setenv("MLSCHED_NODE_ID", "n")
+	cfg, err := LoadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(cfg, WithLogger(zerolog.Nop()), WithModels([]ModelSpec{goModel("m", "echo")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.cfg.Prefetch != 0 || w.cfg.ShutdownGrace != 0 || w.cfg.Concurrency != 8 {
+		t.Errorf("loaded prefetch %d, grace %v, concurrency %d; want 0, 0 and the default 8",
+			w.cfg.Prefetch, w.cfg.ShutdownGrace, w.cfg.Concurrency)
 	}
 }
 

@@ -105,21 +105,24 @@ func DecodeOutcome(data []byte) (Outcome, error) {
 	return o, nil
 }
 
-// taskHead is what a worker needs of a dispatch the dispatcher validated.
-type taskHead struct {
-	ID      string          `json:"id"`
-	Type    string          `json:"type"`
-	Payload json.RawMessage `json:"payload"`
+// TaskHead is what a worker needs of a dispatch the dispatcher validated:
+// what to run, and the priority and tenant it orders its queue by.
+type TaskHead struct {
+	ID       string          `json:"id"`
+	Type     string          `json:"type"`
+	Payload  json.RawMessage `json:"payload"`
+	Priority int             `json:"priority"`
+	Tenant   string          `json:"tenant"`
 }
 
-// DecodeTaskHead decodes a task message's id, type and payload, and nothing
-// else, exactly as json.Unmarshal would into a struct of those three fields.
-func DecodeTaskHead(data []byte) (id, typ string, payload json.RawMessage, err error) {
-	var h taskHead
+// DecodeTaskHead decodes a task message's head, and nothing else, exactly as
+// json.Unmarshal would into a TaskHead.
+func DecodeTaskHead(data []byte) (TaskHead, error) {
+	var h TaskHead
 	if err := decode(data, &h); err != nil {
-		return "", "", nil, err
+		return TaskHead{}, err
 	}
-	return h.ID, h.Type, h.Payload, nil
+	return h, nil
 }
 
 // DecodeResult decodes a result message exactly as json.Unmarshal into a

@@ -103,29 +103,33 @@ func TestDecodeOutcomeAliases(t *testing.T) {
 	}
 }
 
-// FuzzDecodeTaskHead holds DecodeTaskHead to json.Unmarshal into the three
+// FuzzDecodeTaskHead holds DecodeTaskHead to json.Unmarshal into the
 // fields it reads.
 func FuzzDecodeTaskHead(f *testing.F) {
 	for _, s := range outcomeSeeds {
 		f.Add([]byte(s))
 	}
 	for _, s := range []string{`{"id":"a1","type":"echo","payload":{"x":[1,2,{"y":null}]},"models":["m1"],"timeout_ms":100}`,
-		`{"ID":"a","TYPE":"b","Payload":"p"}`, `{"id":1}`, `{"payload":null}`, `{"id":"a","id":"b","payload":1,"payload":[2]}`} {
+		`{"ID":"a","TYPE":"b","Payload":"p"}`, `{"id":1}`, `{"id":"a","priority":5,"tenant":"t1"}`, `{"priority":"5"}`,
+		`{"priority":1.5}`, `{"tenant":null,"priority":null}`, `{"payload":null}`, `{"id":"a","id":"b","payload":1,"payload":[2]}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var want struct {
-			ID      string          `json:"id"`
-			Type    string          `json:"type"`
-			Payload json.RawMessage `json:"payload"`
+			ID       string          `json:"id"`
+			Type     string          `json:"type"`
+			Payload  json.RawMessage `json:"payload"`
+			Priority int             `json:"priority"`
+			Tenant   string          `json:"tenant"`
 		}
 		werr := json.Unmarshal(data, &want)
-		id, typ, payload, err := protocol.DecodeTaskHead(data)
+		h, err := protocol.DecodeTaskHead(data)
 		if (werr == nil) != (err == nil) {
 			t.Fatalf("%q: encoding/json says %v, DecodeTaskHead says %v", data, werr, err)
 		}
-		if werr == nil && (id != want.ID || typ != want.Type || !sameRaw(payload, want.Payload)) {
-			t.Fatalf("%q: got %q %q %q, want %+v", data, id, typ, payload, want)
+		if werr == nil && (h.ID != want.ID || h.Type != want.Type || !sameRaw(h.Payload, want.Payload) ||
+			h.Priority != want.Priority || h.Tenant != want.Tenant) {
+			t.Fatalf("%q: got %+v, want %+v", data, h, want)
 		}
 	})
 }

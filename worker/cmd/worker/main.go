@@ -34,7 +34,8 @@ func run() int {
 		return healthcheck()
 	}
 	config.ApplyGCDefault()
-	if err := config.Load(&cfg); err != nil {
+	cfg, err := worker.LoadConfig()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}

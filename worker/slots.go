@@ -1,0 +1,120 @@
+package worker
+
+import "sync"
+
+// slots hands the node's task slots to the dispatches waiting for one, in
+// the order the dispatcher's flow control serves tasks: the highest priority
+// first; within a priority, tenants in turn; within a tenant, oldest first.
+//
+// Why at the node: the dispatcher sends a node up to its queue target of
+// work (MLSCHED_QUEUE_TARGET), and the node used to start it in arrival
+// order. An urgent task, or a quiet tenant's, then waited behind the queue
+// that the dispatcher had already sent: the last wait the dispatcher's own
+// order could not shorten (docs/policies.md, "Flow control"). The node
+// pulls up to Prefetch dispatches beyond its slots, so that the queue it
+// orders is the queue it was sent.
+//
+// Tenants take turns by start-time fair queuing with equal weights: a
+// waiter's tag is one more than the later of its tenant's last tag and the
+// tag last granted, and the lowest tag of the highest priority is granted
+// next. A tenant that sent a hundred dispatches gets tags far ahead; a
+// tenant that sends one is tagged next to what is being granted now, so it
+// starts after at most one dispatch of each other tenant. It is
+// work-conserving: a slot never waits while a dispatch does.
+type slots struct {
+	mu      sync.Mutex
+	free    int
+	waiting []*slotWaiter
+	// Tags are per priority, so that an urgent dispatch does not move a
+	// band's clock. vtime is each priority's tag last granted; last is each
+	// tenant's last tag in a priority (only those ahead of their priority's
+	// vtime matter: the others are forgotten when the map grows).
+	vtime map[int]uint64
+	last  map[slotFlow]uint64
+	seq   uint64
+}
+
+// slotFlow is one tenant's dispatches of one priority.
+type slotFlow struct {
+	priority int
+	tenant   string
+}
+
+type slotWaiter struct {
+	priority int
+	tag, seq uint64
+	ready    chan struct{}
+}
+
+// slotTenantsKept bounds the tenants remembered before the idle ones are
+// forgotten (a forgotten tenant's next tag is vtime+1 anyway).
+const slotTenantsKept = 1024
+
+func newSlots(n int) *slots {
+	return &slots{free: n, vtime: map[int]uint64{}, last: map[slotFlow]uint64{}}
+}
+
+// acquire blocks until the caller may take a slot. A slot that is free
+// while nobody waits is taken at once.
+func (s *slots) acquire(priority int, tenant string) {
+	s.mu.Lock()
+	f := slotFlow{priority, tenant}
+	tag := max(s.vtime[priority], s.last[f]) + 1
+	s.last[f] = tag
+	if len(s.last) > slotTenantsKept {
+		for f, l := range s.last {
+			if l <= s.vtime[f.priority] {
+				delete(s.last, f)
+			}
+		}
+	}
+	if s.free > 0 && len(s.waiting) == 0 {
+		s.free--
+		s.vtime[priority] = tag
+		s.mu.Unlock()
+		return
+	}
+	s.seq++
+	w := &slotWaiter{priority: priority, tag: tag, seq: s.seq, ready: make(chan struct{})}
+	s.waiting = append(s.waiting, w)
+	s.grantLocked()
+	s.mu.Unlock()
+	<-w.ready
+}
+
+// release frees a slot: the best waiter, if any, takes it.
+func (s *slots) release() {
+	s.mu.Lock()
+	s.free++
+	s.grantLocked()
+	s.mu.Unlock()
+}
+
+// grantLocked gives free slots to the best waiters. The waiters are few
+// (at most the prefetch), so a scan is cheaper than keeping a heap.
+func (s *slots) grantLocked() {
+	for s.free > 0 && len(s.waiting) > 0 {
+		best := 0
+		for i, w := range s.waiting[1:] {
+			if w.before(s.waiting[best]) {
+				best = i + 1
+			}
+		}
+		w := s.waiting[best]
+		s.waiting = append(s.waiting[:best], s.waiting[best+1:]...)
+		s.free--
+		s.vtime[w.priority] = max(s.vtime[w.priority], w.tag)
+		close(w.ready)
+	}
+}
+
+// before orders waiters: higher priority, then lower tag, then arrival.
+func (w *slotWaiter) before(o *slotWaiter) bool {
+	if w.priority != o.priority {
+		return w.priority > o.priority
+	}
+	if w.tag != o.tag {
+		return w.tag < o.tag
+	}
+	return w.seq < o.seq
+}

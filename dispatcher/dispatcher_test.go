@@ -31,6 +31,9 @@ type env struct {
 	// queued is the queue the next started node announces from its first
 	// heartbeat on.
 	queued int64
+	// prefetch is what the nodes started next announce as their ordered
+	// room beyond capacity (Heartbeat.Prefetch).
+	prefetch int
 	// compactNodes: the nodes started next read compact dispatches.
 	compactNodes bool
 
@@ -250,7 +253,7 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	hb := protocol.Heartbeat{Node: id, Capacity: 8, StartedAt: time.Now(), CompactDispatch: e.compactNodes}
+	hb := protocol.Heartbeat{Node: id, Capacity: 8, Prefetch: e.prefetch, StartedAt: time.Now(), CompactDispatch: e.compactNodes}
 	for name := range models {
 		hb.Models = append(hb.Models, protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000})
 	}

@@ -3,6 +3,7 @@ package dispatcher_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -332,6 +333,66 @@ func TestTenantConcurrencyCap(t *testing.T) {
 			}
 			if e.d.Counters().Inversions.Load() != 0 {
 				t.Fatal("inversions")
+			}
+		})
+	}
+}
+
+// A task that goes first in flow control's order (an urgent one, or a
+// quiet tenant's while another's are held) is sent at once to a node that
+// orders its queue (Heartbeat.Prefetch), although the node is at the queue
+// target: it starts there at the next free slot. A node that starts its
+// queue in arrival order gets it only once the queue drains, and it waits
+// in the hold meanwhile. Either way every task gets one result and no
+// dispatch is an inversion.
+func TestFirstTaskGoesToOrderingNode(t *testing.T) {
+	t.Parallel()
+	for _, prefetch := range []int{32, 0} {
+		t.Run(fmt.Sprint("prefetch=", prefetch), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, func(c *dispatcher.Config) { c.QueueTarget = 150 * time.Millisecond })
+			// 16 queued on 8 slots at the engine's prior 100 ms a task:
+			// a wait of 112 ms, beyond the queue target with the run.
+			e.queued, e.prefetch = 16, prefetch
+			n := e.startNode("n", []string{"q"}, map[string]behavior{"m": succeed})
+			submit := func(id, tenant string, priority int) {
+				data, _ := json.Marshal(protocol.Task{ID: id, Type: "q", Tenant: tenant, Priority: priority, TimeoutMs: 60_000})
+				e.publish(topology.BandTaskSubject("q", priority), data, id)
+			}
+			for i := range 10 {
+				submit(fmt.Sprint("a", i), "a", 0)
+			}
+			e.waitFor("a's tasks held", func() bool { return e.d.Report().Held == 10 })
+			submit("b0", "b", 0)
+			submit("u0", "a", 5)
+			if prefetch > 0 {
+				e.waitFor("b0 and u0 sent", func() bool { return len(n.attempts()) >= 2 })
+				first := n.attempts()[:2]
+				slices.Sort(first)
+				if !slices.Equal(first, []string{"b0/1/m", "u0/1/m"}) {
+					t.Fatalf("first dispatches %v, want b0 and u0 before any of a's held tasks", n.attempts())
+				}
+			} else {
+				e.waitFor("b0 and u0 held too", func() bool { return e.d.Report().Held == 12 })
+				if got := n.attempts(); len(got) != 0 {
+					t.Fatalf("dispatched %v to a node at its queue target that orders nothing", got)
+				}
+			}
+			n.queued.Store(0)
+			n.beat()
+			for _, id := range []string{"a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "b0", "u0"} {
+				if res := e.result(id); res.Status != protocol.StatusSucceeded {
+					t.Fatalf("%s: %+v", id, res)
+				}
+				if c := e.resultCount(id); c != 1 {
+					t.Fatalf("%s: %d results, want 1", id, c)
+				}
+			}
+			if got := n.attempts(); prefetch == 0 && got[0] != "u0/1/m" {
+				t.Fatalf("dispatch order %v: the urgent task first once the queue drains", got)
+			}
+			if c := e.d.Counters().Inversions.Load(); c != 0 {
+				t.Fatalf("inversions = %d, want 0", c)
 			}
 		})
 	}

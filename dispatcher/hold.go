@@ -191,6 +191,31 @@ func (h *holdRoom) heldAtLeast(key string, priority int, strict bool) bool {
 	return false
 }
 
+// leads reports whether a task of the key, priority and tenant goes first
+// in flow control's order, before what the room holds of its key: the room
+// holds tasks of the key, none with a higher priority, and none of the
+// task's tenant in its band. Such a task overtakes the held ones, and a
+// node that orders its queue starts it at its next free slot
+// (policy.Request.Ahead): it need not wait in the hold for the queue
+// target. Free while nothing is held.
+func (h *holdRoom) leads(key string, priority int, tenant string) bool {
+	if h.n.Load() == 0 && h.inPass.Load() == 0 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.counts[key]
+	if c == nil {
+		return false
+	}
+	for _, n := range c[priority-protocol.MinPriority+1:] {
+		if n > 0 {
+			return false
+		}
+	}
+	return h.tenants[bandTenant{topology.BandOf(priority), tenant}] == 0
+}
+
 // wake prompts the hold loop (an outcome freed a slot). While nothing is
 // held it does nothing: waking the loop for every outcome cost a goroutine
 // switch each. A task held at the same moment is retried within holdRetry.

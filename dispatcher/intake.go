@@ -230,7 +230,16 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	if a.attempt == 1 && !a.admitted && in.quota.Limited(t.TenantName()) && !in.admit(&a, msg, expiry) {
 		return // held or rejected over its tenant's quota
 	}
+	key := ""
+	if in.held.n.Load() > 0 || in.held.inPass.Load() > 0 {
+		key = candidateKey(t)
+	}
 	req := in.request(&a)
+	// A task that goes first in flow control's order (the first urgent
+	// one, or a quiet tenant's) overtakes the held ones, and a node that
+	// orders its queue starts it next: it need not wait for the queue
+	// target (docs/policies.md, "Ordering at the node").
+	req.Ahead = key != "" && !a.fromHold && in.held.leads(key, t.Priority, t.TenantName())
 	table := in.snaps.table.Load()
 	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()
@@ -265,14 +274,11 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			traceparent: a.traceparent})
 		return
 	}
-	key := ""
-	if in.held.n.Load() > 0 || in.held.inPass.Load() > 0 {
-		key = candidateKey(t)
-	}
 	// Backpressure (hold.go), and no overtaking: while a task of this
 	// candidate set is held with a priority at least this one's (higher,
-	// for a task the hold sends on), this one waits behind it.
-	if (dec.Saturated || (key != "" && in.held.heldAtLeast(key, t.Priority, a.fromHold))) &&
+	// for a task the hold sends on, or one that goes first), this one waits
+	// behind it.
+	if (dec.Saturated || (key != "" && in.held.heldAtLeast(key, t.Priority, a.fromHold || req.Ahead))) &&
 		in.hold(a, msg, dec, in.holdWait(&a), expiry) {
 		if !dec.Saturated {
 			in.held.wake() // a slot is free: the hold sends on what goes first

@@ -501,8 +501,11 @@ func flowCluster(ctx context.Context, t *testing.T, replicas int, env map[string
 		}
 		ds = append(ds, c.StartDispatcher(harness.DispatcherOptions{Env: e}))
 	}
-	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1})
-	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2})
+	// MLSCHED_FLOW_PREFETCH sets the nodes' MLSCHED_PREFETCH (0: arrival
+	// order at the node), for the figures with and without node ordering.
+	wenv := map[string]string{"MLSCHED_PREFETCH": os.Getenv("MLSCHED_FLOW_PREFETCH")}
+	c.StartWorker(harness.WorkerOptions{NodeID: "w1", ModelsFile: models, Concurrency: 8, SimSeed: 1, Env: wenv})
+	c.StartWorker(harness.WorkerOptions{NodeID: "w2", ModelsFile: models, Concurrency: 8, SimSeed: 2, Env: wenv})
 	waitSeesNodes(ctx, t, ds, 2)
 	for _, d := range ds {
 		waitTableRefreshed(ctx, t, d)

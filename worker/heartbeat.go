@@ -37,6 +37,7 @@ type heartbeat struct {
 	// kick makes Run beat at once (a model turned ready or unready).
 	kick     chan struct{}
 	capacity int
+	prefetch int
 	inFlight func() int
 	// queued is the work sent to the node and not started (nil: none).
 	queued   func(context.Context) int
@@ -112,7 +113,7 @@ func (h *heartbeat) loadMoved() bool {
 // Beat puts the node's current heartbeat.
 func (h *heartbeat) Beat(ctx context.Context) error {
 	hb := protocol.Heartbeat{
-		Node: h.node, Models: h.models(), Capacity: h.capacity, InFlight: h.inFlight(),
+		Node: h.node, Models: h.models(), Capacity: h.capacity, Prefetch: h.prefetch, InFlight: h.inFlight(),
 		Draining: h.draining.Load(), StartedAt: h.started, SentAt: time.Now().UTC(),
 		CompactDispatch: true, // protocol.ParseDispatch reads both encodings
 	}

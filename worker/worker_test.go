@@ -342,7 +342,7 @@ func TestBoundedConcurrency(t *testing.T) {
 	waitFor(t, 10*time.Second, "n running, Prefetch waiting and the rest pending", func() bool {
 		info, err := cons.Info(context.Background())
 		return err == nil && cur.Load() == n && info.NumAckPending == n+cfg.Prefetch && info.NumPending == uint64(total-n-cfg.Prefetch) &&
-			h.heartbeat().Queued == total-n
+			h.heartbeat().Queued == total-n && h.heartbeat().Prefetch == cfg.Prefetch
 	})
 	close(gate)
 	got := h.collect(total, 20*time.Second)

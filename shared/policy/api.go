@@ -75,6 +75,13 @@ type Request struct {
 	// and a wait as long as the timeout costs as much as a failed attempt:
 	// the load model weighs each node's queue by them.
 	Timeout, Deadline time.Duration
+	// Ahead says the task goes first where it is sent: nothing held by the
+	// caller comes before it in flow control's order, and it overtakes
+	// held tasks. A node that orders its queue (Heartbeat.Prefetch) starts
+	// it at its next free slot, ahead of the work queued there, as long as
+	// that work fits the node's ordered room: the load model counts one
+	// slot's wait for it there, not the whole queue.
+	Ahead bool
 }
 
 // Decision is the chosen model and node.

@@ -68,11 +68,18 @@ func (p *pairState) hasSlot() bool {
 }
 
 // wait is the expected wait before a new attempt on p starts, and its
-// variance (µs, µs²).
-func (p *pairState) wait() (w, v float64) {
+// variance (µs, µs²). An attempt that goes first (Request.Ahead) on a node
+// that orders its queue, while the node's work fits its ordered room,
+// waits only for the next free slot. A model's own limit is a queue in
+// arrival order on the node: it gets no such credit.
+func (p *pairState) wait(first bool) (w, v float64) {
 	n := p.node
 	c := float64(n.capacity)
-	if ahead := float64(n.outstanding()) + 1 - c; ahead > 0 {
+	o := float64(n.outstanding())
+	if first && p.limit == 0 && n.prefetch > 0 && o < c+float64(n.prefetch) {
+		o = min(o, c)
+	}
+	if ahead := o + 1 - c; ahead > 0 {
 		s := n.serviceUs / c
 		w, v = ahead*s, ahead*s*s
 	}
@@ -88,12 +95,16 @@ func (p *pairState) wait() (w, v float64) {
 	return w, v
 }
 
-// budget is a decision's deadline and timeout, in µs.
-type budget struct{ deadline, timeout float64 }
+// budget is a decision's deadline and timeout, in µs, and whether the task
+// goes first where it is sent (Request.Ahead).
+type budget struct {
+	deadline, timeout float64
+	ahead             bool
+}
 
 // queue applies the load model to one (model, node).
 func (p *pairState) queue(b budget) Queue {
-	w, v := p.wait()
+	w, v := p.wait(b.ahead)
 	if w == 0 {
 		if p.extraUs == 0 {
 			return free
@@ -111,7 +122,7 @@ func (p *pairState) saturated(b budget) bool {
 	if p.hasSlot() {
 		return p.serviceUs >= b.deadline
 	}
-	w, _ := p.wait()
+	w, _ := p.wait(b.ahead)
 	return b.deadline-p.serviceUs-w <= 0
 }
 
@@ -150,7 +161,7 @@ func (e *Engine) queueOf(tc *typeCand, budget budget, req *Request) Queue {
 			}
 			d := p.extraUs
 			if !p.hasSlot() {
-				w, _ := p.wait()
+				w, _ := p.wait(budget.ahead)
 				d += w
 			} else if d == 0 {
 				return free
@@ -185,7 +196,8 @@ func (e *Engine) budgetOf(req *Request) budget {
 	if t <= 0 {
 		t = min(e.cfg.Timeout, d)
 	}
-	return budget{deadline: max(float64(d)/float64(time.Microsecond), 1), timeout: max(float64(t)/float64(time.Microsecond), 1)}
+	return budget{deadline: max(float64(d)/float64(time.Microsecond), 1), timeout: max(float64(t)/float64(time.Microsecond), 1),
+		ahead: req.Ahead}
 }
 
 // serviceTimes sets each pair's and node's mean service time from the

@@ -114,3 +114,44 @@ func TestLoadModelFastPathAgrees(t *testing.T) {
 		t.Fatalf("full %d after an outcome, want 0", tab.full.Load())
 	}
 }
+
+// A task that goes first (Request.Ahead) waits only for the next free slot
+// on a node that orders its queue, while the node's work fits its ordered
+// room; beyond that room, on a node without one, or under a model's own
+// limit (a queue in arrival order), it waits for the whole queue like any
+// other.
+func TestLoadModelAheadOnOrderingNode(t *testing.T) {
+	t.Parallel()
+	e := engine(t, Config{})
+	world := func(inFlight, prefetch int, limit int) *Table {
+		snap := snapshot(map[string]stats.Series{"best": series(990, 10, 100*time.Millisecond, 100*time.Millisecond)})
+		a := hb("a", "t", 2, "best")
+		a.InFlight, a.Prefetch = inFlight, prefetch
+		if limit > 0 {
+			a.Models[0].MaxConcurrency = limit
+		}
+		return NewTable(snap, []protocol.Heartbeat{a}, t0)
+	}
+	// 2 running and 8 queued on 2 slots of 100 ms: 450 ms to wait, beyond
+	// a 300 ms deadline; the next free slot is 50 ms away.
+	req := func(ahead bool) *Request {
+		return &Request{Type: "t", Timeout: time.Second, Deadline: 300 * time.Millisecond, Ahead: ahead}
+	}
+	cases := []struct {
+		name                    string
+		inFlight, prefetch, lim int
+		ahead, saturated        bool
+	}{
+		{"in order", 10, 16, 0, false, true},
+		{"ahead, ordered room", 10, 16, 0, true, false},
+		{"ahead, beyond the ordered room", 18, 16, 0, true, true},
+		{"ahead, node without prefetch", 10, 0, 0, true, true},
+		{"ahead, model limit", 10, 16, 2, true, true},
+	}
+	for _, c := range cases {
+		d, err := e.Decide(world(c.inFlight, c.prefetch, c.lim), req(c.ahead))
+		if err != nil || d.Model != "best" || d.Saturated != c.saturated {
+			t.Errorf("%s: %+v %v, want saturated=%v", c.name, d, err, c.saturated)
+		}
+	}
+}

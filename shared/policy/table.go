@@ -97,6 +97,9 @@ type nodeState struct {
 	// serviceUs is the mean time an attempt occupies a slot on the node
 	// (see serviceTimes).
 	serviceUs float64
+	// prefetch is how much work beyond capacity the node starts in
+	// priority and tenant order (Heartbeat.Prefetch).
+	prefetch int64
 }
 
 // outstanding is the node's work sent and not finished, now.
@@ -193,7 +196,8 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 		}
 		running := int64(min(max(hb.InFlight, 0), protocol.MaxQueued))
 		queued := int64(min(max(hb.Queued, 0), protocol.MaxQueued))
-		t.nodes[hb.Node] = &nodeState{name: hb.Node, capacity: cp, inFlight: running + queued}
+		t.nodes[hb.Node] = &nodeState{name: hb.Node, capacity: cp, inFlight: running + queued,
+			prefetch: int64(min(max(hb.Prefetch, 0), protocol.MaxQueued))}
 		hbs = append(hbs, hb)
 	}
 	sort.Slice(hbs, func(i, j int) bool { return hbs[i].Node < hbs[j].Node })

@@ -160,6 +160,12 @@ type Heartbeat struct {
 	// waiting in the node's stream and those received but waiting for a
 	// slot. The dispatcher's load model adds it to InFlight.
 	Queued int `json:"queued,omitempty"`
+	// Prefetch is how many dispatches beyond Capacity the node takes and
+	// starts in priority and tenant order rather than arrival order (0: it
+	// starts them in arrival order). A dispatcher may send a task that
+	// would go first there beyond its queue target, up to Capacity +
+	// Prefetch outstanding (docs/policies.md, "Flow control").
+	Prefetch int `json:"prefetch,omitempty"`
 	// Draining is set while the node shuts down: route nothing new to it.
 	Draining bool `json:"draining,omitempty"`
 	// CompactDispatch says the node reads the compact dispatch encoding
@@ -210,6 +216,7 @@ func (h *Heartbeat) Clamp() []string {
 	fix("capacity", &h.Capacity, 0, MaxCapacity)
 	fix("in_flight", &h.InFlight, 0, MaxQueued)
 	fix("queued", &h.Queued, 0, MaxQueued)
+	fix("prefetch", &h.Prefetch, 0, MaxQueued)
 	for i := range h.Models {
 		m := &h.Models[i]
 		fix("model "+m.Name+" max_concurrency", &m.MaxConcurrency, 0, MaxCapacity)

@@ -130,6 +130,14 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 		out.Status, out.Error = protocol.OutcomeModelError, fmt.Sprintf("%v: %q on node %q", ErrModelNotHosted, d.Model, w.node)
 	case !time.Now().Before(d.Deadline):
 		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s passed before the task started", d.Deadline.UTC().Format(time.RFC3339Nano))
+	case time.Until(d.Deadline) < m.typicalRun():
+		// Started now, it would more likely be cut at the deadline than
+		// finish: a timeout charged to the model for time spent queued (a
+		// node that orders its queue starts the last of a band late), and
+		// a slot taken from work that can finish. Not started, it costs
+		// the model nothing and the dispatcher retries it or lets it expire.
+		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s leaves %v, less than the model's mean run of %v on this node: not started",
+			d.Deadline.UTC().Format(time.RFC3339Nano), time.Until(d.Deadline).Round(time.Millisecond), m.typicalRun().Round(time.Millisecond))
 	default:
 		ran = true
 		if !w.run(m, d, &out) {
@@ -211,6 +219,9 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 		r = result{err: ctx.Err()}
 	}
 	out.LatencyMs = float64(time.Since(start)) / float64(time.Millisecond)
+	if r.err == nil {
+		m.observeRun(time.Since(start))
+	}
 	span.End(r.err)
 	if errors.Is(context.Cause(ctx), errShutdown) {
 		return false

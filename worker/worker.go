@@ -97,7 +97,28 @@ type hosted struct {
 	// waiting for a slot, as announced.
 	limit    chan struct{}
 	inFlight atomic.Int64
+	// meanRun is the moving mean of the model's successful runs here (ns;
+	// 0 until the first), by which a dispatch too close to its deadline is
+	// not started (task.go).
+	meanRun atomic.Int64
 }
+
+// observeRun folds a successful run's duration into the mean (weight 1/8).
+func (h *hosted) observeRun(d time.Duration) {
+	for {
+		old := h.meanRun.Load()
+		next := int64(d)
+		if old > 0 {
+			next = old + (int64(d)-old)/8
+		}
+		if h.meanRun.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// typicalRun is the mean of the model's successful runs here (0: none yet).
+func (h *hosted) typicalRun() time.Duration { return time.Duration(h.meanRun.Load()) }
 
 // New validates the configuration and the models. It does not connect.
 func New(cfg Config, opts ...Option) (*Worker, error) {

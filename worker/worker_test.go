@@ -201,6 +201,42 @@ func TestStaleBacklogExpires(t *testing.T) {
 	}
 }
 
+// A dispatch whose deadline leaves less than the model's mean run on the
+// node is not started: it would more likely be cut at the deadline (a
+// timeout charged to the model for time spent queued) than finish. It is
+// reported expired, which costs the model nothing; with time enough the
+// same model runs.
+func TestDispatchTooCloseToItsDeadlineIsNotStarted(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-close")
+	var ran sync.Map
+	h.start(h.config(), WithHandler("slow", func(ctx context.Context, t Task) (any, error) {
+		ran.Store(t.ID, true)
+		select { // the model's work: 200 ms
+		case <-time.After(200 * time.Millisecond):
+			return "done", nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}), WithModels([]ModelSpec{goModel("m", "slow")}))
+	h.dispatch("first", "m", dispatchOpts{})
+	if o := h.next(10 * time.Second); o.Status != protocol.OutcomeSuccess {
+		t.Fatalf("first: %q, want success", o.Status)
+	}
+	h.dispatch("close", "m", dispatchOpts{deadline: time.Now().Add(100 * time.Millisecond)})
+	o := h.next(10 * time.Second)
+	if o.TaskID != "close" || o.Status != protocol.OutcomeExpired || !strings.Contains(o.Error, "less than the model's mean run") {
+		t.Fatalf("close: %+v, want expired, not started", o.Outcome)
+	}
+	if _, ok := ran.Load("close"); ok {
+		t.Fatal("the handler ran a dispatch that could not finish before its deadline")
+	}
+	h.dispatch("roomy", "m", dispatchOpts{deadline: time.Now().Add(time.Minute)})
+	if o := h.next(10 * time.Second); o.TaskID != "roomy" || o.Status != protocol.OutcomeSuccess {
+		t.Fatalf("roomy: %+v, want success", o.Outcome)
+	}
+}
+
 func TestHeartbeatAndDraining(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "n-hb")

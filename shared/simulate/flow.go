@@ -498,14 +498,7 @@ func (s *sim) send(ctx context.Context, t *task, d policy.Decision, err error) e
 	}
 	s.dec.sent(d.Model, d.Node)
 	f.drain.dispatched(s.now)
-	switch {
-	case !nd.alive:
-		s.lose(a)
-	case nd.running < nd.spec.Capacity:
-		s.start(a)
-	default:
-		nd.queue = append(nd.queue, a)
-	}
+	s.toNode(a)
 	return nil
 }
 

@@ -1,8 +1,12 @@
 package simulate
 
 import (
+	"bytes"
 	"context"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // flowRun runs a flow-control scenario under reliability (and the oracle)
@@ -169,4 +173,149 @@ func TestTenantWeights(t *testing.T) {
 	old, _ := flowRun(t, &wide, tasks, Options{FairByFinishTag: true})
 	t.Logf("the old order (finish tags): shares a/b/c %.1f/%.1f/%.1f%%", flowOf(t, old, "a").Share*100,
 		flowOf(t, old, "b").Share*100, flowOf(t, old, "c").Share*100)
+}
+
+// oneNode keeps one of a flow scenario's two nodes, at half the rate: the
+// same overload and the same node queue (8 slots, the 150 ms queue
+// target), with half the events.
+func oneNode(t *testing.T, name string) *Scenario {
+	t.Helper()
+	sc, err := Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Arrival.Rate /= 2
+	sc.Nodes = sc.Nodes[:1]
+	return sc
+}
+
+// TestNodeOrder: a node starts what it was sent highest priority first and
+// tenants in turn (nodequeue.go, as worker/slots.go does), so a quiet
+// tenant's task, or an urgent one, no longer waits behind the work the
+// dispatcher already sent the node. In arrival order (prefetch -1) it waits
+// more than one service time (50 ms) beyond its latency alone, behind the
+// queue target's worth of others' work; in the node's order, less.
+func TestNodeOrder(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		scenario, flow string
+		tasks          int
+		p99            bool // compare p99 (else p95)
+	}{
+		{"tenant-flood", "b", 6528, false},          // 4 s of the flood
+		{"priority-overload", "urgent", 4000, true}, // 12.5 s
+	} {
+		sc := oneNode(t, c.scenario)
+		off := *sc
+		off.Prefetch = -1
+		q := func(r *Result) float64 {
+			f := flowOf(t, r, c.flow)
+			if c.p99 {
+				return f.P99Ms
+			}
+			return f.P95Ms
+		}
+		solo, _ := flowRun(t, only(sc, c.flow), 400, Options{})
+		rel, orc := flowRun(t, sc, c.tasks, Options{})
+		relOff, orcOff := flowRun(t, &off, c.tasks, Options{})
+		base, service := q(solo), 50.0
+		for _, r := range [][2]*Result{{rel, relOff}, {orc, orcOff}} {
+			on, off := q(r[0]), q(r[1])
+			t.Logf("%s: %s %s %.0f ms in the node's order, %.0f ms in arrival order, %.0f ms alone",
+				c.scenario, r[0].Policy, c.flow, on, off, base)
+			if on > base+service || off <= base+service {
+				t.Errorf("%s: %s %s %.0f ms in the node's order, %.0f ms in arrival order, %.0f ms alone: want within one service time (%.0f ms) of alone in the node's order only",
+					c.scenario, r[0].Policy, c.flow, on, off, base, service)
+			}
+		}
+	}
+}
+
+// TestNodeOrderOneFlowIsArrivalOrder: with one priority and one tenant the
+// node's order is arrival order whatever the prefetch, so the output is
+// byte for byte the simulator's FIFO queue's (prefetch -1), a short
+// prefetch (most of the queue in the node's stream) included.
+func TestNodeOrderOneFlowIsArrivalOrder(t *testing.T) {
+	t.Parallel()
+	deadlines := scaled(t, "priority-overload", 4) // 2x overload, every task priority 0 with a 5 s deadline
+	deadlines.Name, deadlines.Arrival.Flows = "priority-overload's priority 0", deadlines.Arrival.Flows[1:2]
+	overload, err := Load("overload") // no flows: the oracle queues seconds of work
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []*Scenario{deadlines, overload} {
+		out := func(prefetch int) string {
+			c := *sc
+			c.Prefetch = prefetch
+			rep, err := Run(context.Background(), &c, Options{Tasks: tasksFor(t, 4000), Seed: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b bytes.Buffer
+			if err := rep.WriteJSON(&b); err != nil {
+				t.Fatal(err)
+			}
+			return b.String()
+		}
+		want := out(-1)
+		for _, prefetch := range []int{1, 32} {
+			if out(prefetch) != want {
+				t.Errorf("%s: prefetch %d differs from arrival order", sc.Name, prefetch)
+			}
+		}
+	}
+}
+
+// TestNodeQueueOrder holds the node's order with worker/slots_test.go's
+// case: a node of one slot, busy, is sent these dispatches in turn, and
+// each slot freed starts the next. Priority first; within a priority
+// tenants in turn (b1 after one of a's, not behind all three); an urgent
+// start does not move a band's turn. With prefetch 3 the node orders only
+// the three it has taken, the rest waiting in its stream in arrival order;
+// with -1, arrival order.
+func TestNodeQueueOrder(t *testing.T) {
+	t.Parallel()
+	type req struct {
+		prio         int
+		tenant, name string
+	}
+	reqs := []req{{0, "a", "a1"}, {0, "a", "a2"}, {0, "a", "a3"}, {9, "a", "u1"}, {0, "b", "b1"}, {0, "b", "b2"},
+		{-5, "c", "c1"}, {0, "c", "c2"}, {9, "b", "u2"}}
+	for _, c := range []struct {
+		prefetch int
+		want     string
+	}{
+		{32, "u1 u2 a1 b1 c2 a2 b2 a3 c1"},
+		{3, "a1 u1 a2 b1 a3 b2 u2 c2 c1"},
+		{-1, "a1 a2 a3 u1 b1 b2 c1 c2 u2"},
+	} {
+		sc, err := ParseScenario([]byte(minimal))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc.Prefetch, sc.Nodes[0].Capacity = c.prefetch, 1
+		s, err := newSim(sc, Options{}.withDefaults(sc), Oracle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := s.nodes[0]
+		var sent []*attempt
+		for i, r := range append([]req{{0, "x", "busy"}}, reqs...) {
+			sent = append(sent, &attempt{t: &task{idx: i, priority: r.prio, tenant: r.tenant}, n: 1, model: "m", node: n, deadline: time.Hour})
+			s.toNode(sent[i])
+		}
+		var got []string
+		for range reqs {
+			n.running-- // a slot frees
+			s.startQueued(n)
+			for i, a := range sent[1:] {
+				if a.state == stRunning && !slices.Contains(got, reqs[i].name) {
+					got = append(got, reqs[i].name)
+				}
+			}
+		}
+		if g := strings.Join(got, " "); g != c.want {
+			t.Errorf("prefetch %d: started %s, want %s", c.prefetch, g, c.want)
+		}
+	}
 }

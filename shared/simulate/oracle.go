@@ -106,11 +106,13 @@ func (s *sim) queueWait(n *node) time.Duration {
 		return min(float64(s.models[m].step(s.now).Latency.mean())*n.spec.Slowdown, float64(s.sc.Timeout.D()))
 	}
 	var t float64
-	for _, a := range n.queue {
-		t += mean(a.model)
+	for _, q := range [][]*attempt{n.waiting, n.stream} {
+		for _, a := range q {
+			t += mean(a.model)
+		}
 	}
-	t /= float64(max(len(n.queue), 1))
-	if len(n.queue) == 0 {
+	t /= float64(max(n.queued(), 1))
+	if n.queued() == 0 {
 		for _, m := range n.spec.Models {
 			t = max(t, mean(m))
 		}

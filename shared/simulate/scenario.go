@@ -156,10 +156,16 @@ type Scenario struct {
 	// pulled with at most 2 x ParkAbove of its tasks pending. So a
 	// flooding tenant's backlog does not fill the window. Flow control
 	// only.
-	ParkAbove int     `json:"park_above,omitempty"`
-	Models    []Model `json:"models"`
-	Nodes     []Node  `json:"nodes"`
-	Events    []Event `json:"events,omitempty"`
+	ParkAbove int `json:"park_above,omitempty"`
+	// Prefetch is the workers' MLSCHED_PREFETCH (default 32; -1: none,
+	// the worker's 0, arrival order): a node takes this many dispatches
+	// beyond its running ones and starts them highest priority first,
+	// tenants in turn, oldest first (nodequeue.go); the rest wait in its
+	// stream in arrival order.
+	Prefetch int     `json:"prefetch,omitempty"`
+	Models   []Model `json:"models"`
+	Nodes    []Node  `json:"nodes"`
+	Events   []Event `json:"events,omitempty"`
 }
 
 // WindowSpec configures the statistics window.
@@ -235,7 +241,8 @@ type Step struct {
 type Node struct {
 	Name string `json:"name"`
 	// Capacity is the number of attempts the node runs at once (default
-	// 16). Further attempts queue in FIFO order.
+	// 16). Further attempts wait, and start in the worker's order
+	// (Scenario.Prefetch).
 	Capacity int `json:"capacity,omitempty"`
 	// Models hosted by the node.
 	Models []string `json:"models"`
@@ -668,6 +675,12 @@ func (sc *Scenario) validateFlows() error {
 	}
 	if sc.ParkAbove == 0 {
 		sc.ParkAbove = 256
+	}
+	if sc.Prefetch < -1 || sc.Prefetch > 1_000_000 {
+		return invalid("prefetch", "%d is outside 1..1000000 (-1: arrival order)", sc.Prefetch)
+	}
+	if sc.Prefetch == 0 {
+		sc.Prefetch = 32
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ func TestParseScenarioDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if sc.Tasks != 20000 || sc.MaxAttempts != 3 || sc.Timeout.D() != 5*time.Second || sc.Refresh.D() != 250*time.Millisecond || sc.DeadlineSlack.D() != 10*time.Second || sc.LostGrace.D() != time.Second ||
-		sc.NodeTTL.D() != 10*time.Second || sc.Window.Size.D() != 5*time.Minute || sc.Window.Bucket.D() != 10*time.Second || sc.Window.Recent.D() != 20*time.Second || sc.Nodes[0].Capacity != 16 {
+		sc.NodeTTL.D() != 10*time.Second || sc.Window.Size.D() != 5*time.Minute || sc.Window.Bucket.D() != 10*time.Second || sc.Window.Recent.D() != 20*time.Second || sc.Nodes[0].Capacity != 16 || sc.Prefetch != 32 {
 		t.Fatalf("defaults not filled: %+v", sc)
 	}
 }
@@ -56,6 +56,7 @@ func TestParseScenarioErrorsAreSpecific(t *testing.T) {
 		{"flow tenant", `"types": {"t": 1}`, `"types": {"t": 1}, "flows": [{"share": 1, "tenant": "a.b"}]`, "arrival.flows[0].tenant", `"a.b"`},
 		{"tenant weight", `"nodes": [`, `"tenant_weights": {"a": 0}, "nodes": [`, "tenant_weights.a", "outside (0, 1000]"},
 		{"park above", `"nodes": [`, `"park_above": -2, "nodes": [`, "park_above", "outside 1..1000000 (-1: off)"},
+		{"prefetch", `"nodes": [`, `"prefetch": -2, "nodes": [`, "prefetch", "outside 1..1000000 (-1: arrival order)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

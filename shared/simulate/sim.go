@@ -186,18 +186,9 @@ type attempt struct {
 	timeout bool
 	missed  bool // cut short by the dispatch deadline, not the timeout
 	latency time.Duration
+	// tag orders it on its node while it waits (nodequeue.go)
+	tag uint64
 }
-
-type node struct {
-	spec      *Node
-	alive     bool
-	crashedAt time.Duration
-	startedAt time.Duration
-	running   int
-	queue     []*attempt
-}
-
-func (n *node) load() int { return n.running + len(n.queue) }
 
 // decider is what a policy run needs from a policy.
 type decider interface {
@@ -304,7 +295,7 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 		s.joined[sc.Models[i].Name] = true
 	}
 	for i := range sc.Nodes {
-		n := &node{spec: &sc.Nodes[i], alive: true}
+		n := &node{spec: &sc.Nodes[i], alive: true, last: map[nodeFlow]uint64{}}
 		s.nodes = append(s.nodes, n)
 		s.byNode[n.spec.Name] = n
 	}
@@ -481,8 +472,7 @@ func (s *sim) scenarioEvent(e *Event) {
 		n.alive, n.crashedAt = false, s.now
 		// Everything on the node is lost: the dispatcher finds out at each
 		// attempt's deadline.
-		lose := append([]*attempt(nil), n.queue...)
-		n.queue = nil
+		lose := n.crashQueue()
 		for _, a := range s.runningOn(n) {
 			lose = append(lose, a)
 		}
@@ -539,7 +529,7 @@ func (s *sim) heartbeats() []protocol.Heartbeat {
 			Node:      n.spec.Name,
 			Capacity:  n.spec.Capacity,
 			InFlight:  n.running,
-			Queued:    len(n.queue),
+			Queued:    n.queued(),
 			StartedAt: epoch.Add(n.startedAt),
 			SentAt:    s.clock(),
 		}
@@ -652,14 +642,7 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record dispatch: %w", err)
 	}
-	switch {
-	case !nd.alive:
-		s.lose(a)
-	case nd.running < nd.spec.Capacity:
-		s.start(a)
-	default:
-		nd.queue = append(nd.queue, a)
-	}
+	s.toNode(a)
 	return nil
 }
 
@@ -718,18 +701,9 @@ func (s *sim) start(a *attempt) {
 func (s *sim) complete(ctx context.Context, a *attempt) error {
 	nd := a.node
 	nd.running--
-	// Free slot: start queued attempts, skipping those past their deadline
-	// as the worker would (expired).
-	var expired []*attempt
-	for len(nd.queue) > 0 && nd.running < nd.spec.Capacity {
-		next := nd.queue[0]
-		nd.queue = nd.queue[1:]
-		if s.now > next.deadline {
-			expired = append(expired, next)
-			continue
-		}
-		s.start(next)
-	}
+	// Free slot: start the best waiting attempt, skipping those past their
+	// deadline as the worker would (expired).
+	expired := s.startQueued(nd)
 	var err error
 	switch {
 	case a.timeout:

@@ -1,0 +1,122 @@
+package simulate
+
+import (
+	"slices"
+	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// A simulated node starts the work sent to it in the worker's order
+// (worker/slots.go): the highest priority first; within a priority,
+// tenants in turn by start-time fair queuing with equal weights; within a
+// tenant, oldest first.
+//
+// Why: the dispatcher's flow control orders what it sends, but a node is
+// sent up to its queue target of work, and if it started that in arrival
+// order an urgent task, or a quiet tenant's, would wait behind it: the
+// last wait the dispatcher's order cannot shorten. So a worker takes up to
+// MLSCHED_PREFETCH (the scenario's prefetch) dispatches beyond its running
+// tasks and orders those; the rest wait in its stream in arrival order and
+// are taken as room frees. With one priority and one tenant the order is
+// arrival order, so such runs are what they were with a FIFO queue.
+type node struct {
+	spec      *Node
+	alive     bool
+	crashedAt time.Duration
+	startedAt time.Duration
+	running   int
+	// waiting are the dispatches the node has taken (running plus waiting
+	// is at most capacity plus prefetch), in arrival order; stream is the
+	// rest, which it takes in order as room frees.
+	waiting, stream []*attempt
+	// The fair order's clocks, as slots.go's, per priority (index
+	// priority-MinPriority) so that an urgent task does not move a band's:
+	// the tag last granted, and each tenant's last tag.
+	vtime [priorityLevels]uint64
+	last  map[nodeFlow]uint64
+}
+
+// nodeFlow is one tenant's work of one priority on a node.
+type nodeFlow struct {
+	priority int
+	tenant   string
+}
+
+// queued is the work sent to the node and not started (its heartbeat's
+// Queued).
+func (n *node) queued() int { return len(n.waiting) + len(n.stream) }
+
+func (n *node) load() int { return n.running + n.queued() }
+
+// take receives the next dispatch of the node's stream and tags it: one
+// more than the later of its tenant's last tag and the tag last granted in
+// its priority. A tenant that sent many is tagged far ahead; one that sends
+// one is tagged next to what starts now.
+func (n *node) take() {
+	a := n.stream[0]
+	n.stream[0] = nil
+	n.stream = n.stream[1:]
+	f := nodeFlow{a.t.priority, a.t.tenant}
+	a.tag = max(n.vtime[f.priority-protocol.MinPriority], n.last[f]) + 1
+	n.last[f] = a.tag
+	n.waiting = append(n.waiting, a)
+}
+
+// startQueued gives the node's free slots to its best waiting dispatches
+// (higher priority, then lower tag, then older), then takes the next from
+// its stream while there is room, one at a time as the worker receives
+// them: a freed slot is granted before the room its task leaves is taken
+// (the worker acks a task after its outcome). It returns the dispatches
+// found past their deadline when their turn came, which the worker reports
+// expired without running them.
+func (s *sim) startQueued(n *node) (expired []*attempt) {
+	room := n.spec.Capacity + max(s.sc.Prefetch, 0)
+	for {
+		for n.running < n.spec.Capacity && len(n.waiting) > 0 {
+			best := 0
+			for i, a := range n.waiting {
+				if a.t.priority > n.waiting[best].t.priority ||
+					a.t.priority == n.waiting[best].t.priority && a.tag < n.waiting[best].tag {
+					best = i
+				}
+			}
+			a := n.waiting[best]
+			n.waiting = slices.Delete(n.waiting, best, best+1)
+			v := &n.vtime[a.t.priority-protocol.MinPriority]
+			*v = max(*v, a.tag)
+			if s.now > a.deadline {
+				expired = append(expired, a)
+				continue
+			}
+			s.start(a)
+		}
+		if len(n.stream) == 0 || n.running+len(n.waiting) >= room {
+			return expired
+		}
+		n.take()
+	}
+}
+
+// toNode delivers a dispatch to its node: lost on a dead node, else into
+// its stream. Nothing expires here: the dispatch is fresh, and while a slot
+// is free nothing else waits.
+func (s *sim) toNode(a *attempt) {
+	n := a.node
+	if !n.alive {
+		s.lose(a)
+		return
+	}
+	n.stream = append(n.stream, a)
+	s.startQueued(n)
+}
+
+// crashQueue empties a crashed node's queue, in arrival order, and resets
+// its order: a restarted worker starts with fresh clocks.
+func (n *node) crashQueue() []*attempt {
+	lost := append(n.waiting, n.stream...)
+	n.waiting, n.stream = nil, nil
+	n.vtime = [priorityLevels]uint64{}
+	clear(n.last)
+	return lost
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // The hold's order: strict by priority, and inside a priority tenants
@@ -125,5 +126,56 @@ func TestHoldOrderOneTaskPerPassWeightedFair(t *testing.T) {
 		if got < want-5 || got > want+5 {
 			t.Errorf("tenant %s got %.1f%% of 1000 one-task passes, want %.0f±5 (%v)", tenant, got, want, served)
 		}
+	}
+}
+
+// Which task goes first at a node that orders its queue (holdRoom.leads):
+// a new task with nothing of higher priority held and none of its tenant's
+// in its band; a held one only above the priority last sent on without the
+// credit (what fills the nodes' queues).
+func TestHoldLeads(t *testing.T) {
+	h := newHoldRoom()
+	hold := func(key, tenant string, prio int) {
+		h.mu.Lock()
+		h.countLocked(key, prio, 1)
+		h.tenants[bandTenant{topology.BandOf(prio), tenant}]++
+		h.mu.Unlock()
+		h.n.Add(1)
+	}
+	if h.leads("x", 0, "b", false) {
+		t.Fatal("leads with nothing held")
+	}
+	hold("x", "a", 0)
+	hold("x", "a", 0)
+	hold("x", "a", -5)
+	cases := []struct {
+		key, tenant string
+		prio        int
+		fromHold    bool
+		want        bool
+	}{
+		{"x", "b", 0, false, true},   // a quiet tenant's new task
+		{"x", "a", 0, false, false},  // behind its own tenant's held ones
+		{"x", "a", 5, false, true},   // the first urgent one
+		{"x", "b", -5, false, false}, // priority 0 is held above it
+		{"y", "b", 0, false, false},  // nothing of its key held
+		{"x", "a", 5, true, false},   // held: nothing sent plainly yet
+	}
+	for _, c := range cases {
+		if got := h.leads(c.key, c.prio, c.tenant, c.fromHold); got != c.want {
+			t.Errorf("leads(%s, %d, %s, fromHold=%v) = %v, want %v", c.key, c.prio, c.tenant, c.fromHold, got, c.want)
+		}
+	}
+	h.sentPlain("x", 0)
+	h.sentPlain("y", 0) // nothing of y held: not recorded
+	hold("x", "a", 5)
+	if !h.leads("x", 5, "a", true) {
+		t.Error("a held priority-5 task does not lead while priority 0 is sent plainly")
+	}
+	if h.leads("x", 0, "a", true) {
+		t.Error("a held priority-0 task leads while priority 0 is sent plainly: it would wait behind its like")
+	}
+	if _, ok := h.plain["y"]; ok {
+		t.Error("a plain send recorded for a key with nothing held")
 	}
 }

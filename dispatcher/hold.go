@@ -114,11 +114,15 @@ type holdRoom struct {
 	// tenants are the held tasks per band and tenant, over their quota
 	// too: what parking weighs (park.go).
 	tenants map[bandTenant]int
+	// plain is, per candidate key with held tasks, the priority of the
+	// last task sent without the ahead credit: what fills the nodes'
+	// queues up to the queue target (leads).
+	plain map[string]int
 }
 
 func newHoldRoom() *holdRoom {
 	return &holdRoom{kick: make(chan struct{}, 1), counts: map[string]*[priorityLevels]int{}, last: map[string]float64{},
-		tenants: map[bandTenant]int{}}
+		tenants: map[bandTenant]int{}, plain: map[string]int{}}
 }
 
 // tenantHeld is how many tasks of the tenant's band the room holds.
@@ -146,6 +150,7 @@ func (h *holdRoom) countLocked(key string, priority, d int) {
 			}
 		}
 		delete(h.counts, key)
+		delete(h.plain, key)
 	}
 }
 
@@ -192,13 +197,16 @@ func (h *holdRoom) heldAtLeast(key string, priority int, strict bool) bool {
 }
 
 // leads reports whether a task of the key, priority and tenant goes first
-// in flow control's order, before what the room holds of its key: the room
-// holds tasks of the key, none with a higher priority, and none of the
-// task's tenant in its band. Such a task overtakes the held ones, and a
-// node that orders its queue starts it at its next free slot
-// (policy.Request.Ahead): it need not wait in the hold for the queue
-// target. Free while nothing is held.
-func (h *holdRoom) leads(key string, priority int, tenant string) bool {
+// at a node that orders its queue (policy.Request.Ahead), so that it need
+// not wait in the hold for the queue target: the room holds tasks of the
+// key and none with a higher priority, and either the task is new and
+// none of its tenant's is held in its band (the first urgent task, or a
+// quiet tenant's: it overtakes the held ones), or it is a held one (fromHold)
+// of a higher priority than the last task sent on without the credit,
+// which is what fills the nodes' queues. A held task of that same priority
+// gets no credit: at the node it would wait behind its like. Free while
+// nothing is held.
+func (h *holdRoom) leads(key string, priority int, tenant string, fromHold bool) bool {
 	if h.n.Load() == 0 && h.inPass.Load() == 0 {
 		return false
 	}
@@ -213,7 +221,21 @@ func (h *holdRoom) leads(key string, priority int, tenant string) bool {
 			return false
 		}
 	}
+	if fromHold {
+		p, ok := h.plain[key]
+		return ok && priority > p
+	}
 	return h.tenants[bandTenant{topology.BandOf(priority), tenant}] == 0
+}
+
+// sentPlain records the priority of a task of the key sent on without the
+// ahead credit, while tasks of the key are held (leads).
+func (h *holdRoom) sentPlain(key string, priority int) {
+	h.mu.Lock()
+	if h.counts[key] != nil {
+		h.plain[key] = priority
+	}
+	h.mu.Unlock()
 }
 
 // wake prompts the hold loop (an outcome freed a slot). While nothing is

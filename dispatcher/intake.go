@@ -239,7 +239,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	// one, or a quiet tenant's) overtakes the held ones, and a node that
 	// orders its queue starts it next: it need not wait for the queue
 	// target (docs/policies.md, "Ordering at the node").
-	req.Ahead = key != "" && !a.fromHold && in.held.leads(key, t.Priority, t.TenantName())
+	req.Ahead = key != "" && in.held.leads(key, t.Priority, t.TenantName(), a.fromHold)
 	table := in.snaps.table.Load()
 	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()
@@ -294,6 +294,9 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			return
 		}
 		in.counters.Inversions.Add(1) // only when the hold is closed: it must stay 0
+	}
+	if key != "" && !req.Ahead {
+		in.held.sentPlain(key, t.Priority)
 	}
 	if dec.Panic {
 		in.counters.Panic.Add(1)

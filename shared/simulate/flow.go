@@ -30,7 +30,11 @@ import (
 //     the scenario's queue_target, when set), so a task that cannot start
 //     in time anywhere is held, not sent to expire on a node;
 //   - while a task of a type is held with a priority at least a new
-//     task's, the new one is held behind it (no overtaking);
+//     task's, the new one is held behind it (no overtaking), unless it
+//     goes first (leads: none held of a higher priority, none of its
+//     tenant in its band), when only a higher priority holds it back; such
+//     a task asks the engine with Request.Ahead (one slot's wait on a node
+//     that orders its queue, Heartbeat.Prefetch);
 //   - a pass of the hold (after each outcome, at most every 5 ms, and
 //     every 100 ms) takes the held tasks highest priority first and, inside
 //     a priority, in start-time fair order between tenants by weight (a
@@ -349,6 +353,24 @@ func (f *flowControl) heldAtLeast(typ string, priority int, strict bool) bool {
 	return false
 }
 
+// leads: a task goes first in flow control's order, before what the hold
+// holds of its type: tasks of the type are held, none with a higher
+// priority, and none of the task's tenant in its band (hold.go's leads).
+func (f *flowControl) leads(t *task) bool {
+	c := f.counts[t.typ]
+	if c == nil || f.heldBy[bandIndex(t.priority)][t.tenant] > 0 {
+		return false
+	}
+	held := false
+	for i, n := range c {
+		if n > 0 && i > t.priority-protocol.MinPriority {
+			return false
+		}
+		held = held || n > 0
+	}
+	return held
+}
+
 func (f *flowControl) leave(t *task) {
 	if t.counted {
 		f.count(t.typ, t.priority, -1)
@@ -441,8 +463,13 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 		return nil
 	}
 	req := s.flowRequest(t, false)
+	// A task that goes first in flow control's order overtakes the held
+	// ones, and a node that orders its queue starts it next: the engine
+	// counts one slot's wait for it there, not the queue target's worth
+	// (intake.go's dispatch).
+	req.Ahead = !fromHold && s.fc.leads(t)
 	d, err := s.dec.peek(&req)
-	if err == nil && (d.Saturated || s.fc.heldAtLeast(t.typ, t.priority, fromHold)) {
+	if err == nil && (d.Saturated || s.fc.heldAtLeast(t.typ, t.priority, fromHold || req.Ahead)) {
 		s.hold(t)
 		if !d.Saturated {
 			s.requestPass(s.now) // a slot is free: the hold sends on what goes first

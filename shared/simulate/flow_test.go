@@ -106,11 +106,22 @@ func TestPriorityOverload(t *testing.T) {
 
 	// Before issue 20's fix a held task saturated only by its own
 	// deadline held back its type for the pass: the fix gives priority 0
-	// the capacity priority 5 leaves.
-	old, _ := flowRun(t, sc, tasks, Options{OwnDeadlineBlocks: true})
-	before, after := flowOf(t, old, "normal").Success, flowOf(t, rel, "normal").Success
-	if after < before+0.10 {
-		t.Errorf("priority 0 success %.1f%% with the old rule, %.1f%% as the dispatcher now holds: want at least 10 points more", before*100, after*100)
+	// the capacity priority 5 leaves. The oracle shows it in full (46% ->
+	// 73%). Under reliability the old rule's loss came with timeouts:
+	// attempts started with little of their deadline left and cut at it,
+	// which opened the breakers; since a node no longer starts those
+	// (nodequeue.go, as the worker since d02e923) it costs reliability
+	// only a few points (74% -> 76%).
+	old, oldOrc := flowRun(t, sc, tasks, Options{OwnDeadlineBlocks: true})
+	for _, c := range []struct {
+		old, now *Result
+		gain     float64
+	}{{old, rel, 0}, {oldOrc, orc, 0.10}} {
+		before, after := flowOf(t, c.old, "normal").Success, flowOf(t, c.now, "normal").Success
+		if after < before+c.gain {
+			t.Errorf("%s: priority 0 success %.1f%% with the old rule, %.1f%% as the dispatcher now holds: want at least %.0f points more",
+				c.now.Policy, before*100, after*100, c.gain*100)
+		}
 	}
 }
 
@@ -316,6 +327,68 @@ func TestNodeQueueOrder(t *testing.T) {
 		}
 		if g := strings.Join(got, " "); g != c.want {
 			t.Errorf("prefetch %d: started %s, want %s", c.prefetch, g, c.want)
+		}
+	}
+}
+
+// TestNodeOrderKeepsPriorityZero: under reliability the node's order cost
+// priority 0 a third of its successes (a held task sent with little of its
+// deadline left was overtaken at the node, started late and cut at its
+// deadline: timeouts charged to the model, which opened its breaker). The
+// dispatcher's ahead credit and the worker's refusal to start a dispatch
+// with less than its model's mean run left (flow.go, nodequeue.go) bring
+// it back within a few points of arrival order. One node of 8 slots at
+// half the rate, 25 s: 64.7% against 76.1% before them, 75.2% against
+// 77.0% with them.
+func TestNodeOrderKeepsPriorityZero(t *testing.T) {
+	t.Parallel()
+	sc := oneNode(t, "priority-overload")
+	off := *sc
+	off.Prefetch = -1
+	const tasks = 8000
+	on, _ := flowRun(t, sc, tasks, Options{})
+	fifo, _ := flowRun(t, &off, tasks, Options{})
+	o, f := flowOf(t, on, "normal").Success, flowOf(t, fifo, "normal").Success
+	if o < f-0.05 {
+		t.Errorf("reliability: priority 0 succeeded %.1f%% in the node's order, %.1f%% in arrival order: want within 5 points", o*100, f*100)
+	}
+}
+
+// TestAheadOnOrderingNode: while tenant a's tasks are held and the node's
+// queue is past the queue target, a task of tenant b goes first (none of
+// b's held): it is sent at once, the engine counting one slot's wait on a
+// node that orders its queue (Heartbeat.Prefetch, Request.Ahead) rather
+// than the queue's. On a node in arrival order it waits in the hold, and
+// so does another of a's tasks anywhere (behind a's held one).
+func TestAheadOnOrderingNode(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		prefetch int
+		tenant   string
+		sent     bool
+	}{{32, "b", true}, {-1, "b", false}, {32, "a", false}} {
+		sc := oneNode(t, "tenant-flood")
+		sc.Prefetch = c.prefetch
+		s, err := newSim(sc, Options{Policies: []string{"reliability"}}.withDefaults(sc), "reliability")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := s.nodes[0]
+		n.running = n.spec.Capacity
+		for range 16 { // 8 running and 16 queued: beyond the 150 ms queue target at 100 ms a run
+			n.stream = append(n.stream, &attempt{t: &task{tenant: "a"}, model: "m50", node: n, deadline: time.Hour})
+		}
+		if err := s.dec.refresh(context.Background(), s.clock(), s.heartbeats()); err != nil {
+			t.Fatal(err)
+		}
+		s.tasks = make([]taskResult, 2)
+		s.hold(&task{idx: 0, typ: "flow", tenant: "a", waitFrom: -1})
+		tk := &task{idx: 1, typ: "flow", tenant: c.tenant, waitFrom: -1}
+		if err := s.dispatchFlow(context.Background(), tk, false); err != nil {
+			t.Fatal(err)
+		}
+		if sent := !tk.counted && n.queued() == 17; sent != c.sent {
+			t.Errorf("prefetch %d, tenant %s: sent %v (held %v, %d queued), want sent %v", c.prefetch, c.tenant, sent, tk.counted, n.queued(), c.sent)
 		}
 	}
 }

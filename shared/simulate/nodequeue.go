@@ -35,6 +35,19 @@ type node struct {
 	// the tag last granted, and each tenant's last tag.
 	vtime [priorityLevels]uint64
 	last  map[nodeFlow]uint64
+	// meanRun is each hosted model's moving mean of successful runs here
+	// (weight 1/8, 0 until the first), as the worker's (worker.go
+	// observeRun): a dispatch whose deadline leaves less is not started.
+	meanRun map[string]time.Duration
+}
+
+// observeRun folds a successful run's duration into its model's mean, in
+// the worker's integer steps.
+func (n *node) observeRun(model string, d time.Duration) {
+	if old := n.meanRun[model]; old > 0 {
+		d = old + (d-old)/8
+	}
+	n.meanRun[model] = d
 }
 
 // nodeFlow is one tenant's work of one priority on a node.
@@ -68,8 +81,13 @@ func (n *node) take() {
 // its stream while there is room, one at a time as the worker receives
 // them: a freed slot is granted before the room its task leaves is taken
 // (the worker acks a task after its outcome). It returns the dispatches
-// found past their deadline when their turn came, which the worker reports
-// expired without running them.
+// found past their deadline when their turn came, or with less of it left
+// than their model's mean successful run on the node, which the worker
+// reports expired without running them (worker/task.go): started, the
+// latter would more likely be cut at the deadline than finish, a timeout
+// charged to the model for time spent queued (the last of a band, which
+// the node's order starts late), in a slot that work able to finish could
+// use.
 func (s *sim) startQueued(n *node) (expired []*attempt) {
 	room := n.spec.Capacity + max(s.sc.Prefetch, 0)
 	for {
@@ -85,7 +103,7 @@ func (s *sim) startQueued(n *node) (expired []*attempt) {
 			n.waiting = slices.Delete(n.waiting, best, best+1)
 			v := &n.vtime[a.t.priority-protocol.MinPriority]
 			*v = max(*v, a.tag)
-			if s.now > a.deadline {
+			if s.now > a.deadline || a.deadline-s.now < n.meanRun[a.model] {
 				expired = append(expired, a)
 				continue
 			}
@@ -99,8 +117,10 @@ func (s *sim) startQueued(n *node) (expired []*attempt) {
 }
 
 // toNode delivers a dispatch to its node: lost on a dead node, else into
-// its stream. Nothing expires here: the dispatch is fresh, and while a slot
-// is free nothing else waits.
+// its stream. Only the dispatch itself may expire here (while a slot is
+// free nothing else waits): one sent with less of its task's deadline left
+// than its model's mean run on the node. The worker reports it at once,
+// after the dispatch that sent it: an event, not a call inside it.
 func (s *sim) toNode(a *attempt) {
 	n := a.node
 	if !n.alive {
@@ -108,15 +128,19 @@ func (s *sim) toNode(a *attempt) {
 		return
 	}
 	n.stream = append(n.stream, a)
-	s.startQueued(n)
+	for _, x := range s.startQueued(n) {
+		s.push(s.now, evExpired, s.eventA(x))
+	}
 }
 
 // crashQueue empties a crashed node's queue, in arrival order, and resets
-// its order: a restarted worker starts with fresh clocks.
+// its order and run means: a restarted worker starts with fresh clocks and
+// none.
 func (n *node) crashQueue() []*attempt {
 	lost := append(n.waiting, n.stream...)
 	n.waiting, n.stream = nil, nil
 	n.vtime = [priorityLevels]uint64{}
 	clear(n.last)
+	clear(n.meanRun)
 	return lost
 }

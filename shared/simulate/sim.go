@@ -110,6 +110,7 @@ const (
 	evDeadline               // a lost attempt's deadline
 	evRedecide               // a task found no candidate: try again
 	evPass                   // flow control: the hold's next pass (flow.go)
+	evExpired                // a node did not start a dispatch it was just sent (nodequeue.go)
 )
 
 type event struct {
@@ -295,7 +296,7 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 		s.joined[sc.Models[i].Name] = true
 	}
 	for i := range sc.Nodes {
-		n := &node{spec: &sc.Nodes[i], alive: true, last: map[nodeFlow]uint64{}}
+		n := &node{spec: &sc.Nodes[i], alive: true, last: map[nodeFlow]uint64{}, meanRun: map[string]time.Duration{}}
 		s.nodes = append(s.nodes, n)
 		s.byNode[n.spec.Name] = n
 	}
@@ -401,6 +402,11 @@ func (s *sim) run(ctx context.Context, n int) error {
 		case evDeadline:
 			if e.a.state == stLost {
 				err = s.outcome(ctx, e.a, protocol.OutcomeLost, s.now-e.a.dispatched)
+			}
+		case evExpired:
+			err = s.outcome(ctx, e.a, protocol.OutcomeExpired, 0)
+			if err == nil {
+				err = s.retryHeld(ctx)
 			}
 		case evPass:
 			if s.now == s.fc.nextPass { // else superseded by an earlier one
@@ -528,6 +534,7 @@ func (s *sim) heartbeats() []protocol.Heartbeat {
 		hb := protocol.Heartbeat{
 			Node:      n.spec.Name,
 			Capacity:  n.spec.Capacity,
+			Prefetch:  max(s.sc.Prefetch, 0), // its ordered room: policy.Request.Ahead's credit
 			InFlight:  n.running,
 			Queued:    n.queued(),
 			StartedAt: epoch.Add(n.startedAt),
@@ -701,8 +708,11 @@ func (s *sim) start(a *attempt) {
 func (s *sim) complete(ctx context.Context, a *attempt) error {
 	nd := a.node
 	nd.running--
+	if !a.timeout && !a.fail {
+		nd.observeRun(a.model, a.latency) // before its slot is given on, as the worker's run
+	}
 	// Free slot: start the best waiting attempt, skipping those past their
-	// deadline as the worker would (expired).
+	// deadline, or too close to it, as the worker would (expired).
 	expired := s.startQueued(nd)
 	var err error
 	switch {

@@ -103,6 +103,9 @@ type flowControl struct {
 	// counts are the held tasks by type and priority (the dispatcher's
 	// counts per candidate set: a simulated task has no allow-list).
 	counts map[string]*[priorityLevels]int
+	// plain is, per type with held tasks, the priority of the last task
+	// sent on without the ahead credit (hold.go's plain).
+	plain map[string]int
 	// vtime and last are the fair order's clocks (hold.go).
 	vtime float64
 	last  map[string]float64
@@ -261,7 +264,7 @@ type tenantQueue struct {
 
 func newFlowControl(sc *Scenario, opt Options) *flowControl {
 	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: sc.QueueTarget.D(),
-		counts: map[string]*[priorityLevels]int{}, last: map[string]float64{}, nextPass: -1,
+		counts: map[string]*[priorityLevels]int{}, plain: map[string]int{}, last: map[string]float64{}, nextPass: -1,
 		maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks, byFinish: opt.FairByFinishTag}
 	if sc.ParkAbove > 0 {
 		f.parkAbove, f.parkedPending = sc.ParkAbove, 2*sc.ParkAbove
@@ -332,6 +335,9 @@ func (f *flowControl) count(typ string, priority, d int) {
 		f.counts[typ] = c
 	}
 	c[priority-protocol.MinPriority] += d
+	if d < 0 && *c == ([priorityLevels]int{}) {
+		delete(f.plain, typ) // nothing of the type held
+	}
 }
 
 // heldAtLeast: a task of the type with at least (strict: more than) the
@@ -353,12 +359,13 @@ func (f *flowControl) heldAtLeast(typ string, priority int, strict bool) bool {
 	return false
 }
 
-// leads: a task goes first in flow control's order, before what the hold
-// holds of its type: tasks of the type are held, none with a higher
-// priority, and none of the task's tenant in its band (hold.go's leads).
-func (f *flowControl) leads(t *task) bool {
+// leads: a task goes first at a node that orders its queue (hold.go's
+// leads): tasks of its type are held, none with a higher priority, and
+// either it is new and none of its tenant's is held in its band, or it is
+// a held one above the priority last sent on without the credit.
+func (f *flowControl) leads(t *task, fromHold bool) bool {
 	c := f.counts[t.typ]
-	if c == nil || f.heldBy[bandIndex(t.priority)][t.tenant] > 0 {
+	if c == nil {
 		return false
 	}
 	held := false
@@ -368,7 +375,19 @@ func (f *flowControl) leads(t *task) bool {
 		}
 		held = held || n > 0
 	}
-	return held
+	if fromHold {
+		p, ok := f.plain[t.typ]
+		return held && ok && t.priority > p
+	}
+	return held && f.heldBy[bandIndex(t.priority)][t.tenant] == 0
+}
+
+// sentPlain records a task sent on without the ahead credit while tasks of
+// its type are held (hold.go's sentPlain).
+func (f *flowControl) sentPlain(t *task) {
+	if c := f.counts[t.typ]; c != nil && *c != ([priorityLevels]int{}) {
+		f.plain[t.typ] = t.priority
+	}
 }
 
 func (f *flowControl) leave(t *task) {
@@ -467,7 +486,7 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 	// ones, and a node that orders its queue starts it next: the engine
 	// counts one slot's wait for it there, not the queue target's worth
 	// (intake.go's dispatch).
-	req.Ahead = !fromHold && s.fc.leads(t)
+	req.Ahead = s.fc.leads(t, fromHold)
 	d, err := s.dec.peek(&req)
 	if err == nil && (d.Saturated || s.fc.heldAtLeast(t.typ, t.priority, fromHold || req.Ahead)) {
 		s.hold(t)
@@ -475,6 +494,9 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 			s.requestPass(s.now) // a slot is free: the hold sends on what goes first
 		}
 		return nil
+	}
+	if err == nil && !req.Ahead {
+		s.fc.sentPlain(t)
 	}
 	return s.send(ctx, t, d, err)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,6 +70,37 @@ func TestDispatchCarriesTaskDeadline(t *testing.T) {
 	}
 	if limit := before.Add(800*time.Millisecond + time.Second); pd.Deadline.After(limit) {
 		t.Fatalf("dispatch deadline %s, want at most the task's (about %s)", pd.Deadline, before.Add(800*time.Millisecond))
+	}
+}
+
+// A node may refuse to start an attempt whose deadline leaves too little
+// time for the model's run (outcome expired, worker/task.go). When that
+// deadline is the task's own (deadline_ms, capped), retrying would meet it
+// again: the task fails expired after that one attempt, not
+// attempts_exhausted after three. When it is only the attempt's (timeout
+// plus slack), the task is retried as before.
+func TestNodeRefusalAtTaskDeadlineEndsExpired(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var refused atomic.Int32
+	n := e.startNode("n", []string{"x"}, map[string]behavior{"m": func(task protocol.Task, attempt int) (protocol.OutcomeStatus, string) {
+		if task.ID == "own" || attempt == 1 {
+			refused.Add(1)
+			return protocol.OutcomeExpired, "deadline leaves 30ms, less than the model's mean run of 200ms on this node: not started"
+		}
+		return protocol.OutcomeSuccess, ""
+	}})
+	e.submit(protocol.Task{ID: "own", Type: "x", TimeoutMs: 60_000, MaxAttempts: 3, DeadlineMs: 5_000})
+	res := e.result("own")
+	if res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeExpired || res.Attempts != 1 {
+		t.Fatalf("own: %+v, want failed %s after 1 attempt", res, protocol.CodeExpired)
+	}
+	e.submit(protocol.Task{ID: "attempt", Type: "x", TimeoutMs: 1_000, MaxAttempts: 3, DeadlineMs: 60_000})
+	if res := e.result("attempt"); res.Status != protocol.StatusSucceeded || res.Attempts != 2 {
+		t.Fatalf("attempt: %+v, want succeeded on the second attempt", res)
+	}
+	if got := len(n.attempts()); got != 3 {
+		t.Fatalf("%d dispatches (%v), want 3: one of own, two of attempt", got, n.attempts())
 	}
 }
 

@@ -124,7 +124,12 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		} else {
 			task, state.TaskErr = protocol.DecodeTask(o.Task, oc.cfg.Limits())
 		}
-		if exp := oc.flow.expiry(&task, submitted); state.TaskErr == nil && !exp.IsZero() && !time.Now().Before(exp) {
+		// Past the task's own deadline, or an attempt the node did not
+		// start because that deadline (the dispatch's, capped at it; ms on
+		// the wire) left too little time for the model's run: retrying it
+		// would only meet the same deadline, and end attempts_exhausted.
+		if exp := oc.flow.expiry(&task, submitted); state.TaskErr == nil && !exp.IsZero() &&
+			(!time.Now().Before(exp) || o.Status == protocol.OutcomeExpired && !pd.Deadline.Before(exp.Add(-time.Millisecond))) {
 			state.Expired = true
 			oc.counters.Expired.Add(1)
 		}

@@ -739,8 +739,11 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	t := a.t
 	d := protocol.Dispatch{Model: a.model, Node: a.node.spec.Name, Attempt: a.n, MaxAttempts: s.sc.MaxAttempts}
 	o := protocol.Outcome{Model: a.model, Node: a.node.spec.Name, Attempt: a.n, Status: st}
-	// A task past its own deadline is not retried (settle: CodeExpired).
-	expired := t.expiry > 0 && s.now >= t.expiry && st != protocol.OutcomeSuccess && st != protocol.OutcomeTaskError
+	// A task past its own deadline is not retried (settle: CodeExpired),
+	// nor one its node did not start because that deadline (the attempt's,
+	// capped at it) left too little time (outcomes.go).
+	expired := t.expiry > 0 && (s.now >= t.expiry || st == protocol.OutcomeExpired && a.deadline >= t.expiry) &&
+		st != protocol.OutcomeSuccess && st != protocol.OutcomeTaskError
 	dec := settle.Settle(s.retry, d, o, settle.State{Expired: expired})
 	s.rec[0] = stats.Event{Model: a.model, Node: a.node.spec.Name, Kind: dec.Kind, Latency: lat, At: s.clock()}
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {

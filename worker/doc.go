@@ -19,11 +19,18 @@
 // on mlsched.report.<node>, outcomes.go), which answers once the task's
 // result is stored; without that answer, and for every other outcome, the
 // outcome is stored in MLSCHED_OUTCOMES (JetStream-acked) first. Outcomes are published asynchronously, at most
-// MLSCHED_CONCURRENCY unconfirmed, and one goroutine acks each dispatch when
+// MLSCHED_CONCURRENCY + MLSCHED_PREFETCH unconfirmed, and one goroutine acks each dispatch when
 // its outcome's publish is confirmed (or naks it when the publish fails); the outcome's Nats-Msg-Id ("o:<task>:<attempt>") lets
-// JetStream drop the duplicate. A dispatch past its deadline is reported
-// expired without running, so a restarted node does not work off a stale
-// backlog.
+// JetStream drop the duplicate. A dispatch past its deadline, or too close
+// to it for the model's mean run here, is reported expired without running,
+// so a restarted node does not work off a stale backlog.
+//
+// Order: the node takes MLSCHED_PREFETCH dispatches beyond its
+// MLSCHED_CONCURRENCY slots and starts the waiting ones highest priority
+// first, tenants in turn, oldest first (slots.go), so that what the
+// dispatcher sent it waits in flow control's order, not arrival order; its
+// heartbeat announces the prefetch, and dispatchers send a task that goes
+// first past their queue target (docs/policies.md, "Flow control").
 //
 // Readiness: a model whose executor can be unready (an http model server, an
 // exec process loading or restarting, a model cooling down after a 429 with

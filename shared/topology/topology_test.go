@@ -226,4 +226,3 @@ func TestParkedSubjects(t *testing.T) {
 		}
 	}
 }
-

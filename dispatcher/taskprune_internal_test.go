@@ -62,17 +62,7 @@ func TestTaskPrunerRemovesOnlyFinishedTasks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	batch, err := c.Fetch(5, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	if len(msgs) != 5 {
-		t.Fatalf("fetched %d tasks, want 5", len(msgs))
-	}
+	msgs := fetchN(t, c, 5, "tasks")
 	p := newTaskPruner(srv.JS, zerolog.Nop())
 	p.straggle = time.Hour
 	if err := p.prune(ctx); err != nil { // finds limits retention: notes acks from now on
@@ -192,17 +182,7 @@ func TestTaskPrunerPurgesParkedTasksByFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := c.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	if len(msgs) != 3 {
-		t.Fatalf("fetched %d parked tasks, want 3", len(msgs))
-	}
+	msgs := fetchN(t, c, 3, "parked tasks")
 	p := newTaskPruner(srv.JS, zerolog.Nop())
 	p.straggle = time.Hour
 	p.parked = func() ([]string, []string) { return []string{name}, []string{subj} }
@@ -222,4 +202,21 @@ func TestTaskPrunerPurgesParkedTasksByFloor(t *testing.T) {
 	if got := taskSeqs(ctx, t, s); !slices.Equal(got, []uint64{1, 4}) {
 		t.Fatalf("after a pass the stream holds %v, want [1 4] (the band's waiting task and the running parked one)", got)
 	}
+}
+
+// fetchN fetches exactly n messages from c, failing the test otherwise.
+func fetchN(t *testing.T, c jetstream.Consumer, n int, what string) []jetstream.Msg {
+	t.Helper()
+	batch, err := c.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != n {
+		t.Fatalf("fetched %d %s, want %d", len(msgs), what, n)
+	}
+	return msgs
 }

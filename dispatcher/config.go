@@ -145,13 +145,14 @@ type Config struct {
 	// MaxInFlight bounds tasks being dispatched but not yet acknowledged by
 	// JetStream, and the consumers' MaxAckPending (default 1024).
 	MaxInFlight int `envconfig:"MAX_IN_FLIGHT" default:"1024" desc:"publishes awaiting acknowledgement; consumers pull at most this many"`
-	// GroupCommit stores the results published while the results stream
-	// is busy as one atomic batch, one fsync for many (jsplumb.GroupCommit),
-	// when that stream is on disk and takes atomic batches (default true).
+	// GroupCommit stores the results, and the parked tasks, published
+	// while their stream is busy as one atomic batch, one fsync for many
+	// (jsplumb.GroupCommit), when that stream is on disk and takes atomic
+	// batches (default true).
 	// It pays where nats-server fsyncs every write (sync_interval always,
 	// the production setting); with a lazy sync_interval turn it off: a
 	// batch, staged and synced on its own, then costs more than it saves.
-	GroupCommit bool `envconfig:"GROUP_COMMIT" default:"true" desc:"store results published while the results stream is busy as one atomic batch, one fsync for many (file storage, nats-server 2.12+); false when nats-server's sync_interval is not always"`
+	GroupCommit bool `envconfig:"GROUP_COMMIT" default:"true" desc:"store results (and parked tasks) published while their stream is busy as one atomic batch, one fsync for many (file storage, nats-server 2.12+); false when nats-server's sync_interval is not always"`
 	// AckWait of the dispatcher's consumers (default 30s).
 	AckWait time.Duration `envconfig:"ACK_WAIT" default:"30s" desc:"ack wait of the dispatcher consumers"`
 	// TasksMaxBytes bounds the task stream: beyond it producers get a

@@ -347,10 +347,13 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	if own {
 		defer nc.Close()
 	}
-	var dispatchStream, resultsStream jetstream.Stream
+	var dispatchStream, resultsStream, tasksStream jetstream.Stream
 	if err := jsplumb.Retry(ctx, d.log, "streams", func(ctx context.Context) (err error) {
 		if dispatchStream, err = js.Stream(ctx, topology.StreamDispatch); err != nil {
 			return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
+		}
+		if tasksStream, err = js.Stream(ctx, topology.StreamTasks); err != nil {
+			return fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
 		}
 		if resultsStream, err = js.Stream(ctx, topology.StreamResults); err != nil {
 			return fmt.Errorf("stream %s: %w", topology.StreamResults, err)
@@ -425,12 +428,11 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	limiter := quota.New(quota.Params{Rates: flow.rates, Caps: flow.caps, Redis: rc, Replica: d.cfg.Name})
 	// Results on disk are group-committed: those published while the
 	// stream is busy are stored as one batch, with one fsync.
-	var results jsplumb.Sender = resPub
-	resGroup := &lifecycle.Func{}
-	if d.cfg.GroupCommit && topology.GroupCommits(resultsStream.CachedInfo()) {
-		g := jsplumb.NewGroupCommit(resPub, jsplumb.GroupCommitConfig{MaxWaiting: d.cfg.MaxInFlight})
-		results, resGroup = g, &lifecycle.Func{OnStart: g.Start, OnStop: g.Stop}
-	}
+	results, resGroup := groupCommit(d.cfg, resPub, resultsStream)
+	// So are parked tasks: a flooding tenant's are parked by the thousand a
+	// second, and a store that fsyncs each one on its own delays every
+	// other tenant's delivery from the same stream.
+	parked, parkGroup := groupCommit(d.cfg, pub, tasksStream)
 	fin := newFinisher(finisherParams{log: d.log, results: results, resPub: resPub, complete: complete, dlq: dlq,
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter})
 	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
@@ -439,7 +441,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
 		quota: limiter})
 	in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
-		js: js, held: in.held, pub: pub, complete: complete, counters: &d.counters, handle: in.handleParked})
+		js: js, held: in.held, pub: parked, complete: complete, counters: &d.counters, handle: in.handleParked})
 	prune.parked = in.park.running
 	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
 		snaps: snaps, sealer: seals, superseded: superseded, keeper: keeper, retry: in, fin: fin,
@@ -518,6 +520,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		{"dispatch publisher", &lifecycle.Func{OnStart: pub.Start, OnStop: pub.Stop}},
 		{"result publisher", &lifecycle.Func{OnStart: resPub.Start, OnStop: resPub.Stop}},
 		{"result group commit", resGroup},
+		{"parking group commit", parkGroup},
 		// waits for the slow follow-ups of results (an exhausted task's dead
 		// letter), which settle their messages
 		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},
@@ -618,4 +621,17 @@ func newConsumer(js jetstream.JetStream, cfg Config, log zerolog.Logger, stream 
 		},
 		Pull: min(cfg.MaxInFlight, 256), Heartbeat: 5 * time.Second, Check: 5 * time.Second,
 		Log: log.With().Str("stream", stream).Logger()}
+}
+
+// groupCommit returns what publishes to stream through pub: a group commit
+// (those published while the stream is busy are stored as one atomic batch,
+// with one fsync) when MLSCHED_GROUP_COMMIT is on and the stream is on disk
+// and allows atomic batches, else pub itself; and the group commit's
+// service (nothing to run for pub).
+func groupCommit(cfg Config, pub *jsplumb.Publisher, stream jetstream.Stream) (jsplumb.Sender, lifecycle.Service) {
+	if !cfg.GroupCommit || !topology.GroupCommits(stream.CachedInfo()) {
+		return pub, &lifecycle.Func{}
+	}
+	g := jsplumb.NewGroupCommit(pub, jsplumb.GroupCommitConfig{MaxWaiting: cfg.MaxInFlight})
+	return g, &lifecycle.Func{OnStart: g.Start, OnStop: g.Stop}
 }

@@ -101,3 +101,68 @@ func TestSlotsOrder(t *testing.T) {
 		t.Fatalf("free %d, waiting %d after every release, want 1 and 0", s.free, len(s.waiting))
 	}
 }
+
+// TestSlotsBurstCredit: a tenant under its share starts a burst of up to
+// one dispatch per slot before a flooding tenant's backlog, and no more:
+// the next goes in turn. Two saturating tenants still alternate, and the
+// credit of an idle one does not outlast its burst.
+func TestSlotsBurstCredit(t *testing.T) {
+	s := newSlots(2)
+	var mu sync.Mutex
+	var got []string
+	done := make(chan struct{}, 64)
+	queue := func(tenant, name string) {
+		s.mu.Lock()
+		before := len(s.waiting)
+		s.mu.Unlock()
+		go func() {
+			s.acquire(0, tenant)
+			mu.Lock()
+			got = append(got, name)
+			mu.Unlock()
+			done <- struct{}{}
+		}()
+		waitFor(t, 5*time.Second, name+" waiting", func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return len(s.waiting) == before+1
+		})
+	}
+	grant := func(n int) []string {
+		for range n {
+			s.release()
+			<-done
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out := got
+		got = nil
+		return out
+	}
+	s.acquire(0, "a") // both slots busy with the flood
+	s.acquire(0, "a")
+	for i := range 8 {
+		queue("a", fmt.Sprintf("a%d", i))
+	}
+	if g := grant(2); !slices.Equal(g, []string{"a0", "a1"}) {
+		t.Fatalf("granted %v, want a0 a1", g)
+	}
+	for i := range 3 {
+		queue("b", fmt.Sprintf("b%d", i))
+	}
+	// b's first two (the credit: two slots) go before a's backlog; its
+	// third takes its turn with a's.
+	if g, want := grant(5), []string{"b0", "b1", "a2", "b2", "a3"}; !slices.Equal(g, want) {
+		t.Fatalf("granted %v, want %v", g, want)
+	}
+	// c arrives with a backlog of its own: its first two go on the credit,
+	// b's next one on what is left of b's (one slot), and then the two
+	// saturating tenants alternate.
+	for i := range 4 {
+		queue("c", fmt.Sprintf("c%d", i))
+	}
+	queue("b", "b3")
+	if g, want := grant(8), []string{"c0", "c1", "b3", "a4", "c2", "a5", "c3", "a6"}; !slices.Equal(g, want) {
+		t.Fatalf("granted %v, want %v", g, want)
+	}
+}

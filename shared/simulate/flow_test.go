@@ -297,7 +297,7 @@ func TestNodeQueueOrder(t *testing.T) {
 		want     string
 	}{
 		{32, "u1 u2 a1 b1 c2 a2 b2 a3 c1"},
-		{3, "a1 u1 a2 b1 a3 b2 u2 c2 c1"},
+		{3, "a1 u1 b1 a2 b2 c2 u2 a3 c1"},
 		{-1, "a1 a2 a3 u1 b1 b2 c1 c2 u2"},
 	} {
 		sc, err := ParseScenario([]byte(minimal))

@@ -9,8 +9,8 @@ import (
 
 // A simulated node starts the work sent to it in the worker's order
 // (worker/slots.go): the highest priority first; within a priority,
-// tenants in turn by start-time fair queuing with equal weights; within a
-// tenant, oldest first.
+// tenants in turn by start-time fair queuing with equal weights and a
+// burst credit of the node's capacity; within a tenant, oldest first.
 //
 // Why: the dispatcher's flow control orders what it sends, but a node is
 // sent up to its queue target of work, and if it started that in arrival
@@ -64,14 +64,16 @@ func (n *node) load() int { return n.running + n.queued() }
 
 // take receives the next dispatch of the node's stream and tags it: one
 // more than the later of its tenant's last tag and the tag last granted in
-// its priority. A tenant that sent many is tagged far ahead; one that sends
-// one is tagged next to what starts now.
+// its priority less the node's capacity (the burst credit of a tenant under
+// its share). A tenant that sent many is tagged far ahead; one that sends a
+// few is tagged just behind what starts now.
 func (n *node) take() {
 	a := n.stream[0]
 	n.stream[0] = nil
 	n.stream = n.stream[1:]
 	f := nodeFlow{a.t.priority, a.t.tenant}
-	a.tag = max(n.vtime[f.priority-protocol.MinPriority], n.last[f]) + 1
+	v := n.vtime[f.priority-protocol.MinPriority]
+	a.tag = max(v-min(v, uint64(max(n.spec.Capacity, 0))), n.last[f]) + 1
 	n.last[f] = a.tag
 	n.waiting = append(n.waiting, a)
 }

@@ -20,11 +20,11 @@ import "sync"
 // lowest tag of the highest priority is granted next. A tenant that sent a
 // hundred dispatches gets tags far ahead; a tenant that sends a few, well
 // under its share, is tagged just behind what is being granted now, so a
-// burst of up to one slot per node slot starts before the flooding
-// tenant's next. Without the credit a quiet tenant's burst of three took
-// turns with the flood's backlog, and its last dispatch waited two turns
-// of every other tenant (issue 20's noisy tenant: 18 ms p50 at the node
-// against 3). The credit is bounded: a tenant that sends more than its
+// burst of up to as many dispatches as the node has slots starts before
+// the flooding tenant's next. Without the credit a quiet tenant's burst of
+// three took turns with the flood's backlog, and its last dispatch waited
+// two turns of every other tenant (issue 20's noisy tenant: a p50 of 18 ms
+// for a slot, 9.5 ms with it). The credit is bounded: a tenant that sends more than its
 // share runs its tags ahead and gets none, so the shares of saturating
 // tenants do not move. It is work-conserving: a slot never waits while a
 // dispatch does.

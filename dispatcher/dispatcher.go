@@ -439,7 +439,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
-		quota: limiter})
+		quota: limiter, reconnects: func() uint64 { return nc.Stats().Reconnects }})
 	in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
 		js: js, held: in.held, pub: parked, complete: complete, counters: &d.counters, handle: in.handleParked})
 	prune.parked = in.park.running

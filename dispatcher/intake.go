@@ -55,6 +55,9 @@ type intakeParams struct {
 	flow       *flowRules  // deadlines and tenants' weights
 	drain      *drainMeter // for retry_after_ms
 	quota      *quota.Limiter
+	// reconnects counts the NATS connection's reconnections (unserved.go:
+	// while it was down no heartbeat could arrive).
+	reconnects func() uint64
 }
 
 func newIntake(p intakeParams) *intake {

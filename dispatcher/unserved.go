@@ -32,9 +32,17 @@ import (
 // registry watch being re-created), not a type nobody serves. So while the
 // registry is empty the room takes every such task, bounded only by the
 // consumer's MaxAckPending, and valid tasks wait out the outage instead of
-// being rejected as no_model. Once nodes have been live again for the node
-// TTL (time for every node to announce itself), a room still over its bound
-// is cut back to it by the same rule: the type keeping the most gives way.
+// being rejected as no_model. The same holds for twice the node TTL after
+// this replica's NATS connection comes back: while it was down no
+// heartbeat could arrive and nodes expired for it; a registry watch that
+// died with the server is re-read after a node TTL of silence, and every
+// node announces itself within another (the chaos failure of seed
+// 29198843: after a nats-server kill some types' nodes were back and
+// others not yet, and valid tasks of the latter were rejected at once).
+// Once nodes have been live again for the node TTL (time for every node to
+// announce itself), or twice that after a reconnection, a room still over
+// its bound is cut back to it by the same rule: the type keeping the most
+// gives way.
 
 // unservedRetry is how often waiting tasks are decided again.
 const unservedRetry = 250 * time.Millisecond
@@ -53,7 +61,35 @@ type unservedRoom struct {
 	q       []*unservedTask
 	inPass  int // tasks taken out of q by retryUnserved, still counted
 	stopped bool
-	outage  time.Time // last time a task found no live node at all
+	// outage is the last time a task found no live node at all;
+	// reconnected the last time the NATS connection was found to have come
+	// back (reconnects: its count then).
+	outage, reconnected time.Time
+	reconnects          uint64
+}
+
+// outageLocked reports whether no node at all is live, and notes when an
+// outage was last seen: now, if none is live, and when the connection has
+// come back since the last look.
+func (r *unservedRoom) outageLocked(in *intake, now time.Time) bool {
+	none := len(in.reg.Live()) == 0
+	if in.reconnects != nil {
+		if n := in.reconnects(); n != r.reconnects {
+			r.reconnects, r.reconnected = n, now
+		}
+	}
+	if none {
+		r.outage = now
+	}
+	return none
+}
+
+// recoveringLocked: an outage was seen within the node TTL, or a
+// reconnection within twice that; nodes may still be announcing
+// themselves.
+func (r *unservedRoom) recoveringLocked(in *intake, now time.Time) bool {
+	return !r.outage.IsZero() && now.Sub(r.outage) < in.cfg.NodeTTL ||
+		!r.reconnected.IsZero() && now.Sub(r.reconnected) < 2*in.cfg.NodeTTL
 }
 
 func (r *unservedRoom) len() int {
@@ -85,11 +121,8 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	if a.noNodeSince.IsZero() {
 		a.noNodeSince = time.Now()
 	}
-	outage := len(in.reg.Live()) == 0
-	if outage {
-		r.outage = time.Now()
-	}
-	if outage || len(r.q)+r.inPass < in.cfg.unservedMax() {
+	now := time.Now()
+	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || len(r.q)+r.inPass < in.cfg.unservedMax() {
 		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 		r.mu.Unlock()
 		return nil
@@ -232,12 +265,8 @@ func (in *intake) retryUnserved() {
 	r.q, r.inPass = append(keep, r.q...), 0 // tasks that came meanwhile are newer
 	var over []*unservedTask
 	var why []error
-	if len(r.q) > in.cfg.unservedMax() {
-		if len(in.reg.Live()) == 0 {
-			r.outage = now
-		} else if now.Sub(r.outage) >= in.cfg.NodeTTL {
-			over, why = r.trimLocked(in.cfg.unservedMax(), in)
-		}
+	if len(r.q) > in.cfg.unservedMax() && !r.outageLocked(in, now) && !r.recoveringLocked(in, now) {
+		over, why = r.trimLocked(in.cfg.unservedMax(), in)
 	}
 	r.mu.Unlock()
 	for i, w := range over {

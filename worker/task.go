@@ -180,7 +180,10 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 	if timeout <= 0 {
 		timeout = m.timeout
 	}
-	deadline := time.Now().Add(timeout)
+	// One clock for the timeout and the latency: a timed-out attempt never
+	// reports a latency below its timeout, however long the set-up below takes.
+	start := time.Now()
+	deadline := start.Add(timeout)
 	if d.Deadline.Before(deadline) {
 		deadline = d.Deadline
 	}
@@ -198,7 +201,6 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 			attribute.String("mlsched.node", w.node), attribute.Int("mlsched.attempt", d.Attempt))
 	}
 	traceparent := span.Traceparent() // the model server's request is a child of the execution
-	start := time.Now()
 	go func() {
 		defer func() {
 			if p := recover(); p != nil {

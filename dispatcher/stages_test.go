@@ -333,3 +333,33 @@ func TestIntakeStage(t *testing.T) {
 			e.stored(topology.StreamDLQ, topology.DLQSubject("invalid")) == 1
 	})
 }
+
+// Results and parked tasks go through a group commit on the streams the
+// topology creates (file storage, atomic publish allowed), and straight
+// through the publisher when MLSCHED_GROUP_COMMIT is off. Whether a given
+// flood forms batches depends on how fast the server acknowledges, so the
+// wiring is what is asserted here; the batching itself is GroupCommit's
+// test (shared/jsplumb).
+func TestResultsAndParkedTasksAreGroupCommitted(t *testing.T) {
+	t.Parallel()
+	e := newStageEnv(t)
+	for _, name := range []string{topology.StreamTasks, topology.StreamResults} {
+		s, err := e.ns.JS.Stream(e.ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !e.cfg.GroupCommit {
+			t.Fatal("MLSCHED_GROUP_COMMIT is off by default")
+		}
+		if sender, _ := groupCommit(e.cfg, e.pub, s); sender == jsplumb.Sender(e.pub) {
+			t.Errorf("%s: published one by one, want a group commit", name)
+		} else if _, ok := sender.(*jsplumb.GroupCommit); !ok {
+			t.Errorf("%s: sender %T, want *jsplumb.GroupCommit", name, sender)
+		}
+		off := e.cfg
+		off.GroupCommit = false
+		if sender, _ := groupCommit(off, e.pub, s); sender != jsplumb.Sender(e.pub) {
+			t.Errorf("%s with MLSCHED_GROUP_COMMIT=false: sender %T, want the publisher", name, sender)
+		}
+	}
+}

@@ -20,7 +20,6 @@ package jsplumb
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	fastjson "github.com/segmentio/encoding/json"
 )
 
 // Callback receives a publish's outcome: the acknowledgement (nil on error)
@@ -273,7 +273,11 @@ func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
 		Error *jetstream.APIError `json:"error"`
 		jetstream.PubAck
 	}
-	if err := json.Unmarshal(m.Data, &r); err != nil {
+	// segmentio/encoding, the protocol codec's library: 0.6 us per
+	// acknowledgement against encoding/json's 1.6 (BenchmarkParseAck), two
+	// per task in the dispatcher. The server writes these bodies, so
+	// encoding/json's stricter corners (protocol/codec.go) do not matter.
+	if err := fastjson.Unmarshal(m.Data, &r); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidAck, err)
 	}
 	if r.Error != nil {

@@ -116,7 +116,7 @@ func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	}
 	res := protocol.Result{ID: id, Type: taskType, Status: protocol.StatusCancelled, Error: msg,
 		ErrorCode: protocol.CodeCancelled, FinishedAt: time.Now().UTC()}
-	data, err := json.Marshal(res)
+	data, err := protocol.EncodeResult(&res)
 	if err != nil {
 		return fail(err)
 	}

@@ -157,7 +157,7 @@ func (s *sweeper) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) e
 	if !json.Valid(raw.Data) {
 		o.Task = nil
 	}
-	data, err := json.Marshal(o)
+	data, err := protocol.EncodeOutcome(&o)
 	if err != nil {
 		return err
 	}

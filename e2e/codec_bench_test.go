@@ -18,9 +18,9 @@ import (
 // v2 implementation) and github.com/goccy/go-json ("goccy"), in the same
 // run. Each message is coded once per task, so the difference of ns/op is
 // the difference per task (issue 18: under 3 us, a library replaces
-// hand-written code). The encoders went to encoding/json that way, and the
-// hand-written decoders to segmentio/encoding (goccy, as fast, accepts
-// invalid JSON: codec.go says which).
+// hand-written code). The hand-written encoders and decoders went that way,
+// to segmentio/encoding (goccy, as fast, accepts invalid JSON: codec.go says
+// which).
 func BenchmarkCodecs(b *testing.B) {
 	task := []byte(`{"id":"task-000123","type":"classify","payload":{"text":"is this spam?"},"models":["bert","distil"],"timeout_ms":500,"max_attempts":3}`)
 	outcome := []byte(`{"task_id":"task-000123","type":"classify","attempt":1,"model":"bert-v2","node":"node-3","status":"success","output":{"label":"spam","score":0.97},"latency_ms":3.217}`)
@@ -66,6 +66,7 @@ func BenchmarkCodecs(b *testing.B) {
 			{"goccy", func() error { var h head; return gojson.Unmarshal(task, &h) }},
 		}},
 		{"EncodeOutcome", []codec{ // worker
+			{"protocol", func() error { _, err := protocol.EncodeOutcome(&o); return err }},
 			{"json", func() error { _, err := json.Marshal(&o); return err }},
 			{"goccy", func() error { _, err := gojson.Marshal(&o); return err }},
 		}},
@@ -75,6 +76,7 @@ func BenchmarkCodecs(b *testing.B) {
 			{"goccy", func() error { var x protocol.Outcome; return gojson.Unmarshal(outcome, &x) }},
 		}},
 		{"EncodeResult", []codec{ // dispatcher
+			{"protocol", func() error { _, err := protocol.EncodeResult(&r); return err }},
 			{"json", func() error { _, err := json.Marshal(&r); return err }},
 			{"goccy", func() error { _, err := gojson.Marshal(&r); return err }},
 		}},

@@ -49,13 +49,14 @@ func parseTaskAck(subj string) (consumer, seq string, ok bool) {
 	if !strings.HasPrefix(subj, "$JS.ACK.") || strings.ContainsAny(subj, "*> \t\r\n") {
 		return "", "", false
 	}
-	tok := strings.Split(subj, ".")
+	// Read in place, not split: this runs for every result (a profile showed
+	// strings.Split's allocation at 2% of the dispatcher's CPU).
 	var stream string
-	switch {
-	case len(tok) == 9: // $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-		stream, consumer, seq = tok[2], tok[3], tok[5]
-	case len(tok) >= 12: // with the domain and account hash, and a token
-		stream, consumer, seq = tok[4], tok[5], tok[7]
+	switch n := strings.Count(subj, ".") + 1; {
+	case n == 9: // $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+		stream, consumer, seq = subjectToken(subj, 2), subjectToken(subj, 3), subjectToken(subj, 5)
+	case n >= 12: // with the domain and account hash, and a token
+		stream, consumer, seq = subjectToken(subj, 4), subjectToken(subj, 5), subjectToken(subj, 7)
 	default:
 		return "", "", false
 	}
@@ -63,6 +64,20 @@ func parseTaskAck(subj string) (consumer, seq string, ok bool) {
 		return "", "", false
 	}
 	return consumer, seq, true
+}
+
+// subjectToken returns the i-th (from 0) dot-separated token of subj, ""
+// past the last.
+func subjectToken(subj string, i int) string {
+	for ; i > 0; i-- {
+		_, rest, ok := strings.Cut(subj, ".")
+		if !ok {
+			return ""
+		}
+		subj = rest
+	}
+	tok, _, _ := strings.Cut(subj, ".")
+	return tok
 }
 
 // isTaskConsumer: the durable is one of the priority bands' consumers of

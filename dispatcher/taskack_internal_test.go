@@ -34,3 +34,26 @@ func TestTaskAckFor(t *testing.T) {
 		}
 	}
 }
+
+// parseTaskAck runs for every result: it reads the subject in place.
+func TestParseTaskAckDoesNotAllocate(t *testing.T) {
+	for _, subj := range []string{
+		"$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0",
+		"$JS.ACK.hub.ACCHASH.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0.tok",
+	} {
+		var seq string
+		if n := testing.AllocsPerRun(100, func() { _, seq, _ = parseTaskAck(subj) }); n != 0 || seq != "42" {
+			t.Errorf("parseTaskAck(%q): %v allocations, sequence %q", subj, n, seq)
+		}
+	}
+	for _, subj := range []string{
+		"$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0.x",   // 10 tokens
+		"$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0.x.y", // 11
+		"$JS.ACK..dispatcher.1.42.7.1800000000000000000.0",                  // no stream
+		"$JS.ACK.MLSCHED_TASKS..1.42.7.1800000000000000000.0",               // no consumer
+	} {
+		if _, _, ok := parseTaskAck(subj); ok {
+			t.Errorf("parseTaskAck(%q) accepted it", subj)
+		}
+	}
+}

@@ -40,7 +40,7 @@ func FuzzEncodeResult(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string, raw []byte, ms float64, nanos int64) {
 		res := protocol.Result{ID: text, Type: "t" + text, Status: protocol.StatusSucceeded, Model: text, Node: "n",
 			Attempts: 2, Output: raw, Error: text, ErrorCode: protocol.Code(text), LatencyMs: ms,
-			History: []protocol.Attempt{{Attempt: 1, Model: text, Node: "n", Status: protocol.OutcomeTimeout, Error: text, LatencyMs: ms}, {}},
+			History:    []protocol.Attempt{{Attempt: 1, Model: text, Node: "n", Status: protocol.OutcomeTimeout, Error: text, LatencyMs: ms}, {}},
 			FinishedAt: time.Unix(0, nanos).UTC(), RetryAfterMs: len(text)}
 		checkResultEncode(t, &res)
 		res.Output, res.History, res.Error = nil, nil, ""

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,6 +55,10 @@ type taskPruner struct {
 
 	passMu sync.Mutex // one pass at a time: the loop's and the backlog sampler's
 
+	// on mirrors active for the Acked hook, which runs for every result:
+	// on a work-queue stream it returns without reading the subject.
+	on atomic.Bool
+
 	mu     sync.Mutex
 	active bool
 	acked  []ackedTask       // acked here, above their consumer's floor when last looked
@@ -77,6 +82,9 @@ func newTaskPruner(js jetstream.JetStream, log zerolog.Logger) *taskPruner {
 // noteAcked is the Completer's Acked hook: it notes the acked message when it
 // is a task of a dispatchers' consumer.
 func (p *taskPruner) noteAcked(msg jsplumb.Msg) {
+	if !p.on.Load() {
+		return
+	}
 	var subj string
 	switch m := msg.(type) {
 	case finalMsg:
@@ -125,6 +133,7 @@ func (p *taskPruner) prune(ctx context.Context) error {
 	limits := s.CachedInfo().Config.Retention == jetstream.LimitsPolicy
 	p.mu.Lock()
 	p.active = limits
+	p.on.Store(limits)
 	if !limits {
 		p.acked = nil
 	}

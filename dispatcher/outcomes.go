@@ -291,7 +291,7 @@ func reportAckSubject(m *nats.Msg) string {
 }
 
 func (r *report) answer(b []byte) error {
-	err := errors.New("answered already")
+	err := errAnswered
 	r.once.Do(func() { err = r.nc.Publish(r.m.Reply, b) })
 	return err
 }
@@ -301,12 +301,15 @@ func (r *report) deferToStream(c *Counters) {
 	_ = r.answer(deferredReply)
 }
 
+// errAnswered: a report is answered once.
+var errAnswered = errors.New("report answered already")
+
 // Ack answers that the report is settled (its result stored).
 func (r *report) Ack() error {
 	if r.ack == "" {
 		return r.answer(protocol.ReportReply{Status: protocol.ReportSettled}.AppendJSON(nil))
 	}
-	err := errors.New("answered already")
+	err := errAnswered
 	r.once.Do(func() {
 		if err = r.nc.Publish(r.ack, []byte("+ACK")); err == nil {
 			err = r.nc.Publish(r.m.Reply, protocol.ReportReply{Status: protocol.ReportAcked}.AppendJSON(nil))

@@ -176,7 +176,7 @@ BENCH_FLAGS   ?=
 # role's nkey from `mlsched auth init`) and reports the cost; BENCH_AUTH= skips it.
 BENCH_AUTH    ?= -auth
 # Hot-path go benchmarks run after the end-to-end one (in shared/).
-BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/... ./opshttp/ ./jspub/
+BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/... ./opshttp/ ./jsplumb/
 
 .PHONY: bench
 bench: build redis-server postgres ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), open and with authorization, River on Postgres on one server, then the hot-path go benchmarks

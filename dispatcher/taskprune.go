@@ -55,12 +55,12 @@ type taskPruner struct {
 
 	passMu sync.Mutex // one pass at a time: the loop's and the backlog sampler's
 
-	// on mirrors active for the Acked hook, which runs for every result:
-	// on a work-queue stream it returns without reading the subject.
-	on atomic.Bool
+	// active: the task stream is under limits retention (set by each
+	// pass, under mu). The Acked hook, which runs for every result, reads
+	// it first: on a work-queue stream it returns without parsing.
+	active atomic.Bool
 
 	mu     sync.Mutex
-	active bool
 	acked  []ackedTask       // acked here, above their consumer's floor when last looked
 	floors map[string]uint64 // consumer -> ack floor last purged up to
 	// parked, when set, lists the parked tasks' consumers (park.go), pruned
@@ -82,7 +82,7 @@ func newTaskPruner(js jetstream.JetStream, log zerolog.Logger) *taskPruner {
 // noteAcked is the Completer's Acked hook: it notes the acked message when it
 // is a task of a dispatchers' consumer.
 func (p *taskPruner) noteAcked(msg jsplumb.Msg) {
-	if !p.on.Load() {
+	if !p.active.Load() {
 		return
 	}
 	var subj string
@@ -105,7 +105,7 @@ func (p *taskPruner) noteAcked(msg jsplumb.Msg) {
 		return
 	}
 	p.mu.Lock()
-	if p.active {
+	if p.active.Load() {
 		p.acked = append(p.acked, ackedTask{consumer: consumer, seq: seq, at: time.Now()})
 	}
 	p.mu.Unlock()
@@ -132,8 +132,7 @@ func (p *taskPruner) prune(ctx context.Context) error {
 	}
 	limits := s.CachedInfo().Config.Retention == jetstream.LimitsPolicy
 	p.mu.Lock()
-	p.active = limits
-	p.on.Store(limits)
+	p.active.Store(limits)
 	if !limits {
 		p.acked = nil
 	}

@@ -144,10 +144,7 @@ func TestTaskPrunerLeavesAWorkQueueStream(t *testing.T) {
 	if got := taskSeqs(ctx, t, s); !slices.Equal(got, []uint64{1}) {
 		t.Fatalf("stream holds %v, want [1]", got)
 	}
-	p.mu.Lock()
-	active := p.active
-	p.mu.Unlock()
-	if active {
+	if p.active.Load() {
 		t.Fatal("pruner active on a work-queue stream")
 	}
 }

@@ -50,9 +50,8 @@ type slotFlow struct {
 }
 
 type slotWaiter struct {
-	priority int
-	tag, seq uint64
-	ready    chan struct{}
+	slotTicket
+	ready chan struct{}
 }
 
 // slotTenantsKept bounds the tenants remembered before the idle ones are
@@ -69,10 +68,21 @@ func (s *slots) floor(priority int) uint64 {
 	return s.vtime[priority] - min(s.vtime[priority], s.burst)
 }
 
-// acquire blocks until the caller may take a slot. A slot that is free
-// while nobody waits is taken at once.
-func (s *slots) acquire(priority int, tenant string) {
+// slotTicket is a dispatch's place in the node's order: its priority, its
+// tenant's tag, and its arrival.
+type slotTicket struct {
+	priority int
+	tag, seq uint64
+}
+
+// ticket gives a dispatch its place in the order, when it arrives.
+// onMessage takes it on the consumer's goroutine, in delivery order; the
+// dispatch's own goroutine, which the scheduler may run after a later
+// one's, then waits with it. Tagged there instead, a tenant's dispatches
+// could start out of the order they came in.
+func (s *slots) ticket(priority int, tenant string) slotTicket {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	f := slotFlow{priority, tenant}
 	tag := max(s.floor(priority), s.last[f]) + 1
 	s.last[f] = tag
@@ -83,19 +93,29 @@ func (s *slots) acquire(priority int, tenant string) {
 			}
 		}
 	}
+	s.seq++
+	return slotTicket{priority: priority, tag: tag, seq: s.seq}
+}
+
+// wait blocks until the ticket's holder may take a slot. A slot that is
+// free while nobody waits is taken at once.
+func (s *slots) wait(t slotTicket) {
+	s.mu.Lock()
 	if s.free > 0 && len(s.waiting) == 0 {
 		s.free--
-		s.vtime[priority] = max(s.vtime[priority], tag)
+		s.vtime[t.priority] = max(s.vtime[t.priority], t.tag)
 		s.mu.Unlock()
 		return
 	}
-	s.seq++
-	w := &slotWaiter{priority: priority, tag: tag, seq: s.seq, ready: make(chan struct{})}
+	w := &slotWaiter{slotTicket: t, ready: make(chan struct{})}
 	s.waiting = append(s.waiting, w)
 	s.grantLocked()
 	s.mu.Unlock()
 	<-w.ready
 }
+
+// acquire takes a ticket and waits with it.
+func (s *slots) acquire(priority int, tenant string) { s.wait(s.ticket(priority, tenant)) }
 
 // release frees a slot: the best waiter, if any, takes it.
 func (s *slots) release() {

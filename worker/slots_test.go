@@ -44,7 +44,11 @@ func TestNodeStartsQueuedDispatchesInPriorityAndTenantOrder(t *testing.T) {
 	}
 	h.dispatch("urgent", "m", dispatchOpts{body: `{"id":"urgent","type":"t","tenant":"a","priority":5,"payload":null}`})
 	h.dispatch("b0", "m", dispatchOpts{body: `{"id":"b0","type":"t","tenant":"b","payload":null}`})
-	waitFor(t, 10*time.Second, "the seven dispatches waiting in the node", func() bool { return r.w.waiting.Load() == 7 })
+	waitFor(t, 10*time.Second, "the seven dispatches waiting for the slot", func() bool {
+		r.w.slots.mu.Lock()
+		defer r.w.slots.mu.Unlock()
+		return r.w.waiting.Load() == 7 && len(r.w.slots.waiting) == 7
+	})
 	close(gate)
 	h.collect(8, 20*time.Second)
 	mu.Lock()
@@ -164,5 +168,38 @@ func TestSlotsBurstCredit(t *testing.T) {
 	queue("b", "b3")
 	if g, want := grant(8), []string{"c0", "c1", "b3", "a4", "c2", "a5", "c3", "a6"}; !slices.Equal(g, want) {
 		t.Fatalf("granted %v, want %v", g, want)
+	}
+}
+
+// TestSlotsTicketsKeepArrivalOrder: the place in line is the ticket's, taken
+// on arrival, whatever order the waiting goroutines join in (onMessage
+// takes tickets in delivery order; the tasks' goroutines run in any).
+func TestSlotsTicketsKeepArrivalOrder(t *testing.T) {
+	s := newSlots(1)
+	s.acquire(0, "x") // the slot is busy
+	tickets := []slotTicket{s.ticket(0, "a"), s.ticket(0, "a"), s.ticket(0, "a")}
+	var mu sync.Mutex
+	var got []int
+	done := make(chan struct{}, len(tickets))
+	for _, i := range []int{2, 0, 1} { // join in another order than they arrived
+		go func() {
+			s.wait(tickets[i])
+			mu.Lock()
+			got = append(got, i)
+			mu.Unlock()
+			done <- struct{}{}
+		}()
+		waitFor(t, 5*time.Second, fmt.Sprintf("ticket %d waiting", i), func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return slices.ContainsFunc(s.waiting, func(w *slotWaiter) bool { return w.slotTicket == tickets[i] })
+		})
+	}
+	for range tickets {
+		s.release()
+		<-done
+	}
+	if want := []int{0, 1, 2}; !slices.Equal(got, want) {
+		t.Fatalf("granted tickets %v, want %v", got, want)
 	}
 }

@@ -82,6 +82,11 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 	}
 	w.tasks.Add(1)
 	w.admit.Unlock()
+	// Its place in the node's order is taken here, in delivery order
+	// (slots.go).
+	d, perr := parseDispatch(msg)
+	ticket := w.slots.ticket(d.priority, d.tenant)
+	w.waiting.Add(1)
 	go func() {
 		defer w.tasks.Done()
 		// Keep the dispatch ours while it waits, runs and until its outcome
@@ -89,8 +94,6 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 		stop := progressTimer(w.complete, msg, w.cfg.AckWait/3)
 		// The model's own limit first, so that a task waiting for it does
 		// not hold one of the node's slots.
-		d, perr := parseDispatch(msg)
-		w.waiting.Add(1)
 		if h := w.models[d.Model]; h != nil {
 			h.inFlight.Add(1)
 			defer h.inFlight.Add(-1)
@@ -99,7 +102,7 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 				defer func() { <-h.limit }()
 			}
 		}
-		w.slots.acquire(d.priority, d.tenant)
+		w.slots.wait(ticket)
 		w.waiting.Add(-1)
 		w.inFlight.Add(1)
 		defer func() { w.inFlight.Add(-1); w.slots.release() }()

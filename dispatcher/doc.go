@@ -51,7 +51,7 @@
 //     letters.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (19 files; the policy's, the executors' and
+// these files, in this order (18 files; the policy's, the executors' and
 // the libraries' inner files not counted):
 //
 //  1. shared/client/client.go: Submit publishes the task on mlsched.tasks.<type>;
@@ -80,8 +80,7 @@
 //  18. shared/jsplumb/groupcommit.go: with the results published meanwhile,
 //     through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
-//     the worker,
-//  19. shared/protocol/report.go: with ReportAcked, which worker/outcomes.go
+//     the worker, with dispatch.go's ReportAcked, which worker/outcomes.go
 //     reads; client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

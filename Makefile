@@ -175,8 +175,9 @@ BENCH_FLAGS   ?=
 # -auth runs relay and mlsched again with authorization (every process on its
 # role's nkey from `mlsched auth init`) and reports the cost; BENCH_AUTH= skips it.
 BENCH_AUTH    ?= -auth
-# Hot-path go benchmarks run after the end-to-end one (in shared/).
-BENCH_GO_PKGS ?= ./protocol/ ./policy/ ./stats/... ./opshttp/ ./jsplumb/
+# Hot-path go benchmarks run after the end-to-end one (paths from the
+# repository root: the workspace names every module's packages).
+BENCH_GO_PKGS ?= ./shared/protocol/ ./dispatcher/internal/policy/ ./dispatcher/stats/... ./shared/opshttp/ ./shared/jsplumb/
 
 .PHONY: bench
 bench: build redis-server postgres ## relay vs mlsched end to end in both modes (durable, fast), one server and a 3-server R3 cluster (tasks/s, latency, CPU, RSS), open and with authorization, River on Postgres on one server, then the hot-path go benchmarks
@@ -187,7 +188,7 @@ bench: build redis-server postgres ## relay vs mlsched end to end in both modes 
 	echo "$(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json -scenarios $$scen $(BENCH_AUTH) $(BENCH_FLAGS)"; \
 	MLSCHED_PG_BIN=$(PG_BIN) $(BIN)/mlsched-bench -bin $(BIN) -json .bench/bench-results.json -scenarios $$scen $(BENCH_AUTH) $(BENCH_FLAGS) | tee .bench/bench-table.txt; \
 	exit $${PIPESTATUS[0]}
-	cd shared && $(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee ../.bench/go-bench.txt
+	$(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee .bench/go-bench.txt
 
 # The soak (e2e/soak, docs/operations.md "Soak"): SOAK_RATE tasks/s (0: the
 # highest rate this machine sustains, calibrated first) for SOAK_DURATION

@@ -5,14 +5,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
+	"github.com/mlsched/mlsched/dispatcher/internal/settle"
+	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
-	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/secret"
-	"github.com/mlsched/mlsched/shared/settle"
-	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/dispatcher/stats"
+	"github.com/mlsched/mlsched/dispatcher/stats/redisstats"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/redistest"
-	"github.com/mlsched/mlsched/shared/stats"
-	"github.com/mlsched/mlsched/shared/stats/redisstats"
 )
 
 // When Redis goes away the dispatcher keeps dispatching on its last snapshot,

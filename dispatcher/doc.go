@@ -8,7 +8,7 @@
 // (shared/lifecycle: Start, Stop, Started), starting them in this order and
 // stopping them in reverse, reporting every shutdown error:
 //
-//   - the statistics batcher (shared/stats), flushed at Stop;
+//   - the statistics batcher (dispatcher/stats), flushed at Stop;
 //   - superseded.go: the superseded-attempt and cancelled-task set, fed by a
 //     watch on MLSCHED_SUPERSEDED;
 //   - the node registry (shared/registry), fed by a watch on MLSCHED_NODES;
@@ -42,7 +42,7 @@
 //     MLSCHED_OUTCOMES or a worker's direct report of a success (a
 //     core-NATS request on mlsched.report.<node>, answered with a
 //     protocol.ReportReply once the result is stored), checked against its
-//     sealed dispatch (trust.go) and settled by the rule of shared/settle:
+//     sealed dispatch (trust.go) and settled by the rule of dispatcher/internal/settle:
 //     the final result, a retry (back to intake through the retrier
 //     interface), or a failure that is also dead-lettered;
 //   - finish (results.go, deadletter.go): publish the one final result per
@@ -60,8 +60,8 @@
 //  4. shared/protocol/task.go: DecodeTask validates it, in one pass on
 //  5. shared/protocol/codec.go: the one decoder of task, outcome and result
 //     (segmentio/encoding, held to encoding/json's rules);
-//  6. shared/policy/engine.go: Decide picks model and node,
-//  7. shared/policy/table.go: on the decision table;
+//  6. dispatcher/internal/policy/engine.go: Decide picks model and node,
+//  7. dispatcher/internal/policy/table.go: on the decision table;
 //  8. dispatcher/trust.go: the dispatch is sealed;
 //  9. shared/protocol/dispatch.go: the dispatch's headers;
 //  10. shared/jsplumb/publisher.go: the dispatch is published; its
@@ -75,7 +75,7 @@
 //     (publisher.go's Request);
 //  15. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome),
 //     then settleOutcome checks it (trust.go again),
-//  16. shared/settle/settle.go: Settle says finish;
+//  16. dispatcher/internal/settle/settle.go: Settle says finish;
 //  17. dispatcher/results.go: finish publishes the result (on disk,
 //  18. shared/jsplumb/groupcommit.go: with the results published meanwhile,
 //     through publisher.go); its acknowledgement (completer.go again) acks

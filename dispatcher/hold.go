@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
-	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -517,7 +517,7 @@ func newestOverQuota(q []*heldTask, i int, now time.Time) int {
 // with a full deadline (its timeout plus slack, and the queue target): only
 // its own deadline_ms, nearly spent, makes it so. Such a task does not mark
 // its candidate set saturated for the pass, as the simulator's hold
-// (shared/simulate/flow.go).
+// (dispatcher/internal/simulate/flow.go).
 func (in *intake) ownDeadlineOnly(table *policy.Table, a *attemptSpec) bool {
 	full := *a
 	full.noExpiry = true

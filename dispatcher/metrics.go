@@ -7,9 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mlsched/mlsched/dispatcher/rollout"
+	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/opshttp"
-	"github.com/mlsched/mlsched/shared/rollout"
-	"github.com/mlsched/mlsched/shared/stats"
 )
 
 // Prometheus metrics of a replica. The per-task instruments are resolved once

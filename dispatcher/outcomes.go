@@ -12,19 +12,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/settle"
+	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/settle"
-	"github.com/mlsched/mlsched/shared/stats"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // outcomes is the stage that acts on what a worker reports: a stored
 // outcome of MLSCHED_OUTCOMES or a direct report (below). It checks
 // that the outcome answers a dispatch a dispatcher made (trust.go), records
-// it in the statistics, and settles it by the rule of shared/settle: the
+// it in the statistics, and settles it by the rule of dispatcher/internal/settle: the
 // final result or a dead letter (through the finisher), a retry (back to
 // intake, through retrier), or a late outcome of a superseded attempt,
 // which it marks in the superseded set.

@@ -8,13 +8,13 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
+	"github.com/mlsched/mlsched/dispatcher/stats"
+	"github.com/mlsched/mlsched/dispatcher/stats/redisstats"
 	"github.com/mlsched/mlsched/shared/natstest"
-	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/redistest"
-	"github.com/mlsched/mlsched/shared/stats"
-	"github.com/mlsched/mlsched/shared/stats/redisstats"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 

@@ -11,14 +11,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
+	"github.com/mlsched/mlsched/dispatcher/rollout"
+	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/lifecycle"
-	"github.com/mlsched/mlsched/shared/policy"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/rollout"
-	"github.com/mlsched/mlsched/shared/stats"
 )
 
-// rollouts is the dispatcher's side of model rollouts (shared/rollout):
+// rollouts is the dispatcher's side of model rollouts (dispatcher/rollout):
 // it watches the MLSCHED_ROLLOUTS bucket and keeps the engine's splits at
 // each rollout's share, counts the first-attempt outcomes of each rolling
 // family, and every flush interval adds this replica's counts to the

@@ -7,10 +7,10 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
+	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/lifecycle"
-	"github.com/mlsched/mlsched/shared/policy"
-	"github.com/mlsched/mlsched/shared/stats"
 )
 
 // refresher refreshes the statistics snapshot and the decision table every

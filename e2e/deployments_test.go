@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/mlsched/mlsched/dispatcher/authconf"
 	"github.com/mlsched/mlsched/e2e/harness"
-	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/worker/model"
 )
 

@@ -85,3 +85,31 @@ func TestPackageOwners(t *testing.T) {
 		}
 	}
 }
+
+// shared/ holds what more than the dispatcher uses: every package in it is
+// linked by the worker, or is one of the few kept there for others (the
+// producer SDK, the Redis client that the test helper also opens, and the
+// test and demo infrastructure). A package only the dispatcher uses belongs
+// under dispatcher/ (internal where nothing outside it imports it).
+func TestSharedHoldsOnlyWhatIsShared(t *testing.T) {
+	t.Parallel()
+	const prefix = "github.com/mlsched/mlsched/shared/"
+	kept := map[string]string{
+		"client":    "the producer SDK",
+		"redisconn": "the one Redis client, also opened by redistest",
+		"natsembed": "the embedded NATS server of the demo and the tests",
+		"natstest":  "test infrastructure",
+		"redistest": "test infrastructure",
+		"tlstest":   "test infrastructure",
+	}
+	worker := map[string]bool{}
+	for _, d := range strings.Fields(goCmd(t, "worker", "list", "-deps", "./cmd/worker")) {
+		worker[d] = true
+	}
+	for _, p := range strings.Fields(goCmd(t, "shared", "list", "./...")) {
+		name := strings.TrimPrefix(p, prefix)
+		if _, ok := kept[name]; !ok && !worker[p] {
+			t.Errorf("shared/%s is not linked by the worker: move it under dispatcher/ (or say in this test why it is shared)", name)
+		}
+	}
+}

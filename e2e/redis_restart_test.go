@@ -13,11 +13,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/dispatcher/stats"
+	"github.com/mlsched/mlsched/dispatcher/stats/redisstats"
 	"github.com/mlsched/mlsched/e2e/harness"
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/stats"
-	"github.com/mlsched/mlsched/shared/stats/redisstats"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/rollout"
 	"github.com/mlsched/mlsched/e2e/harness"
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/rollout"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 

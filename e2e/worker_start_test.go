@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/authconf"
 	"github.com/mlsched/mlsched/e2e/harness"
-	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"

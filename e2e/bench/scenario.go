@@ -19,9 +19,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/dispatcher/authconf"
 	"github.com/mlsched/mlsched/e2e/bench/relay"
 	"github.com/mlsched/mlsched/e2e/harness"
-	"github.com/mlsched/mlsched/shared/authconf"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/mlsched/mlsched/shared/authconf"
+	"github.com/mlsched/mlsched/dispatcher/authconf"
 	"github.com/mlsched/mlsched/shared/natsconn"
 )
 

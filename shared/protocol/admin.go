@@ -59,7 +59,7 @@ type StatsReport struct {
 	// Types counts the final results this replica stored per task type
 	// since it started (at most 256 types; the rest under "(other)").
 	Types map[string]TypeCounts `json:"types,omitempty"`
-	// Rollouts are the model rollouts this replica follows (shared/rollout).
+	// Rollouts are the model rollouts this replica follows (dispatcher/rollout).
 	Rollouts []RolloutReport `json:"rollouts,omitempty"`
 }
 

@@ -17,7 +17,7 @@ import (
 // otherwise every ClusterStateReloadInterval (60 s by default in v9.23). A
 // killed or unreachable master sends neither, so after its replica took the
 // slots over the client kept dialling the dead address for up to a minute:
-// TestClusterFailoverKeepsStatistics (shared/stats/redisstats) saw every
+// TestClusterFailoverKeepsStatistics (dispatcher/stats/redisstats) saw every
 // statistics write refused long after the failover had completed. Asking
 // for a reload on each connection error (go-redis coalesces them, at most
 // one every 200 ms) makes the client follow the failover within one retry of

@@ -31,7 +31,7 @@ const (
 	// seals dispatches (protocol.Dispatch.Seal).
 	BucketDispatcher = "MLSCHED_DISPATCHER"
 	// BucketRollouts holds one key per model family with a rollout: its
-	// current (or last) rollout and history (shared/rollout). Every
+	// current (or last) rollout and history (dispatcher/rollout). Every
 	// dispatcher replica watches it and updates it by compare-and-set.
 	BucketRollouts = "MLSCHED_ROLLOUTS"
 

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/mlsched/mlsched/shared/authconf"
+	"github.com/mlsched/mlsched/dispatcher/authconf"
 )
 
 // runAuth writes the NATS authorization of a deployment (docs/security.md).

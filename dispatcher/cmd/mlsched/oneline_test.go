@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/settle"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/settle"
 )
 
 // A reason too long for `dlq list` or `top` keeps its end, the last

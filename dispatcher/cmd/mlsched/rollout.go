@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/rollout"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/rollout"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 

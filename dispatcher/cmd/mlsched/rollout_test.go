@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mlsched/mlsched/dispatcher/rollout"
 	"github.com/mlsched/mlsched/shared/natstest"
-	"github.com/mlsched/mlsched/shared/rollout"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 

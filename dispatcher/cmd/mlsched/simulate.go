@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mlsched/mlsched/shared/policy"
-	"github.com/mlsched/mlsched/shared/simulate"
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
+	"github.com/mlsched/mlsched/dispatcher/internal/simulate"
 )
 
 // runSimulate runs `mlsched simulate`: a scenario replayed on a simulated

@@ -1,0 +1,106 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/mlsched/mlsched/dispatcher/stats"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// Policy names.
+const (
+	Reliability = "reliability"
+	Thompson    = "thompson"
+	Latency     = "latency"
+	LeastLoaded = "least-loaded"
+	RoundRobin  = "round-robin"
+	Random      = "random"
+)
+
+// Config configures an Engine. Zero fields take the defaults shown.
+type Config struct {
+	// Default policy for types not in PerType (default "reliability").
+	Default string
+	// PerType maps a task type to a policy name.
+	PerType map[string]string
+	// MinSamples: a model with fewer judged outcomes in the window is
+	// explored rather than excluded (default 20).
+	MinSamples int
+	// ExploreShare is the share of decisions that go to under-sampled
+	// models (default 0.05; negative disables exploration).
+	ExploreShare float64
+	// LatencyWeight makes thompson prefer faster models among similar ones
+	// (default 0: success only).
+	LatencyWeight float64
+	Breaker       BreakerConfig
+	// Timeout is the attempt timeout when a Request gives none (default
+	// 30s, the dispatcher's default), and Deadline the time from a
+	// dispatch to its deadline (default 40s: that timeout plus the
+	// dispatcher's default slack). The load model judges queues by them.
+	Timeout, Deadline time.Duration
+	// Seed, when non-zero, makes every random choice reproducible for a
+	// given sequence of decisions (tests, the simulator). Default 0: seeded
+	// from math/rand/v2, so that replicas do not make the same choices.
+	Seed uint64
+}
+
+// BreakerConfig configures circuit breaking per model and per (model, node).
+type BreakerConfig struct {
+	// ConsecutiveFailures opens a breaker (default 5).
+	ConsecutiveFailures int
+	// FailureRate opens a breaker once MinRequests outcomes are seen
+	// (default 0.5).
+	FailureRate float64
+	// MinRequests for the failure-rate rule (default 20).
+	MinRequests int
+	// Cooldown before an open breaker goes half-open (default 10s).
+	Cooldown time.Duration
+	// HalfOpenProbes is how many tasks a half-open breaker lets through per
+	// cooldown (default 3).
+	HalfOpenProbes int
+}
+
+// Request is what the engine needs to know about one task.
+type Request struct {
+	Type           string
+	Models         []string // allow-list, empty = any
+	MaxLatencyMs   int64
+	MinSuccessRate float64
+	// Tried are the task's earlier attempts: failover prefers a model not
+	// tried yet, then a node not tried yet.
+	Tried []protocol.Attempt
+	// Timeout is the attempt's timeout and Deadline the time from the
+	// dispatch to its deadline (the timeout plus the dispatcher's slack); 0
+	// takes Config's. An attempt must start and finish before the deadline,
+	// and a wait as long as the timeout costs as much as a failed attempt:
+	// the load model weighs each node's queue by them.
+	Timeout, Deadline time.Duration
+	// Ahead says the task goes first where it is sent: nothing held by the
+	// caller comes before it in flow control's order, and it overtakes
+	// held tasks. A node that orders its queue (Heartbeat.Prefetch) starts
+	// it at its next free slot, ahead of the work queued there, as long as
+	// that work fits the node's ordered room: the load model counts one
+	// slot's wait for it there, not the whole queue.
+	Ahead bool
+}
+
+// Decision is the chosen model and node.
+type Decision struct {
+	Model string
+	Node  string
+	// Panic is set when every candidate's breaker was open and the engine
+	// routed among all of them anyway.
+	Panic bool
+	// Saturated is set when every candidate's nodes already hold more work
+	// than they can start before the dispatch's deadline: the decision is
+	// the least bad one, and the caller should rather keep the task and
+	// decide again when capacity frees up (see docs/policies.md).
+	Saturated bool
+}
+
+// Transition is a breaker change the dispatcher should write to the store
+// with stats.Store.SetBreaker.
+type Transition struct {
+	Key      stats.BreakerKey
+	From, To stats.Breaker
+}

@@ -1,0 +1,907 @@
+package simulate
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
+	"github.com/mlsched/mlsched/dispatcher/stats"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// Flow control in the simulator: a scenario with arrival.flows gives its
+// tasks a priority, a tenant and a deadline, and the simulated dispatcher
+// applies the dispatcher's flow-control rules (docs/policies.md, "Flow
+// control"; dispatcher/hold.go, intake.go, flow.go) to every policy's run,
+// the oracle's included. The dispatcher's hold is tied to its messages,
+// its clock and its quota store, so the rules are mirrored here rather than
+// shared; keep the two in step:
+//
+//   - a task past its deadline is never started: at dispatch or in the
+//     hold it ends expired (a sheddable one held: shed); the attempt's
+//     deadline is capped at the task's, so a node does not start it late;
+//     a failed attempt past the deadline is not retried (settle: expired);
+//   - the engine's deadline is the time left (and MLSCHED_QUEUE_TARGET,
+//     the scenario's queue_target, when set), so a task that cannot start
+//     in time anywhere is held, not sent to expire on a node;
+//   - while a task of a type is held with a priority at least a new
+//     task's, the new one is held behind it (no overtaking), unless it
+//     goes first (leads: none held of a higher priority, none of its
+//     tenant in its band), when only a higher priority holds it back; such
+//     a task asks the engine with Request.Ahead (one slot's wait on a node
+//     that orders its queue, Heartbeat.Prefetch);
+//   - a pass of the hold (after each outcome, at most every 5 ms, and
+//     every 100 ms) takes the held tasks highest priority first and, inside
+//     a priority, in start-time fair order between tenants by weight (a
+//     tenant's k-th held task starts at max(virtual time, its last finish
+//     tag) + (k-1)/weight and finishes 1/weight later; the smallest start
+//     goes first, then the smallest finish, then the oldest; the virtual
+//     time is the start of the last task sent on); a type found saturated
+//     is not decided again in the pass, unless only the task's own
+//     deadline makes it so (it would not be with the full deadline): that
+//     task stays held and the pass goes on;
+//   - in the pass a task past its deadline ends expired (sheddable: shed),
+//     one past its hold time (timeout plus slack) fails saturated
+//     (sheddable: shed) unless, with a queue target, a node could still
+//     start it within the full deadline; a sheddable task that at the
+//     measured drain rate (dispatches per second, smoothed over 1 s) cannot
+//     start before its deadline from its place in the pass is shed, so the
+//     most-over-share tenants' tasks, last in the order, go first;
+//   - what the dispatchers have pulled of a band and not finished (held,
+//     in flight or retrying: a task is acked after its result) is bounded
+//     by the band consumer's MaxAckPending (the scenario's
+//     max_ack_pending, default 2048: 2 x MLSCHED_MAX_IN_FLIGHT); the rest
+//     waits in the stream, in stream order, and is pulled as tasks finish;
+//   - tenant parking (the scenario's park_above, default 256; -1: off): a
+//     task pulled from a band's stream is parked when its tenant already
+//     has at least park_above tasks held in that band (any priority of
+//     it) and another tenant's task was pulled from the band's stream in
+//     the last 60 s (so a single-tenant workload never parks). A parked
+//     task leaves the band's pull window at once (it is acked: the band
+//     pulls the next) and waits in a FIFO per band and tenant, which is
+//     pulled while fewer than 2 x park_above of its tasks are pulled and
+//     not finished; a task pulled from it is taken in like any other and
+//     never parked again. Parking takes no simulated time;
+//   - an inversion is a dispatch while a task of the same type with a
+//     higher priority is held; the dispatcher counts them and so does this.
+//
+// Two simplifications: the pass sends a task on with the decision it made
+// (the dispatcher decides once more in dispatch), and there are no quotas.
+
+// endKind is how a task ended, for the flow figures.
+type endKind uint8
+
+const (
+	endNormal    endKind = iota // a result from its attempts
+	endShed                     // shed (sheddable, could not start in time)
+	endExpired                  // its deadline passed before it started, or before a retry
+	endSaturated                // held its whole hold time, every candidate saturated
+)
+
+// The hold's pacing, as the dispatcher's (hold.go).
+const (
+	holdPassGap = 5 * time.Millisecond
+	holdRetry   = 100 * time.Millisecond
+)
+
+// flowControl is the simulated dispatcher's hold and flow-control state.
+type flowControl struct {
+	flows   []Flow
+	cum     []float64 // cumulative shares, to draw a flow
+	weights map[string]float64
+	qt      time.Duration // queue target (0: off)
+
+	// bands are the held tasks by priority (index priority-MinPriority),
+	// each a FIFO per tenant in holding order.
+	bands [priorityLevels]band
+	n     int
+	// counts are the held tasks by type and priority (the dispatcher's
+	// counts per candidate set: a simulated task has no allow-list).
+	counts map[string]*[priorityLevels]int
+	// plain is, per type with held tasks, the priority of the last task
+	// sent on without the ahead credit (hold.go's plain).
+	plain map[string]int
+	// vtime and last are the fair order's clocks (hold.go).
+	vtime float64
+	last  map[string]float64
+
+	inPass   bool
+	pending  []*task // held during a pass: after the kept ones
+	lastPass time.Duration
+	nextPass time.Duration // a pass is due then (-1: none)
+
+	drain      drainMeter
+	inversions int
+
+	// the pull bound per band (high, normal, low): tasks pulled and not
+	// finished, and the stream's backlog in stream order
+	maxPending int
+	pulled     [3]int
+	stream     [3][]*task
+	// tenant parking per band (parkAbove 0: off): the held tasks by
+	// tenant, the last pulls from the stream, the parked queues by tenant
+	parkAbove, parkedPending int
+	heldBy                   [3]map[string]int
+	lastPull                 [3]pullMark
+	parked                   [3]map[string]*parkedQueue
+	// ownBlocks: Options.OwnDeadlineBlocks
+	ownBlocks bool
+	// fullOK are the types a node could start within the full deadline, in
+	// this pass (one decision per type and pass, not per task).
+	fullOK []string
+	// byFinish: Options.FairByFinishTag
+	byFinish bool
+}
+
+// bandIndex is the priority's band consumer: 0 high, 1 normal, 2 low.
+func bandIndex(priority int) int {
+	switch {
+	case priority > 0:
+		return 0
+	case priority < 0:
+		return 2
+	}
+	return 1
+}
+
+// intake takes a new task from the stream if its band's consumer has room
+// (and parks it, or takes it in), else the task waits in the stream.
+func (s *sim) intake(ctx context.Context, t *task) error {
+	f := s.fc
+	b := bandIndex(t.priority)
+	if f.pulled[b] >= f.maxPending {
+		f.stream[b] = append(f.stream[b], t)
+		return nil
+	}
+	if s.park(t, b) {
+		return nil
+	}
+	f.pulled[b]++
+	t.pulled = true
+	return s.dispatchFlow(ctx, t, false)
+}
+
+// finished: a pulled task has its result; its band, or its parked queue,
+// pulls the next.
+func (s *sim) finishedFlow(t *task) {
+	f := s.fc
+	b := bandIndex(t.priority)
+	switch {
+	case t.fromPark:
+		pq := f.parked[b][t.tenant]
+		pq.pending--
+		s.pullParked(pq)
+	case t.pulled:
+		f.pulled[b]--
+		for len(f.stream[b]) > 0 && f.pulled[b] < f.maxPending {
+			next := f.stream[b][0]
+			f.stream[b][0] = nil
+			f.stream[b] = f.stream[b][1:]
+			if s.park(next, b) {
+				continue // acked: the band pulls on
+			}
+			f.pulled[b]++
+			next.pulled = true
+			s.push(s.now, evRedecide, s.eventT(next))
+		}
+	}
+}
+
+// parkMemory is how long a pull of another tenant's task from a band
+// keeps parking on for the band's other tenants.
+const parkMemory = 60 * time.Second
+
+// pullMark is a band's last pull from its stream, and the last one of
+// another tenant than that pull's.
+type pullMark struct {
+	tenant  string
+	at      time.Duration
+	otherAt time.Duration // of a tenant other than tenant
+}
+
+// parkedQueue is a band's parked tasks of one tenant, in parking order,
+// and how many it has pulled that have not finished.
+type parkedQueue struct {
+	q       []*task
+	pending int
+}
+
+// park is the parking rule for a task just pulled from band b's stream:
+// it reports whether the task was parked (and is out of the band's pull
+// window).
+func (s *sim) park(t *task, b int) bool {
+	f := s.fc
+	m := &f.lastPull[b]
+	other := m.otherAt // the last pull of a tenant other than t's
+	if m.tenant != t.tenant {
+		other = m.at
+		m.otherAt, m.tenant = m.at, t.tenant
+	}
+	m.at = s.now
+	if f.parkAbove <= 0 || f.heldBy[b][t.tenant] < f.parkAbove || s.now-other > parkMemory {
+		return false
+	}
+	pq := f.parked[b][t.tenant]
+	if pq == nil {
+		pq = &parkedQueue{}
+		f.parked[b][t.tenant] = pq
+	}
+	pq.q = append(pq.q, t)
+	s.pullParked(pq)
+	return true
+}
+
+// pullParked takes tasks from a parked queue, oldest first, while fewer
+// than parkedPending of its tasks are pulled and not finished.
+func (s *sim) pullParked(pq *parkedQueue) {
+	for len(pq.q) > 0 && pq.pending < s.fc.parkedPending {
+		t := pq.q[0]
+		pq.q[0] = nil
+		pq.q = pq.q[1:]
+		pq.pending++
+		t.fromPark = true
+		s.push(s.now, evRedecide, s.eventT(t))
+	}
+}
+
+const priorityLevels = protocol.MaxPriority - protocol.MinPriority + 1
+
+type band struct {
+	tenants []*tenantQueue
+	index   map[string]*tenantQueue
+	n       int
+}
+
+type tenantQueue struct {
+	tenant string
+	q      []*task
+}
+
+func newFlowControl(sc *Scenario, opt Options) *flowControl {
+	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: sc.QueueTarget.D(),
+		counts: map[string]*[priorityLevels]int{}, plain: map[string]int{}, last: map[string]float64{}, nextPass: -1,
+		maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks, byFinish: opt.FairByFinishTag}
+	if sc.ParkAbove > 0 {
+		f.parkAbove, f.parkedPending = sc.ParkAbove, 2*sc.ParkAbove
+	}
+	for b := range f.lastPull {
+		f.heldBy[b] = map[string]int{}
+		f.parked[b] = map[string]*parkedQueue{}
+		f.lastPull[b] = pullMark{at: -parkMemory - 1, otherAt: -parkMemory - 1} // none yet
+	}
+	var sum float64
+	for _, fl := range f.flows {
+		sum += fl.Share
+		f.cum = append(f.cum, sum)
+	}
+	return f
+}
+
+func (f *flowControl) weight(tenant string) float64 {
+	if w, ok := f.weights[tenant]; ok {
+		return w
+	}
+	return 1
+}
+
+// pickFlow draws the task's flow from the arrival stream (only scenarios
+// with flows draw it, so the others' streams are unchanged).
+func (s *sim) pickFlow(t *task) {
+	f := s.fc
+	u := s.arrive.Float64() * f.cum[len(f.cum)-1]
+	i, _ := slices.BinarySearch(f.cum, u)
+	i = min(i, len(f.flows)-1)
+	fl := &f.flows[i]
+	t.flow, t.priority, t.tenant = i, fl.Priority, fl.Tenant
+	if fl.Deadline > 0 {
+		t.expiry = t.submit + fl.Deadline.D()
+	}
+}
+
+// drainMeter is the dispatcher's measure of how fast held work is sent on
+// (flow.go), on the simulated clock.
+type drainMeter struct {
+	start time.Duration
+	began bool
+	n     int
+	rate  float64
+}
+
+func (m *drainMeter) dispatched(now time.Duration) {
+	if !m.began {
+		m.start, m.began = now, true
+	}
+	m.n++
+	if el := now - m.start; el >= time.Second {
+		r := float64(m.n) / el.Seconds()
+		if m.rate == 0 {
+			m.rate = r
+		} else {
+			m.rate = 0.7*m.rate + 0.3*r
+		}
+		m.start, m.n = now, 0
+	}
+}
+
+func (f *flowControl) count(typ string, priority, d int) {
+	c := f.counts[typ]
+	if c == nil {
+		c = new([priorityLevels]int)
+		f.counts[typ] = c
+	}
+	c[priority-protocol.MinPriority] += d
+	if d < 0 && *c == ([priorityLevels]int{}) {
+		delete(f.plain, typ) // nothing of the type held
+	}
+}
+
+// heldAtLeast: a task of the type with at least (strict: more than) the
+// priority is held.
+func (f *flowControl) heldAtLeast(typ string, priority int, strict bool) bool {
+	c := f.counts[typ]
+	if c == nil {
+		return false
+	}
+	from := priority - protocol.MinPriority
+	if strict {
+		from++
+	}
+	for _, n := range c[from:] {
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// leads: a task goes first at a node that orders its queue (hold.go's
+// leads): tasks of its type are held, none with a higher priority, and
+// either it is new and none of its tenant's is held in its band, or it is
+// a held one above the priority last sent on without the credit.
+func (f *flowControl) leads(t *task, fromHold bool) bool {
+	c := f.counts[t.typ]
+	if c == nil {
+		return false
+	}
+	held := false
+	for i, n := range c {
+		if n > 0 && i > t.priority-protocol.MinPriority {
+			return false
+		}
+		held = held || n > 0
+	}
+	if fromHold {
+		p, ok := f.plain[t.typ]
+		return held && ok && t.priority > p
+	}
+	return held && f.heldBy[bandIndex(t.priority)][t.tenant] == 0
+}
+
+// sentPlain records a task sent on without the ahead credit while tasks of
+// its type are held (hold.go's sentPlain).
+func (f *flowControl) sentPlain(t *task) {
+	if c := f.counts[t.typ]; c != nil && *c != ([priorityLevels]int{}) {
+		f.plain[t.typ] = t.priority
+	}
+}
+
+func (f *flowControl) leave(t *task) {
+	if t.counted {
+		f.count(t.typ, t.priority, -1)
+		f.heldBy[bandIndex(t.priority)][t.tenant]--
+		t.counted = false
+	}
+}
+
+// enqueue puts a held task at the end of its priority's tenant queue.
+func (f *flowControl) enqueue(t *task) {
+	b := &f.bands[t.priority-protocol.MinPriority]
+	if b.index == nil {
+		b.index = map[string]*tenantQueue{}
+	}
+	tq := b.index[t.tenant]
+	if tq == nil {
+		tq = &tenantQueue{tenant: t.tenant}
+		b.index[t.tenant] = tq
+		b.tenants = append(b.tenants, tq)
+	}
+	tq.q = append(tq.q, t)
+	b.n++
+	f.n++
+}
+
+// holdWait is how long a task may be held for want of capacity.
+func (s *sim) holdWait() time.Duration { return s.deadline() }
+
+// hold keeps a task whose candidates are saturated (or that must wait
+// behind a held task of no lower priority).
+func (s *sim) hold(t *task) {
+	f := s.fc
+	if t.waitFrom < 0 {
+		t.waitFrom = s.now
+	}
+	t.until = t.waitFrom + s.holdWait()
+	if t.expiry > 0 && t.expiry < t.until {
+		t.until = t.expiry
+	}
+	if !t.counted {
+		f.count(t.typ, t.priority, 1)
+		f.heldBy[bandIndex(t.priority)][t.tenant]++
+		t.counted = true
+	}
+	if f.inPass {
+		f.pending = append(f.pending, t)
+		return
+	}
+	f.enqueue(t)
+}
+
+// requestPass schedules a pass of the hold at the earliest at, and no
+// sooner than holdPassGap after the last.
+func (s *sim) requestPass(at time.Duration) {
+	f := s.fc
+	at = max(at, f.lastPass+holdPassGap)
+	if f.nextPass >= 0 && f.nextPass <= at {
+		return
+	}
+	f.nextPass = at
+	s.push(at, evPass, nil)
+}
+
+// retryHeldFlow: a slot may have freed (an outcome, a refresh): the hold
+// makes a pass, paced as the dispatcher's.
+func (s *sim) retryHeldFlow(context.Context) error {
+	if s.fc.n > 0 {
+		s.requestPass(s.now)
+	}
+	return nil
+}
+
+// flowRequest is the engine's request for the task: the deadline is the
+// time left, and the queue target when set (full: without it).
+func (s *sim) flowRequest(t *task, full bool) policy.Request {
+	deadline := s.deadline()
+	if t.expiry > 0 {
+		deadline = max(0, min(deadline, t.expiry-s.now))
+	}
+	if s.fc.qt > 0 && !full {
+		deadline = min(deadline, s.fc.qt)
+	}
+	return policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline}
+}
+
+// dispatchFlow is dispatch under flow control (intake.go's dispatch).
+func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
+	if t.expiry > 0 && s.now >= t.expiry {
+		s.endFlow(t, endExpired)
+		return nil
+	}
+	req := s.flowRequest(t, false)
+	// A task that goes first in flow control's order overtakes the held
+	// ones, and a node that orders its queue starts it next: the engine
+	// counts one slot's wait for it there, not the queue target's worth
+	// (intake.go's dispatch).
+	req.Ahead = s.fc.leads(t, fromHold)
+	d, err := s.dec.peek(&req)
+	if err == nil && (d.Saturated || s.fc.heldAtLeast(t.typ, t.priority, fromHold || req.Ahead)) {
+		s.hold(t)
+		if !d.Saturated {
+			s.requestPass(s.now) // a slot is free: the hold sends on what goes first
+		}
+		return nil
+	}
+	if err == nil && !req.Ahead {
+		s.fc.sentPlain(t)
+	}
+	return s.send(ctx, t, d, err)
+}
+
+// send publishes the decided attempt (or handles the decision's error).
+func (s *sim) send(ctx context.Context, t *task, d policy.Decision, err error) error {
+	f := s.fc
+	n := len(t.history) + 1
+	nd := s.byNode[d.Node]
+	if err == nil && (nd == nil || !slices.Contains(nd.spec.Models, d.Model)) {
+		return fmt.Errorf("policy %s chose model %q on node %q, which does not host it", s.name, d.Model, d.Node)
+	}
+	res := &s.tasks[t.idx]
+	if n == 1 && !res.firstSet {
+		res.firstSet = true
+		res.pFirst = 1
+		if err == nil {
+			res.pFirst = s.attemptFailProb(d.Model, nd)
+		}
+	}
+	if err != nil {
+		// No candidate: wait for the next refresh, up to one timeout.
+		if t.waitFrom < 0 {
+			t.waitFrom = s.now
+		}
+		if s.now-t.waitFrom >= s.sc.Timeout.D() {
+			s.finish(t, false)
+			return nil
+		}
+		s.push(s.now+s.sc.Refresh.D(), evRedecide, s.eventT(t))
+		return nil
+	}
+	if f.heldAtLeast(t.typ, t.priority, true) {
+		f.inversions++
+	}
+	t.waitFrom = -1
+	if s.ro != nil && n == 1 {
+		s.ro.dispatched(d.Model)
+	}
+	deadline := s.now + s.deadline()
+	if t.expiry > 0 && t.expiry < deadline {
+		deadline = t.expiry // the worker does not start it past the task's own
+	}
+	a := &attempt{t: t, n: n, model: d.Model, node: nd, dispatched: s.now, deadline: deadline}
+	s.rec[0] = stats.Event{Model: a.model, Node: nd.spec.Name, Kind: stats.KindDispatched, At: s.clock()}
+	if err := s.store.Record(ctx, s.rec[:]); err != nil {
+		return fmt.Errorf("record dispatch: %w", err)
+	}
+	s.dec.sent(d.Model, d.Node)
+	f.drain.dispatched(s.now)
+	s.toNode(a)
+	return nil
+}
+
+// endFlow ends a task that was never started again: shed, expired or
+// saturated. A first attempt never sent counts as a failed one.
+func (s *sim) endFlow(t *task, k endKind) {
+	res := &s.tasks[t.idx]
+	if len(t.history) == 0 && !res.firstSet {
+		res.firstSet, res.pFirst, res.queueFailed = true, 1, true
+	}
+	res.end = k
+	s.finish(t, false)
+}
+
+// passFlow is one pass of the hold (hold.go's retryHeld).
+func (s *sim) passFlow(ctx context.Context) error {
+	f := s.fc
+	f.lastPass = s.now
+	f.inPass = true
+	f.fullOK = f.fullOK[:0]
+	var saturated []string
+	kept := 0
+	rate := f.drain.rate
+	type head struct {
+		tq    *tenantQueue
+		items []*task
+		i     int
+		base  float64
+		w     float64
+	}
+	var heads []head
+	for p := priorityLevels - 1; p >= 0; p-- {
+		b := &f.bands[p]
+		if b.n == 0 {
+			continue
+		}
+		heads = heads[:0]
+		for _, tq := range b.tenants {
+			if len(tq.q) > 0 {
+				heads = append(heads, head{tq: tq, items: tq.q, base: max(f.vtime, f.last[tq.tenant]), w: f.weight(tq.tenant)})
+				tq.q = nil
+			}
+		}
+		f.n -= b.n
+		b.n = 0
+		for {
+			// the tenant whose next task has the smallest start tag
+			// (start-time fair queuing), then finish tag, then the older
+			// task, as the dispatcher orders; with byFinish the smallest
+			// finish tag (the dispatcher before issue 20's fix)
+			best := -1
+			var bestKey, bestTag float64
+			for h := range heads {
+				hd := &heads[h]
+				if hd.i >= len(hd.items) {
+					continue
+				}
+				tag := hd.base + float64(hd.i+1)/hd.w
+				key := hd.base + float64(hd.i)/hd.w
+				if f.byFinish {
+					key = tag
+				}
+				if best < 0 || key < bestKey || (key == bestKey && (tag < bestTag ||
+					(tag == bestTag && hd.items[hd.i].waitFrom < heads[best].items[heads[best].i].waitFrom))) {
+					best, bestKey, bestTag = h, key, tag
+				}
+			}
+			if best < 0 {
+				break
+			}
+			hd := &heads[best]
+			t := hd.items[hd.i]
+			t.start, t.tag = hd.base+float64(hd.i)/hd.w, bestTag
+			hd.i++
+			keep, err := s.passTask(ctx, t, rate, kept, &saturated)
+			if err != nil {
+				f.inPass = false
+				return err
+			}
+			if keep {
+				hd.tq.q = append(hd.tq.q, t)
+				b.n++
+				f.n++
+				kept++
+			}
+		}
+	}
+	f.inPass = false
+	for _, t := range f.pending {
+		f.enqueue(t)
+	}
+	f.pending = f.pending[:0]
+	if f.n > 0 {
+		s.requestPass(s.now + holdRetry)
+	}
+	return nil
+}
+
+// passTask decides one held task in a pass; it reports whether the task
+// stays held.
+func (s *sim) passTask(ctx context.Context, t *task, rate float64, ahead int, saturated *[]string) (bool, error) {
+	f := s.fc
+	if t.expiry > 0 && s.now >= t.expiry {
+		f.leave(t)
+		if t.priority < 0 {
+			s.endFlow(t, endShed)
+		} else {
+			s.endFlow(t, endExpired)
+		}
+		return false, nil
+	}
+	if s.now > t.until && f.qt > 0 && t.priority >= 0 {
+		// Held for the queue target: waits on while a node could still
+		// start it within its own deadline.
+		ok := slices.Contains(f.fullOK, t.typ)
+		if !ok {
+			req := s.flowRequest(t, true)
+			d, err := s.dec.peek(&req)
+			if ok = err == nil && !d.Saturated; ok {
+				f.fullOK = append(f.fullOK, t.typ)
+			}
+		}
+		if ok {
+			t.until = s.now + s.holdWait()
+			if t.expiry > 0 && t.expiry < t.until {
+				t.until = t.expiry
+			}
+			return true, nil
+		}
+	}
+	if s.now > t.until {
+		f.leave(t)
+		if t.priority < 0 {
+			s.endFlow(t, endShed)
+		} else {
+			s.endFlow(t, endSaturated)
+		}
+		return false, nil
+	}
+	if t.priority < 0 && rate > 0 && t.expiry > 0 &&
+		s.now+time.Duration(float64(ahead+1)/rate*float64(time.Second)) > t.expiry {
+		f.leave(t) // at the measured drain rate it would start after its deadline
+		s.endFlow(t, endShed)
+		return false, nil
+	}
+	if slices.Contains(*saturated, t.typ) {
+		return true, nil
+	}
+	req := s.flowRequest(t, false)
+	d, err := s.dec.peek(&req)
+	if err == nil && d.Saturated {
+		if !f.ownBlocks && t.expiry > 0 {
+			// Saturated only by its own deadline (too little time left to
+			// finish anywhere)? Then it waits to go or expire without
+			// holding back the younger tasks of its type (hold.go's
+			// ownDeadlineOnly).
+			own := req
+			own.Deadline = s.flowRequest(&task{typ: t.typ, history: t.history}, false).Deadline
+			if d2, err2 := s.dec.peek(&own); err2 == nil && !d2.Saturated {
+				return true, nil
+			}
+		}
+		*saturated = append(*saturated, t.typ)
+		return true, nil
+	}
+	if f.heldAtLeast(t.typ, t.priority, true) {
+		return true, nil // a higher one of its type waits: this one waits behind it
+	}
+	f.leave(t)
+	f.last[t.tenant] = max(f.last[t.tenant], t.tag)
+	f.vtime = max(f.vtime, t.start)
+	return false, s.send(ctx, t, d, err)
+}
+
+// FlowResult is one flow's figures in a policy's run.
+type FlowResult struct {
+	Flow     string `json:"flow"`
+	Priority int    `json:"priority"`
+	Tenant   string `json:"tenant"`
+	Tasks    int    `json:"tasks"`
+	// Success is the share of the flow's tasks that succeeded.
+	Success float64 `json:"success"`
+	// VsOracle is Success minus the oracle run's, in percentage points.
+	VsOracle float64 `json:"vs_oracle_pp"`
+	// Latency from submission to the result of the tasks that succeeded.
+	P50Ms float64 `json:"p50_ms"`
+	P95Ms float64 `json:"p95_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	// Shed, Expired and Saturated count the tasks that ended so.
+	Shed      int `json:"shed"`
+	Expired   int `json:"expired"`
+	Saturated int `json:"saturated"`
+	// WithinDeadline is the share of the flow's tasks that succeeded
+	// within their deadline (flows with one; else Success).
+	WithinDeadline float64 `json:"within_deadline"`
+	// Share is the flow's share of the successes that ended while tasks
+	// were still arriving, after the first tenth of that time (the
+	// steady state of a saturated run).
+	Share float64 `json:"share"`
+}
+
+// FlowSummary is a policy's flow-control figures.
+type FlowSummary struct {
+	Flows []FlowResult `json:"flows"`
+	// Inversions: dispatches while a task of the same type with a higher
+	// priority was held (the dispatcher's counter; must be 0).
+	Inversions int `json:"inversions"`
+	// StartedLate: attempts started after their task's deadline (must be
+	// 0).
+	StartedLate int `json:"started_late"`
+	// ShedOrExpiredSheddable is the share of the shed or expired tasks
+	// that were sheddable (priority < 0).
+	ShedOrExpiredSheddable float64 `json:"shed_or_expired_sheddable"`
+}
+
+// summarizeFlows computes the per-flow figures of a run.
+func summarizeFlows(sc *Scenario, ts []taskResult, inversions int) *FlowSummary {
+	flows := sc.Arrival.Flows
+	out := &FlowSummary{Flows: make([]FlowResult, len(flows)), Inversions: inversions}
+	lats := make([][]time.Duration, len(flows))
+	within := make([]int, len(flows))
+	okIn := make([]int, len(flows))
+	var lastArrival time.Duration
+	for _, t := range ts {
+		lastArrival = max(lastArrival, t.submit)
+	}
+	from := lastArrival / 10
+	var okAll, endedBad, endedBadSheddable int
+	for _, t := range ts {
+		if t.flow < 0 {
+			continue
+		}
+		fl := &flows[t.flow]
+		r := &out.Flows[t.flow]
+		r.Tasks++
+		if t.startedLate {
+			out.StartedLate++
+		}
+		switch t.end {
+		case endShed:
+			r.Shed++
+		case endExpired:
+			r.Expired++
+		case endSaturated:
+			r.Saturated++
+		}
+		if t.end == endShed || t.end == endExpired {
+			endedBad++
+			if fl.Priority < 0 {
+				endedBadSheddable++
+			}
+		}
+		if !t.succeeded {
+			continue
+		}
+		lats[t.flow] = append(lats[t.flow], t.latency)
+		if fl.Deadline == 0 || t.latency <= fl.Deadline.D() {
+			within[t.flow]++
+		}
+		if end := t.submit + t.latency; end >= from && end <= lastArrival {
+			okIn[t.flow]++
+			okAll++
+		}
+	}
+	for i := range out.Flows {
+		r := &out.Flows[i]
+		r.Flow, r.Priority, r.Tenant = flows[i].Name, flows[i].Priority, flows[i].Tenant
+		if r.Tasks > 0 {
+			r.Success = float64(len(lats[i])) / float64(r.Tasks)
+			r.WithinDeadline = float64(within[i]) / float64(r.Tasks)
+		}
+		if okAll > 0 {
+			r.Share = float64(okIn[i]) / float64(okAll)
+		}
+		l := lats[i]
+		slices.Sort(l)
+		q := func(p float64) float64 {
+			if len(l) == 0 {
+				return 0
+			}
+			return float64(l[max(0, int(math.Ceil(p*float64(len(l))))-1)]) / float64(time.Millisecond)
+		}
+		r.P50Ms, r.P95Ms, r.P99Ms = q(0.50), q(0.95), q(0.99)
+	}
+	if endedBad > 0 {
+		out.ShedOrExpiredSheddable = float64(endedBadSheddable) / float64(endedBad)
+	} else {
+		out.ShedOrExpiredSheddable = 1
+	}
+	return out
+}
+
+// aggregateFlows averages the flow figures of several runs.
+func aggregateFlows(rs []Result) *FlowSummary {
+	if rs[0].FlowControl == nil {
+		return nil
+	}
+	n := float64(len(rs))
+	out := &FlowSummary{Flows: slices.Clone(rs[0].FlowControl.Flows)}
+	for i := range out.Flows {
+		out.Flows[i] = FlowResult{Flow: out.Flows[i].Flow, Priority: out.Flows[i].Priority, Tenant: out.Flows[i].Tenant}
+	}
+	nf := len(out.Flows)
+	tasks, shed, expired, saturated := make([]float64, nf), make([]float64, nf), make([]float64, nf), make([]float64, nf)
+	for _, r := range rs {
+		fs := r.FlowControl
+		out.Inversions += fs.Inversions
+		out.StartedLate += fs.StartedLate
+		out.ShedOrExpiredSheddable += fs.ShedOrExpiredSheddable / n
+		for i, f := range fs.Flows {
+			o := &out.Flows[i]
+			tasks[i] += float64(f.Tasks) / n
+			shed[i] += float64(f.Shed) / n
+			expired[i] += float64(f.Expired) / n
+			saturated[i] += float64(f.Saturated) / n
+			o.Success += f.Success / n
+			o.VsOracle += f.VsOracle / n
+			o.P50Ms += f.P50Ms / n
+			o.P95Ms += f.P95Ms / n
+			o.P99Ms += f.P99Ms / n
+			o.WithinDeadline += f.WithinDeadline / n
+			o.Share += f.Share / n
+		}
+	}
+	for i := range out.Flows {
+		o := &out.Flows[i]
+		o.Tasks, o.Shed = int(math.Round(tasks[i])), int(math.Round(shed[i]))
+		o.Expired, o.Saturated = int(math.Round(expired[i])), int(math.Round(saturated[i]))
+	}
+	return out
+}
+
+// writeFlows writes, for a scenario with flows, a table per policy of the
+// figures per flow.
+func (r *Report) writeFlows(w io.Writer) error {
+	for i := range r.Results {
+		res := &r.Results[i]
+		fs := res.FlowControl
+		if fs == nil {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "\n%s: flow control, %d inversions, %d attempts started after their deadline, %.1f%% of shed or expired tasks sheddable\n",
+			res.Policy, fs.Inversions, fs.StartedLate, fs.ShedOrExpiredSheddable*100); err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "flow\tpriority\ttenant\ttasks\tsuccess %\tvs oracle\tp50 ms\tp95 ms\tp99 ms\tshed\texpired\tsaturated\tin deadline %\tshare %\t")
+		for _, f := range fs.Flows {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%.2f\t%+.2f\t%.1f\t%.1f\t%.1f\t%d\t%d\t%d\t%.2f\t%.1f\t\n", f.Flow, f.Priority, f.Tenant, f.Tasks,
+				f.Success*100, f.VsOracle, f.P50Ms, f.P95Ms, f.P99Ms, f.Shed, f.Expired, f.Saturated, f.WithinDeadline*100, f.Share*100)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

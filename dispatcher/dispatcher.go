@@ -69,9 +69,9 @@ type parts struct {
 	snaps   *refresher // statistics snapshot and decision table
 	intake  *intake
 	cancel  *canceller
-	backlog *backlogSampler
-	streams *streamSampler // streams.go
-	rolls   *rollouts      // rollouts.go
+	backlog *backlogSampler // streams.go
+	streams *streamSampler  // streams.go
+	rolls   *rollouts       // rollouts.go
 }
 
 // Counters are cumulative, per replica.

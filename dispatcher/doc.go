@@ -28,8 +28,10 @@
 //   - sweeper.go: finds attempts still unanswered at their deadline in
 //     MLSCHED_DISPATCH (the stream is the in-flight table) and fails them
 //     over;
-//   - observe.go, admin.go, cancel.go: the backlog sampler, the dashboard,
-//     `mlsched stats` and `mlsched cancel`;
+//   - streams.go: the samplers of the streams, off the dispatch path (the
+//     backlog per type, and every stream's size against its bounds);
+//   - observe.go, admin.go, cancel.go: the HTTP listener and readiness, the
+//     dashboard, `mlsched stats` and `mlsched cancel`;
 //   - the three stages, each a type built from a params struct of what it
 //     needs, and the consumers that feed them:
 //   - intake (intake.go, hold.go, unserved.go, park.go): validate a task (reject or

@@ -2,6 +2,8 @@ package dispatcher
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
@@ -112,4 +115,82 @@ func (c *streamsCollector) Collect(ch chan<- prometheus.Metric) {
 			g(descStreamOldest, max(0, time.Since(s.oldest).Seconds()), s.name)
 		}
 	}
+}
+
+// backlogInterval is how often the backlog per type is sampled.
+const backlogInterval = 2 * time.Second
+
+// backlogSampler samples the tasks waiting in MLSCHED_TASKS per type, off
+// the dispatch path: one stream-info request with per-subject counts every
+// backlogInterval. A message being dispatched counts until its dispatch is
+// acknowledged.
+type backlogSampler struct {
+	js   jetstream.JetStream
+	reg  *registry.Registry // the types live nodes serve are reported at 0 too
+	log  zerolog.Logger
+	last atomic.Pointer[map[string]int64]
+	// prune, when set, removes finished tasks just before each sample: a
+	// limits-retention task stream keeps them until pruned, and the
+	// backlog is what is not finished (taskprune.go). What it cannot
+	// remove yet, a task finished above a floor an older running task
+	// holds, still counts until that task ends.
+	prune *taskPruner
+}
+
+func (b *backlogSampler) run(ctx context.Context) {
+	sample := func(ctx context.Context) {
+		rctx, cancel := context.WithTimeout(ctx, backlogInterval)
+		defer cancel()
+		s, err := b.sample(rctx)
+		if err != nil {
+			b.log.Debug().Err(err).Msg("backlog sample failed")
+			return
+		}
+		b.last.Store(&s)
+	}
+	sample(ctx)
+	every(ctx, backlogInterval, sample)
+}
+
+func (b *backlogSampler) sample(ctx context.Context) (map[string]int64, error) {
+	if b.prune != nil {
+		if err := b.prune.prune(ctx); err != nil {
+			b.log.Debug().Err(err).Msg("removing finished tasks before the backlog sample failed")
+		}
+	}
+	st, err := b.js.Stream(ctx, topology.StreamTasks)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(topology.SubjectTasksAll))
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
+	}
+	out := make(map[string]int64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		typ, _, ok := topology.ParseTaskSubject(subj) // a type's priority bands sum up
+		if !ok {
+			typ = strings.TrimPrefix(subj, topology.TaskSubject(""))
+		}
+		out[typ] += int64(n)
+	}
+	for _, n := range b.reg.Live() {
+		for _, m := range n.Models {
+			for _, t := range m.Types {
+				if _, ok := out[t]; !ok {
+					out[t] = 0
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// get is the last sample (nil before the first); the map must not be
+// modified.
+func (b *backlogSampler) get() map[string]int64 {
+	if s := b.last.Load(); s != nil {
+		return *s
+	}
+	return nil
 }

@@ -11,7 +11,7 @@
 //   - the statistics batcher (dispatcher/stats), flushed at Stop;
 //   - superseded.go: the superseded-attempt and cancelled-task set, fed by a
 //     watch on MLSCHED_SUPERSEDED;
-//   - the node registry (shared/registry), fed by a watch on MLSCHED_NODES;
+//   - the node registry (internal/registry), fed by a watch on MLSCHED_NODES;
 //   - snapshot.go: the refresher of the statistics snapshot and the decision
 //     table, which also writes breaker transitions;
 //   - the dispatch and result publishers (shared/jsplumb, each with its own
@@ -34,19 +34,20 @@
 //     dashboard, `mlsched stats` and `mlsched cancel`;
 //   - the three stages, each a type built from a params struct of what it
 //     needs, and the consumers that feed them:
-//   - intake (intake.go, hold.go, unserved.go, park.go): validate a task (reject or
-//     dead-letter bad input), decide model and node with the policy engine,
-//     seal the dispatch (trust.go) and republish the task bytes unchanged to
-//     mlsched.node.<node>.tasks; it keeps the tasks held for want of
+//   - intake (intake.go, hold.go, unserved.go, park.go): validate a task
+//     (reject or dead-letter bad input), decide model and node with the
+//     policy engine (internal/policy), seal the dispatch (trust.go) and
+//     republish the task bytes unchanged to mlsched.node.<node>.tasks;
+//     it keeps the tasks held for want of
 //     capacity and those waiting for a node, and parks a flooding
 //     tenant's tasks beyond its share of a band;
 //   - outcomes (outcomes.go): a stored outcome of
 //     MLSCHED_OUTCOMES or a worker's direct report of a success (a
 //     core-NATS request on mlsched.report.<node>, answered with a
 //     protocol.ReportReply once the result is stored), checked against its
-//     sealed dispatch (trust.go) and settled by the rule of dispatcher/internal/settle:
-//     the final result, a retry (back to intake through the retrier
-//     interface), or a failure that is also dead-lettered;
+//     sealed dispatch (trust.go) and settled by the rule of
+//     internal/settle: the final result, a retry (back to intake through
+//     the retrier interface), or a failure that is also dead-lettered;
 //   - finish (results.go, deadletter.go): publish the one final result per
 //     task (a second one is refused by JetStream's expected-last-subject-
 //     sequence check) and, through the one dead-letter publisher, dead

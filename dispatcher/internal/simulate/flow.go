@@ -511,22 +511,10 @@ func (s *sim) send(ctx context.Context, t *task, d policy.Decision, err error) e
 	}
 	res := &s.tasks[t.idx]
 	if n == 1 && !res.firstSet {
-		res.firstSet = true
-		res.pFirst = 1
-		if err == nil {
-			res.pFirst = s.attemptFailProb(d.Model, nd)
-		}
+		res.firstSet, res.pFirst = true, s.firstFailProb(d, nd, err)
 	}
 	if err != nil {
-		// No candidate: wait for the next refresh, up to one timeout.
-		if t.waitFrom < 0 {
-			t.waitFrom = s.now
-		}
-		if s.now-t.waitFrom >= s.sc.Timeout.D() {
-			s.finish(t, false)
-			return nil
-		}
-		s.push(s.now+s.sc.Refresh.D(), evRedecide, s.eventT(t))
+		s.awaitCandidate(t)
 		return nil
 	}
 	if f.heldAtLeast(t.typ, t.priority, true) {

@@ -592,6 +592,28 @@ func (s *sim) attemptFailProb(m string, n *node) float64 {
 	return 1 - (1-p)*(1-slow)
 }
 
+// firstFailProb is the probability that a task's first attempt fails: 1
+// when no candidate could take it (err), else its model's on its node.
+func (s *sim) firstFailProb(d policy.Decision, nd *node, err error) float64 {
+	if err != nil {
+		return 1
+	}
+	return s.attemptFailProb(d.Model, nd)
+}
+
+// awaitCandidate: no candidate could take the task; it is decided again at
+// the next refresh, for up to one timeout, and then fails.
+func (s *sim) awaitCandidate(t *task) {
+	if t.waitFrom < 0 {
+		t.waitFrom = s.now
+	}
+	if s.now-t.waitFrom >= s.sc.Timeout.D() {
+		s.finish(t, false)
+		return
+	}
+	s.push(s.now+s.sc.Refresh.D(), evRedecide, s.eventT(t))
+}
+
 func (s *sim) dispatch(ctx context.Context, t *task) error {
 	if s.fc != nil {
 		return s.dispatchFlow(ctx, t, false)
@@ -622,22 +644,10 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 		return nil
 	}
 	if n == 1 && !res.firstSet {
-		res.firstSet = true
-		res.pFirst = 1
-		if err == nil {
-			res.pFirst = s.attemptFailProb(d.Model, nd)
-		}
+		res.firstSet, res.pFirst = true, s.firstFailProb(d, nd, err)
 	}
 	if err != nil {
-		// No candidate: wait for the next refresh, up to one timeout.
-		if t.waitFrom < 0 {
-			t.waitFrom = s.now
-		}
-		if s.now-t.waitFrom >= s.sc.Timeout.D() {
-			s.finish(t, false)
-			return nil
-		}
-		s.push(s.now+s.sc.Refresh.D(), evRedecide, s.eventT(t))
+		s.awaitCandidate(t)
 		return nil
 	}
 	t.waitFrom = -1

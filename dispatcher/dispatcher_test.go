@@ -94,9 +94,9 @@ func newEnv(t *testing.T, mutate ...func(*dispatcher.Config)) *env {
 
 // runDispatcher runs a dispatcher until the test ends, and checks that it
 // stops cleanly; ctx ends when it is told to stop.
-func runDispatcher(t *testing.T, cfg dispatcher.Config) (*dispatcher.Dispatcher, context.Context) {
+func runDispatcher(t *testing.T, cfg dispatcher.Config, opts ...dispatcher.Option) (*dispatcher.Dispatcher, context.Context) {
 	t.Helper()
-	d, err := dispatcher.New(cfg)
+	d, err := dispatcher.New(cfg, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package dispatcher_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -22,17 +21,19 @@ func TestWithConnAndWithStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
+	// Cleanups run last first: this one after runDispatcher's has stopped
+	// the dispatcher (and checked that it stopped cleanly), before nc.Close.
+	t.Cleanup(func() {
+		if nc.IsClosed() {
+			t.Error("the dispatcher closed the connection it was given")
+		} else if err := nc.Flush(); err != nil {
+			t.Errorf("the given connection no longer works: %v", err)
+		}
+	})
 	store := stats.NewMemory(stats.Window{})
 	cfg := testConfig("nats://127.0.0.1:1") // nothing listens there
-	d, err := dispatcher.New(cfg, dispatcher.WithConn(nc), dispatcher.WithStore(store, "given"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
+	d, ctx := runDispatcher(t, cfg, dispatcher.WithConn(nc), dispatcher.WithStore(store, "given"))
 
 	deadline := time.Now().Add(20 * time.Second)
 	for !d.Ready(ctx).Ready() {
@@ -46,21 +47,5 @@ func TestWithConnAndWithStore(t *testing.T) {
 	}
 	if got := d.Report().Store; got != "given" {
 		t.Errorf("the stats report names store %q, want the given kind %q", got, "given")
-	}
-
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the dispatcher did not stop")
-	}
-	if nc.IsClosed() {
-		t.Fatal("the dispatcher closed the connection it was given")
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatalf("the given connection no longer works: %v", err)
 	}
 }

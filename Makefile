@@ -163,6 +163,7 @@ test: redis-server prometheus sklearn chromium ## vet and test (-race) every mod
 	step "make compose-test" $(MAKE) --no-print-directory compose-test; \
 	step "fuzz FuzzDecodeOutcome $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzDecodeOutcome\$$' -fuzztime $(FUZZTIME) ./protocol/"; \
 	step "fuzz FuzzEncodeResult $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzEncodeResult\$$' -fuzztime $(FUZZTIME) ./protocol/"; \
+	step "fuzz FuzzParseReply $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzParseReply\$$' -fuzztime $(FUZZTIME) ./jsplumb/"; \
 	echo; echo "==================== make test summary ===================="; \
 	printf '%s\n' "$${summary[@]}"; \
 	echo "==========================================================="; \

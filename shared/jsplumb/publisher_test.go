@@ -324,6 +324,36 @@ func TestParseAckAgainstJSON(t *testing.T) {
 	}
 }
 
+// FuzzParseReply: whatever body the canonical form's scan accepts,
+// encoding/json reads as the same acknowledgement, with no error; and no
+// body crashes parseReply.
+func FuzzParseReply(f *testing.F) {
+	for _, s := range []string{
+		`{"stream":"S","seq":1}`, `{"stream":"MLSCHED_DISPATCH","seq":1234567,"duplicate":true}`,
+		`{"stream":"S","seq":01}`, `{"stream":"S\u0041","seq":6}`, `{"stream":"S","seq":99999999999999999999}`,
+		`{"stream":"S","seq":1,"duplicate":false}`, `{"stream":"","seq":1}`, `{"error":{"code":503}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		_, _ = jsplumb.ParseReply(&nats.Msg{Data: body})
+		ack, ok := jsplumb.CanonicalAck(body)
+		if !ok {
+			return
+		}
+		var want struct {
+			Error *jetstream.APIError `json:"error"`
+			jetstream.PubAck
+		}
+		if err := json.Unmarshal(body, &want); err != nil || want.Error != nil {
+			t.Fatalf("%q: the scan read %+v, encoding/json refuses it: %v %v", body, *ack, err, want.Error)
+		}
+		if *ack != want.PubAck {
+			t.Fatalf("%q: the scan read %+v, encoding/json %+v", body, *ack, want.PubAck)
+		}
+	})
+}
+
 // Request hands the reply to the caller as it came (no acknowledgement
 // parsing), and no responders as ErrNoResponders.
 func TestRequest(t *testing.T) {

@@ -94,10 +94,12 @@ type taskOrigin struct {
 
 // handleTask is one message of a band of MLSCHED_TASKS.
 func (in *intake) handleTask(msg jetstream.Msg) {
-	o := taskOrigin{subject: msg.Subject(), submitted: time.Now(), first: true, traceparent: protocol.TraceparentOf(msg.Headers())}
+	o := taskOrigin{subject: msg.Subject(), first: true, traceparent: protocol.TraceparentOf(msg.Headers())}
 	if meta, err := msg.Metadata(); err == nil {
 		o.submitted, o.submission = meta.Timestamp, strconv.FormatUint(meta.Sequence.Stream, 10)
 		o.first = meta.NumDelivered == 1
+	} else {
+		o.submitted = time.Now()
 	}
 	in.take(msg, o)
 }
@@ -247,7 +249,8 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()
 	dec, err := in.engine.Decide(table, &req)
-	in.metrics.decision.Observe(time.Since(start).Seconds())
+	decided := time.Now() // also the deadline's start: one clock read fewer per task
+	in.metrics.decision.Observe(decided.Sub(start).Seconds())
 	if in.tracer.On() {
 		decision.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.String("mlsched.type", t.Type),
 			attribute.Int("mlsched.attempt", a.attempt), attribute.String("mlsched.model", dec.Model),
@@ -310,7 +313,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	if timeout <= 0 {
 		timeout = in.modelTimeout(dec.Model)
 	}
-	deadline := time.Now().Add(timeout + in.cfg.DeadlineSlack)
+	deadline := decided.Add(timeout + in.cfg.DeadlineSlack)
 	if !expiry.IsZero() && expiry.Before(deadline) {
 		// The worker does not start an attempt past its deadline: nor,
 		// then, a task past its own.
@@ -355,14 +358,15 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			return err
 		}
 		if !ack.Duplicate {
-			in.drain.dispatched(time.Now())
+			now := time.Now()
+			in.drain.dispatched(now)
 			in.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
 			if redispatch {
 				in.counters.Redispatched.Add(1)
 			} else {
 				in.counters.Dispatched.Add(1)
 				in.metrics.admitted.Get(band).Inc()
-				in.metrics.wait.Get(band).Observe(time.Since(submitted).Seconds())
+				in.metrics.wait.Get(band).Observe(now.Sub(submitted).Seconds())
 			}
 		}
 		in.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")

@@ -54,7 +54,7 @@
 //     letters.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (18 files; the policy's, the executors' and
+// these files, in this order (17 files; the policy's, the executors' and
 // the libraries' inner files not counted):
 //
 //  1. shared/client/client.go: Submit publishes the task on mlsched.tasks.<type>;
@@ -72,18 +72,17 @@
 //  11. shared/jsplumb/completer.go: which hands the task, unacknowledged,
 //  12. dispatcher/taskack.go: to the task keeper until its result;
 //  13. worker/task.go: the node's consumer (2 again) hands the dispatch to
-//     onMessage, process and run (codec.go's DecodeTaskHead), and
-//     report encodes the outcome;
-//  14. worker/outcomes.go: the outcome goes as a direct report
-//     (publisher.go's Request);
-//  15. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome),
+//     onMessage, process and run (codec.go's DecodeTaskHead); report
+//     encodes the outcome and the outcome publisher sends it as a direct
+//     report (publisher.go's Request);
+//  14. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome),
 //     then settleOutcome checks it (trust.go again),
-//  16. dispatcher/internal/settle/settle.go: Settle says finish;
-//  17. dispatcher/results.go: finish publishes the result (on disk,
-//  18. shared/jsplumb/groupcommit.go: with the results published meanwhile,
+//  15. dispatcher/internal/settle/settle.go: Settle says finish;
+//  16. dispatcher/results.go: finish publishes the result (on disk,
+//  17. shared/jsplumb/groupcommit.go: with the results published meanwhile,
 //     through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
-//     the worker, with dispatch.go's ReportAcked, which worker/outcomes.go
+//     the worker, with dispatch.go's ReportAcked, which worker/task.go
 //     reads; client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

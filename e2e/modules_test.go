@@ -3,7 +3,10 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -111,5 +114,32 @@ func TestSharedHoldsOnlyWhatIsShared(t *testing.T) {
 		if _, ok := kept[name]; !ok && !worker[p] {
 			t.Errorf("shared/%s is not linked by the worker: move it under dispatcher/ (or say in this test why it is shared)", name)
 		}
+	}
+}
+
+// dispatcher/doc.go lists, in order, the files one successful task passes
+// through (issue 18: at most 14 were wanted, 26 at the start): every file it
+// names exists, and the count it states is the count it lists, so that the
+// list cannot go stale when code moves.
+func TestDocPathNamesRealFiles(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile(repoPath(t, "dispatcher/doc.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := regexp.MustCompile(`(?m)^//\s+(\d+)\. ([\w./-]+\.go):`)
+	var files []string
+	for i, m := range step.FindAllStringSubmatch(string(doc), -1) {
+		if m[1] != strconv.Itoa(i+1) {
+			t.Errorf("step %s is listed %d-th", m[1], i+1)
+		}
+		if _, err := os.Stat(repoPath(t, m[2])); err != nil {
+			t.Errorf("step %s names %s: %v", m[1], m[2], err)
+		}
+		files = append(files, m[2])
+	}
+	stated := regexp.MustCompile(`in this order \((\d+) files`).FindStringSubmatch(string(doc))
+	if len(files) == 0 || stated == nil || stated[1] != strconv.Itoa(len(files)) {
+		t.Fatalf("doc.go states %v files and lists %d: %v", stated, len(files), files)
 	}
 }

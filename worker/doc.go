@@ -16,11 +16,11 @@
 // Delivery contract: an outcome is always settled before the dispatch is
 // acked, so a crash between the two re-runs the attempt but never loses it.
 // A success is first reported straight to a dispatcher (a core-NATS request
-// on mlsched.report.<node>, outcomes.go), which answers once the task's
+// on mlsched.report.<node>, task.go's outcomePublisher), which answers once the task's
 // result is stored; without that answer, and for every other outcome, the
 // outcome is stored in MLSCHED_OUTCOMES (JetStream-acked) first. Outcomes are published asynchronously, at most
-// MLSCHED_CONCURRENCY + MLSCHED_PREFETCH unconfirmed, and one goroutine acks each dispatch when
-// its outcome's publish is confirmed (or naks it when the publish fails); the outcome's Nats-Msg-Id ("o:<task>:<attempt>") lets
+// MLSCHED_CONCURRENCY + MLSCHED_PREFETCH unconfirmed, and the publish's callback acks each
+// dispatch through the Completer once its outcome is confirmed (or naks it when the publish fails); the outcome's Nats-Msg-Id ("o:<task>:<attempt>") lets
 // JetStream drop the duplicate. A dispatch past its deadline, or too close
 // to it for the model's mean run here, is reported expired without running,
 // so a restarted node does not work off a stale backlog.

@@ -296,41 +296,61 @@ func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
 	return &r.PubAck, nil
 }
 
-// canonicalAck reads exactly what nats-server writes for a stored message,
-// {"stream":"NAME","seq":N} with ,"duplicate":true before the brace for a
-// duplicate, NAME printable ASCII without quote or backslash, N at most 19
-// digits without a leading zero. Anything else is not ok, for the library.
+// canonicalAck reads exactly what nats-server (2.15, stream.go) writes for
+// a stored message: {"stream":"NAME","seq":N}, with ,"duplicate": true
+// before the brace for a duplicate. NAME is printable ASCII without quote
+// or backslash, N at most 19 digits without a leading zero. Anything else
+// (a domain, a counter, a group commit's batch, which GroupCommit reads
+// itself) is not ok, and goes to the library.
 func canonicalAck(b []byte) (*jetstream.PubAck, bool) {
-	const head, mid, dup = `{"stream":"`, `","seq":`, `,"duplicate":true}`
-	if len(b) < len(head) || string(b[:len(head)]) != head {
+	const head, seq = `{"stream":"`, `","seq":`
+	name, b, ok := cutQuoted(b, head, seq)
+	if !ok {
 		return nil, false
 	}
-	b = b[len(head):]
-	n := 0
-	for n < len(b) && b[n] >= 0x20 && b[n] < 0x7f && b[n] != '"' && b[n] != '\\' {
-		n++
-	}
-	if n == 0 || len(b)-n < len(mid) || string(b[n:n+len(mid)]) != mid {
+	ack := &jetstream.PubAck{Stream: string(name)}
+	if ack.Sequence, b, ok = cutNumber(b); !ok {
 		return nil, false
 	}
-	ack := &jetstream.PubAck{Stream: string(b[:n])}
-	b = b[n+len(mid):]
-	d := 0
-	for d < len(b) && d < 20 && b[d] >= '0' && b[d] <= '9' {
-		ack.Sequence = ack.Sequence*10 + uint64(b[d]-'0')
-		d++
-	}
-	if d == 0 || d > 19 || b[0] == '0' {
-		return nil, false
-	}
-	switch rest := string(b[d:]); rest {
+	switch string(b) {
 	case "}":
-	case dup:
+	case `,"duplicate": true}`:
 		ack.Duplicate = true
 	default:
 		return nil, false
 	}
 	return ack, true
+}
+
+// cutQuoted reads prefix, a non-empty run of printable ASCII without quote
+// or backslash, and suffix from the start of b.
+func cutQuoted(b []byte, prefix, suffix string) (s, rest []byte, ok bool) {
+	if len(b) < len(prefix) || string(b[:len(prefix)]) != prefix {
+		return nil, b, false
+	}
+	b = b[len(prefix):]
+	n := 0
+	for n < len(b) && b[n] >= 0x20 && b[n] < 0x7f && b[n] != '"' && b[n] != '\\' {
+		n++
+	}
+	if n == 0 || len(b)-n < len(suffix) || string(b[n:n+len(suffix)]) != suffix {
+		return nil, b, false
+	}
+	return b[:n], b[n+len(suffix):], true
+}
+
+// cutNumber reads an unsigned integer of 1-19 digits without a leading
+// zero from the start of b.
+func cutNumber(b []byte) (v uint64, rest []byte, ok bool) {
+	d := 0
+	for d < len(b) && d < 20 && b[d] >= '0' && b[d] <= '9' {
+		v = v*10 + uint64(b[d]-'0')
+		d++
+	}
+	if d == 0 || d > 19 || b[0] == '0' {
+		return 0, b, false
+	}
+	return v, b[d:], true
 }
 
 // run fails publishes past their deadline, and every publish in flight when

@@ -329,7 +329,8 @@ func TestParseAckAgainstJSON(t *testing.T) {
 // body crashes parseReply.
 func FuzzParseReply(f *testing.F) {
 	for _, s := range []string{
-		`{"stream":"S","seq":1}`, `{"stream":"MLSCHED_DISPATCH","seq":1234567,"duplicate":true}`,
+		`{"stream":"S","seq":1}`, `{"stream":"MLSCHED_DISPATCH","seq":1234567,"duplicate": true}`,
+		`{"stream":"MLSCHED_RESULTS","seq":77,"batch":"b.1","count":16}`, `{"stream":"S","seq":7,"batch":"","count":1}`,
 		`{"stream":"S","seq":01}`, `{"stream":"S\u0041","seq":6}`, `{"stream":"S","seq":99999999999999999999}`,
 		`{"stream":"S","seq":1,"duplicate":false}`, `{"stream":"","seq":1}`, `{"error":{"code":503}}`,
 	} {
@@ -352,6 +353,28 @@ func FuzzParseReply(f *testing.F) {
 			t.Fatalf("%q: the scan read %+v, encoding/json %+v", body, *ack, want.PubAck)
 		}
 	})
+}
+
+// The acknowledgements a real server writes, a store and a duplicate, are
+// in the canonical form parseReply reads in place: were the server's format
+// to change, the fast path would silently never run.
+func TestCanonicalAckReadsTheServersAcks(t *testing.T) {
+	s := natstest.New(t)
+	ctx := context.Background()
+	if _, err := s.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "MLSCHED_C", Subjects: []string{"c.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []jetstream.PubAck{{Stream: "MLSCHED_C", Sequence: 1}, {Stream: "MLSCHED_C", Sequence: 1, Duplicate: true}} {
+		m := &nats.Msg{Subject: "c.x", Data: []byte("x"), Header: nats.Header{jetstream.MsgIDHeader: {"same"}}}
+		reply, err := s.NC.RequestMsg(m, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, ok := jsplumb.CanonicalAck(reply.Data)
+		if !ok || *ack != want {
+			t.Fatalf("publish %d: the server wrote %s, read as %+v (canonical %v), want %+v", i+1, reply.Data, ack, ok, want)
+		}
+	}
 }
 
 // Request hands the reply to the caller as it came (no acknowledgement

@@ -266,8 +266,8 @@ func (p *Publisher) onReply(m *nats.Msg) {
 // Why a fast path: the dispatcher reads two acknowledgements per task. The
 // library alone missed issue 18's CPU budget by about 2 us per task, and
 // profiles put the library's acknowledgement reading at 2.8% of the
-// dispatcher's CPU against 1% for a scan of the canonical form
-// (BenchmarkParseAck; FuzzParseReply holds the two to the same answer).
+// dispatcher's CPU, and this scan at 1.3% (BenchmarkParseAck: 140 against
+// 580 ns). FuzzParseReply holds the scan to encoding/json's reading.
 func parseReply(m *nats.Msg) (*jetstream.PubAck, error) {
 	if len(m.Data) == 0 {
 		if m.Header.Get("Status") == "503" {

@@ -196,6 +196,21 @@ bench: build redis-server postgres ## relay vs mlsched end to end in both modes 
 	exit $${PIPESTATUS[0]}
 	$(GO) test -run '^$$' -bench . -benchtime=200ms -benchmem $(BENCH_GO_PKGS) | tee .bench/go-bench.txt
 
+# Profile-guided optimisation: go build (-pgo=auto, in make build, the
+# Dockerfile and the image build alike) optimises each binary for the CPU
+# profile in default.pgo beside its main package. `make pgo` refreshes the
+# dispatcher's and the worker's from one fast bench run of 200 000 tasks, the
+# success path they spend their time on (docs/benchmarks.md: about 5% less
+# CPU per task). Commit the two files after a change to the hot path.
+.PHONY: pgo
+pgo: build redis-server ## refresh dispatcher/cmd/dispatcher/default.pgo and worker/cmd/worker/default.pgo from a fast bench run
+	@mkdir -p .bench
+	$(GO) build -o $(BIN)/mlsched-bench ./e2e/cmd/mlsched-bench
+	$(BIN)/mlsched-bench -bin $(BIN) -modes fast -cluster-nodes 0 -scenarios mlsched -tasks 200000 -latency-tasks 200 \
+		-profile -profile-out .bench/pgo.pprof -json ''
+	cp .bench/pgo.fast-r1.pprof dispatcher/cmd/dispatcher/default.pgo
+	cp .bench/pgo.fast-r1.worker.pprof worker/cmd/worker/default.pgo
+
 # The soak (e2e/soak, docs/operations.md "Soak"): SOAK_RATE tasks/s (0: the
 # highest rate this machine sustains, calibrated first) for SOAK_DURATION
 # against bin/ nats-server, dispatcher, two workers and redis-server; RSS of

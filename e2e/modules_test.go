@@ -143,3 +143,20 @@ func TestDocPathNamesRealFiles(t *testing.T) {
 		t.Fatalf("doc.go states %v files and lists %d: %v", stated, len(files), files)
 	}
 }
+
+// The binaries are built with profile-guided optimisation (make pgo): the
+// default.pgo beside each main package must be a CPU profile of that binary
+// on mlsched's hot path, not an empty file or another program's profile, or
+// go build would silently optimise for nothing.
+func TestPGOProfilesProfileTheirBinaries(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ profile, hot string }{
+		{"dispatcher/cmd/dispatcher/default.pgo", "github.com/mlsched/mlsched/dispatcher.(*intake).dispatch"},
+		{"worker/cmd/worker/default.pgo", "github.com/mlsched/mlsched/worker.(*Worker).process"},
+	} {
+		top := goCmd(t, ".", "tool", "pprof", "-top", "-cum", "-nodecount=400", repoPath(t, c.profile))
+		if !strings.Contains(top, "Type: cpu") || !strings.Contains(top, c.hot) {
+			t.Errorf("%s is not a CPU profile with %s in it (make pgo writes it):\n%.2000s", c.profile, c.hot, top)
+		}
+	}
+}

@@ -205,7 +205,7 @@ bench: build redis-server postgres ## relay vs mlsched end to end in both modes 
 # Dockerfile and the image build alike) optimises each binary for the CPU
 # profile in default.pgo beside its main package. `make pgo` refreshes the
 # dispatcher's and the worker's from one fast bench run of 200 000 tasks, the
-# success path they spend their time on (docs/benchmarks.md: about 5% less
+# success path they spend their time on (docs/benchmarks.md: about 6% less
 # CPU per task). Commit the two files after a change to the hot path.
 .PHONY: pgo
 pgo: build redis-server ## refresh dispatcher/cmd/dispatcher/default.pgo and worker/cmd/worker/default.pgo from a fast bench run

@@ -433,9 +433,10 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// second, and a store that fsyncs each one on its own delays every
 	// other tenant's delivery from the same stream.
 	parked, parkGroup := groupCommit(d.cfg, pub, tasksStream)
+	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait, lostGrace(d.cfg.SweepInterval)+d.cfg.SweepInterval)
 	fin := newFinisher(finisherParams{log: d.log, results: results, resPub: resPub, complete: complete, dlq: dlq,
-		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter})
-	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait)
+		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter,
+		keeper: keeper})
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},

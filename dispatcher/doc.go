@@ -78,7 +78,8 @@
 //  14. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome),
 //     then settleOutcome checks it (trust.go again),
 //  15. dispatcher/internal/settle/settle.go: Settle says finish;
-//  16. dispatcher/results.go: finish publishes the result (on disk,
+//  16. dispatcher/results.go: end, the one way a task ends, releases what
+//     the attempt held and finish publishes the result (on disk,
 //  17. shared/jsplumb/groupcommit.go: with the results published meanwhile,
 //     through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for

@@ -112,8 +112,12 @@ type holdRoom struct {
 	vtime float64
 	last  map[string]float64
 	// tenants are the held tasks per band and tenant, over their quota
-	// too: what parking weighs (park.go).
+	// too, those taken out for a pass included: what parking weighs
+	// (park.go), and what the held count reports (len, waiting), which a
+	// pass must not empty while it runs.
 	tenants map[bandTenant]int
+	// size is the sum of tenants: the tasks the room holds.
+	size int
 	// plain is, per candidate key with held tasks, the priority of the
 	// last task sent without the ahead credit: what fills the nodes'
 	// queues up to the queue target (leads).
@@ -169,6 +173,7 @@ func (h *holdRoom) leave(ht *heldTask) {
 		if h.tenants[k]--; h.tenants[k] <= 0 {
 			delete(h.tenants, k)
 		}
+		h.size--
 		ht.inTenant = false
 	}
 	h.mu.Unlock()
@@ -257,10 +262,12 @@ func (h *holdRoom) reopen() {
 	h.mu.Unlock()
 }
 
+// len is how many tasks the room holds, those a pass has taken out
+// included: it does not dip while a pass runs.
 func (h *holdRoom) len() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.q)
+	return h.size
 }
 
 // hold keeps a saturated task; it reports false when the room is closed
@@ -289,6 +296,7 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 		key: candidateKey(&a.task), tenant: a.task.TenantName()}
 	h.q = append(h.q, ht)
 	h.tenants[bandTenant{topology.BandOf(a.task.Priority), ht.tenant}]++
+	h.size++
 	ht.inTenant = true
 	if !a.overLimit() { // a task over its quota holds back no other tenant's
 		h.countLocked(ht.key, a.task.Priority, 1)
@@ -302,6 +310,7 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 		h.lastLog, h.unlogged = now, 0
 	}
 	h.mu.Unlock()
+	in.keeper.keep(msg, a.taskAck, until) // a retry's task stays in progress while it is held (taskack.go)
 	if logNow {
 		in.log.Warn().Str("type", a.task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", n).Int("held", held).
 			Msg("saturated: every candidate's nodes hold more work than they can start before the deadline; keeping tasks in the stream")
@@ -380,7 +389,7 @@ func (in *intake) retryHeld() {
 		t := &ht.a.task
 		if in.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
 			h.leave(ht)
-			in.complete.Settle(ht.msg, nil)
+			in.fin.end(ht.a.endsStored(ht.msg))
 			continue
 		}
 		if !ht.expiry.IsZero() && !now.Before(ht.expiry) {
@@ -405,6 +414,7 @@ func (in *intake) retryHeld() {
 				if !ht.expiry.IsZero() && ht.expiry.Before(ht.until) {
 					ht.until = ht.expiry
 				}
+				in.keeper.keep(ht.msg, ht.a.taskAck, ht.until)
 				in.keepAlive(ht, now)
 				keep = append(keep, ht)
 				continue
@@ -612,9 +622,9 @@ func (in *intake) shed(ht *heldTask, ahead int, why string) {
 	err := protocol.Errorf(protocol.CodeShed, "priority %d is sheddable and %s (%d tasks of this replica ahead of it); retry after retry_after_ms",
 		a.task.Priority, why, ahead)
 	in.log.Debug().Err(err).Str("task_id", a.task.ID).Str("tenant", ht.tenant).Msg("task shed")
-	in.fin.reject(ht.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
-		status: protocol.StatusFailed, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
-		submission: a.submission, traceparent: a.traceparent, retryAfter: in.drain.retryAfter(ahead)})
+	e := a.ends(ht.msg, err, protocol.StatusFailed)
+	e.retryAfter = in.drain.retryAfter(ahead)
+	in.fin.end(e)
 }
 
 func (in *intake) failSaturated(ht *heldTask) {
@@ -631,9 +641,7 @@ func (in *intake) failSaturated(ht *heldTask) {
 	err := protocol.Errorf(protocol.CodeSaturated, "no node could start the task before its deadline: every candidate for type %q (%s) stayed saturated for %s, the task's timeout plus the deadline slack",
 		a.task.Type, strings.Join(models, ", "), waited)
 	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task failed: saturated")
-	in.fin.reject(ht.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err, status: protocol.StatusFailed,
-		history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
-		traceparent: a.traceparent})
+	in.fin.end(a.ends(ht.msg, err, protocol.StatusFailed))
 }
 
 // releaseHeld naks every held message, for another replica or a restart.
@@ -660,8 +668,11 @@ func containsStr(list []string, s string) bool {
 }
 
 // bandName names a priority's band for metrics and the stats report.
-func bandName(priority int) string {
-	switch topology.BandOf(priority) {
+func bandName(priority int) string { return bandLabel(topology.BandOf(priority)) }
+
+// bandLabel names a band (topology.BandOf) for metrics and the stats report.
+func bandLabel(band int) string {
+	switch band {
 	case topology.BandHigh:
 		return "high"
 	case topology.BandLow:
@@ -671,15 +682,16 @@ func bandName(priority int) string {
 }
 
 // waiting counts the held tasks by band and tenant, the top tenants by
-// tasks held and the rest as "other": bounded labels.
+// tasks held and the rest as "other": bounded labels. Read from the
+// room's counts, it includes the tasks a pass has taken out.
 func (h *holdRoom) waiting(top int) []protocol.HeldCount {
 	h.mu.Lock()
 	type bt struct{ band, tenant string }
-	n := map[bt]int{}
+	n := make(map[bt]int, len(h.tenants))
 	per := map[string]int{}
-	for _, ht := range h.q {
-		n[bt{bandName(ht.a.task.Priority), ht.tenant}]++
-		per[ht.tenant]++
+	for k, c := range h.tenants {
+		n[bt{bandLabel(k.band), k.tenant}] += c
+		per[k.tenant] += c
 	}
 	h.mu.Unlock()
 	tenants := make([]string, 0, len(per))

@@ -110,8 +110,10 @@ func (in *intake) handleParked(msg jetstream.Msg) {
 	if err != nil {
 		in.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("task rejected")
 		task, _ := protocol.DecodeTask(msg.Data(), in.cfg.Limits())
-		in.fin.reject(msg, ending{subject: msg.Subject(), data: msg.Data(), task: task, err: err, status: protocol.StatusRejected,
-			submitted: time.Now(), traceparent: o.traceparent})
+		a := attemptSpec{task: task, data: msg.Data(), attempt: 1, submitted: time.Now(), traceparent: o.traceparent}
+		e := a.ends(msg, err, protocol.StatusRejected)
+		e.subject = msg.Subject()
+		in.fin.end(e)
 		return
 	}
 	in.take(msg, o)
@@ -131,28 +133,30 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 		}
 		in.metrics.received.Get(typ).Inc()
 	}
+	a := attemptSpec{task: task, data: data, attempt: 1, submitted: o.submitted, submission: o.submission,
+		traceparent: o.traceparent, taskAck: msg.Reply()}
 	if err != nil {
 		in.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", o.subject).Msg("task rejected")
-		in.fin.reject(msg, ending{subject: o.subject, data: data, task: task, err: err, status: protocol.StatusRejected,
-			submitted: o.submitted, submission: o.submission, traceparent: o.traceparent})
+		e := a.ends(msg, err, protocol.StatusRejected)
+		e.subject = o.subject
+		in.fin.end(e)
 		return
 	}
 	if in.superseded.Cancelled(task.ID, o.submission) { // cancelled while it waited: it has its result
-		in.complete.Settle(msg, nil)
+		in.fin.end(a.endsStored(msg))
 		return
 	}
 	if (!o.first || o.parked) && in.fin.hasResult(task.ID) {
 		// Redelivered with its result stored: the ack of the task was lost
 		// (or the replica that would have kept it alive is gone).
-		in.complete.Settle(msg, nil)
+		in.fin.end(a.endsStored(msg))
 		return
 	}
 	if !o.parked && in.park.shouldPark(topology.BandOf(task.Priority), task.TenantName()) {
 		in.park.park(msg, &task, data, o)
 		return
 	}
-	in.dispatch(attemptSpec{task: task, data: data, attempt: 1, submitted: o.submitted, submission: o.submission,
-		traceparent: o.traceparent, taskAck: msg.Reply()}, msg)
+	in.dispatch(a, msg)
 }
 
 // checkTaskSubject: a task is published on its type's subject, band 0
@@ -216,6 +220,23 @@ type attemptSpec struct {
 // holds back no other tenant's task).
 func (a *attemptSpec) overLimit() bool { return a.overQuota || a.overCap }
 
+// ends is how this attempt ends, handled by msg: with err and status, or
+// (endsStored) with the task's result stored already. The finisher ends it
+// (finisher.end); this is the one place an ending is built.
+func (a *attemptSpec) ends(msg jsplumb.Msg, err error, status protocol.Status) ending {
+	return ending{msg: msg, taskAck: a.taskAck, subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task,
+		err: err, status: status, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
+		submission: a.submission, traceparent: a.traceparent}
+}
+
+// endsStored: the attempt ends with the task's result stored already (the
+// task was cancelled, or its result found on a redelivery).
+func (a *attemptSpec) endsStored(msg jsplumb.Msg) ending {
+	e := a.ends(msg, nil, "")
+	e.stored = true
+	return e
+}
+
 func (a *attemptSpec) maxAttempts(def int) int {
 	if a.task.MaxAttempts > 0 {
 		return a.task.MaxAttempts
@@ -275,9 +296,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 			status = protocol.StatusFailed
 		}
 		in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-		in.fin.reject(in.keeper.withTask(msg, a.taskAck), ending{subject: topology.TaskSubject(t.Type), data: a.data, task: a.task, err: err, status: status,
-			history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
-			traceparent: a.traceparent})
+		in.fin.end(a.ends(msg, err, status))
 		return
 	}
 	// Backpressure (hold.go), and no overtaking: while a task of this
@@ -376,6 +395,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 		table.Completed(dec.Model, dec.Node) // not sent after all
 		in.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
 		span.End(err)
+		in.keeper.keep(msg, a.taskAck, time.Now().Add(time.Second+in.cfg.AckWait)) // a retry's task stays in progress
 		in.complete.Retry(msg, time.Second)
 	}
 }
@@ -472,9 +492,9 @@ func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duratio
 	if a.overCap {
 		err = protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q has its concurrency cap of %d tasks in flight", tenant, in.flow.caps[tenant])
 	}
-	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
-		status: protocol.StatusRejected, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
-		submission: a.submission, traceparent: a.traceparent, retryAfter: max(wait, time.Millisecond)})
+	e := a.ends(msg, err, protocol.StatusRejected)
+	e.retryAfter = max(wait, time.Millisecond)
+	in.fin.end(e)
 }
 
 // holdWait is how long a task may be held for want of capacity: its
@@ -495,9 +515,9 @@ func (in *intake) expire(a *attemptSpec, msg jsplumb.Msg, expiry time.Time, wher
 	in.counters.Expired.Add(1)
 	err := expiredError(&a.task, expiry, where)
 	in.log.Info().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task expired")
-	in.fin.reject(msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err,
-		status: protocol.StatusFailed, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
-		submission: a.submission, traceparent: a.traceparent, retryAfter: in.drain.retryAfter(in.held.len())})
+	e := a.ends(msg, err, protocol.StatusFailed)
+	e.retryAfter = in.drain.retryAfter(in.held.len())
+	in.fin.end(e)
 }
 
 func (in *intake) modelTimeout(model string) time.Duration {

@@ -105,7 +105,6 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		return
 	}
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
-	taskAck := taskAckFor(&pd)
 	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
 		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
 
@@ -134,6 +133,10 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 			oc.counters.Expired.Add(1)
 		}
 	}
+	// next is the attempt after this one: the retry, or (named by the
+	// outcome) what ends the task, whose ending counts this attempt (ends).
+	next := attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
+		submission: submission, traceparent: pd.Traceparent, taskAck: taskAckFor(&pd)}
 	dec := settle.Settle(oc.cfg.Retry(), pd, o, state)
 	if dec.Record {
 		oc.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
@@ -157,7 +160,9 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		oc.counters.Late.Add(1)
 		log(oc.log.Info()).Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
 		if state.Cancelled { // the cancellation stored the task's result
-			msg = oc.keeper.withTask(msg, taskAck)
+			next.task.ID, next.task.Type = o.TaskID, o.Type
+			oc.fin.end(next.endsStored(msg))
+			return
 		}
 		oc.complete.Settle(msg, nil)
 	case settle.Finish:
@@ -166,24 +171,27 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		} else {
 			log(oc.log.Info()).Str("error", o.Error).Msg("task error: not retried")
 		}
-		oc.fin.finish(oc.keeper.withTask(msg, taskAck), &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
+		next.task.ID, next.task.Type = o.TaskID, o.Type
+		e := next.ends(msg, nil, dec.Status)
+		e.result = &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
-			LatencyMs: msSince(submitted), History: history}, pd.Traceparent)
+			LatencyMs: msSince(submitted), History: history}
+		oc.fin.end(e)
 	case settle.Retry:
 		if dec.Backoff > 0 {
-			oc.complete.Retry(msg, dec.Backoff) // durable backoff: the redelivery re-dispatches
+			// Durable backoff: the redelivery re-dispatches. The task stays
+			// in progress meanwhile (its attempt's keeping ended with it).
+			oc.keeper.keep(msg, next.taskAck, time.Now().Add(dec.Backoff+oc.cfg.AckWait))
+			oc.complete.Retry(msg, dec.Backoff)
 			return
 		}
 		log(oc.log.Info()).Str("status", string(o.Status)).Str("error", o.Error).Msg("attempt failed, failing over")
-		oc.retry.dispatch(attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
-			submission: submission, traceparent: pd.Traceparent, taskAck: taskAck}, msg)
+		oc.retry.dispatch(next, msg)
 	default: // settle.DeadLetter
 		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
 		log(oc.log.Warn()).Err(err).Msg("task failed")
-		task.ID, task.Type = o.TaskID, o.Type
-		oc.fin.reject(oc.keeper.withTask(msg, taskAck), ending{subject: topology.TaskSubject(o.Type), data: o.Task, task: task, err: err, status: dec.Status,
-			history: history, attempts: attempt, submitted: submitted, submission: submission,
-			traceparent: pd.Traceparent})
+		next.task.ID, next.task.Type = o.TaskID, o.Type
+		oc.fin.end(next.ends(msg, err, dec.Status))
 	}
 }
 

@@ -43,6 +43,8 @@ type finisherParams struct {
 	// quota is told of every task that ends, for the tenants' concurrency
 	// caps (tasks in flight).
 	quota *quota.Limiter
+	// keeper keeps tasks in progress; a task's ack takes it out (taskack.go).
+	keeper *taskKeeper
 }
 
 func newFinisher(p finisherParams) *finisher {
@@ -106,13 +108,12 @@ func (f *finisher) resultStored(res *protocol.Result, ack *jetstream.PubAck, err
 	return true, nil
 }
 
-// finish publishes the task's final result, then settles msg: acked once
+// finish publishes the task's final result (end), then settles msg: acked once
 // the result is stored (or refused as a second one), on the publisher's
 // reply goroutine, with no future or settling goroutine in between.
 // traceparent is the task's trace context ("" for none); with tracing on, a
 // result span covers the publish.
 func (f *finisher) finish(msg jsplumb.Msg, res *protocol.Result, traceparent string) {
-	f.ended(res.ID)
 	span := f.resultSpan(res, traceparent)
 	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {
@@ -156,7 +157,6 @@ func (f *finisher) resultSpan(res *protocol.Result, traceparent string) tracing.
 // on a redelivery our result may already be stored, so a refused publish
 // looks at what is stored, and the entry's id makes a second write harmless.
 func (f *finisher) failExhausted(msg jsplumb.Msg, res *protocol.Result, dl protocol.DeadLetter, submission, traceparent string) {
-	f.ended(res.ID)
 	span := f.resultSpan(res, traceparent)
 	m, err := f.resultMsg(res, span.Traceparent())
 	if err == nil {
@@ -204,9 +204,24 @@ func isWrongLastSequence(err error) bool {
 	return false
 }
 
-// ending is a task that ends without a success: rejected before it ran, or
-// failed after its attempts.
+// ending is how an attempt of a task ends, and the one value the finisher
+// ends it from (end): the message whose handling ends it, the task's ack
+// subject, and either the attempt's result (a success, a task error), the
+// reason it ends without one (rejected before it ran, failed after its
+// attempts: a result with the error, and a dead letter when it exhausted
+// them), or that its result is stored already (cancelled, or found on a
+// redelivery). Built by attemptSpec.ends alone.
 type ending struct {
+	// msg is the message whose handling ends the attempt (the task, the
+	// previous attempt's outcome, a report); taskAck the task's ack subject
+	// ("" when the dispatch named none, or msg is the task).
+	msg     jsplumb.Msg
+	taskAck string
+	// result, when set, is the task's result as the attempt reported it.
+	result *protocol.Result
+	// stored: the task's result exists already; the attempt only settles.
+	stored bool
+
 	subject string // where the task was submitted
 	data    []byte // its original bytes
 	task    protocol.Task
@@ -224,7 +239,29 @@ type ending struct {
 	retryAfter time.Duration
 }
 
-// reject ends a task that cannot run or succeed, then settles msg: a keyed
+// end is the one way an attempt of a task ends (the model is River's job
+// completer): it releases what the attempt held (its tenant's concurrency
+// slot; the keeper's entry goes with the task's ack), stores the task's
+// final result (and dead letter) unless it is stored already, and then
+// settles e.msg together with the task's ack, so that whichever stage ends
+// a task, the task leaves MLSCHED_TASKS with its result (docs/protocol.md).
+// Nothing else acks a task or builds a result of one.
+func (f *finisher) end(e ending) {
+	msg := f.keeper.withTask(e.msg, e.taskAck)
+	if e.task.ID != "" {
+		f.ended(e.task.ID)
+	}
+	switch {
+	case e.stored:
+		f.complete.Settle(msg, nil)
+	case e.result != nil:
+		f.finish(msg, e.result, e.traceparent)
+	default:
+		f.reject(msg, e)
+	}
+}
+
+// reject ends a task that cannot run or succeed (end), then settles msg: a keyed
 // task gets a result with the error; an unkeyable message (no usable id)
 // goes to the dead-letter stream with its original bytes, and so does,
 // besides its result, a task that exhausted its attempts.

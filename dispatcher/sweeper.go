@@ -61,6 +61,12 @@ func (s *sweeper) Start(ctx context.Context) error {
 	})
 }
 
+// lostGrace is how long past its deadline the sweeper waits for an
+// attempt's outcome before it reports the attempt lost: a sweep interval,
+// at least a second, for a worker reporting a timeout right at the
+// deadline.
+func lostGrace(sweepEvery time.Duration) time.Duration { return max(sweepEvery, time.Second) }
+
 type dueEntry struct {
 	due int64 // Unix ms: deadline plus grace
 	seq uint64
@@ -95,7 +101,7 @@ func (s *sweeper) sweep(ctx context.Context, now time.Time) (int, error) {
 	if s.next < info.State.FirstSeq {
 		s.next = info.State.FirstSeq
 	}
-	grace := max(s.every, time.Second).Milliseconds()
+	grace := lostGrace(s.every).Milliseconds()
 	for s.next > 0 && s.next <= info.State.LastSeq {
 		raw, err := s.dispatch.GetMsg(ctx, s.next, jetstream.WithGetMsgSubject(topology.SubjectDispatchAll))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -152,7 +152,7 @@ type dispatchedMsg struct {
 }
 
 func (d dispatchedMsg) Ack() error {
-	d.keep.add(d.task, d.until)
+	d.keep.add(d.task, d.until.Add(d.keep.lostAfter))
 	if d.self {
 		return nil
 	}
@@ -170,9 +170,10 @@ func (k *taskKeeper) dispatched(msg jsplumb.Msg, taskAck string, deadline time.T
 }
 
 // taskKeeper keeps the tasks whose attempts this replica dispatched in
-// progress (InProgress restarts the task's ack wait) until the attempt's
-// deadline, when the sweeper declares a silent attempt lost and its retry
-// hands the task to a keeper again. A task finished here leaves at once; one
+// progress (InProgress restarts the task's ack wait) until the sweeper
+// would declare a silent attempt lost (its deadline plus lostAfter), and
+// the tasks whose retries wait here (keep), so that a task stays in
+// progress for as long as an attempt or a retry of it is alive. A task finished here leaves at once; one
 // finished by another replica at its deadline (its in-progress signals are
 // ignored by the server once the task is acked). Tasks that finish within
 // half the ack wait, the bulk, cost no signal at all.
@@ -180,6 +181,10 @@ type taskKeeper struct {
 	nc       *nats.Conn
 	complete *jsplumb.Completer
 	ackWait  time.Duration
+	// lostAfter: an attempt silent at its deadline is alive until the
+	// sweeper reports it lost, its grace and a sweep later (sweeper.go);
+	// its retry keeps the task from then on (keep).
+	lostAfter time.Duration
 
 	mu    sync.Mutex
 	tasks map[string]keptTask
@@ -190,14 +195,42 @@ type keptTask struct {
 	last  time.Time // last in-progress signal, or when it was kept
 }
 
-func newTaskKeeper(nc *nats.Conn, complete *jsplumb.Completer, ackWait time.Duration) *taskKeeper {
-	return &taskKeeper{nc: nc, complete: complete, ackWait: ackWait, tasks: map[string]keptTask{}}
+func newTaskKeeper(nc *nats.Conn, complete *jsplumb.Completer, ackWait, lostAfter time.Duration) *taskKeeper {
+	return &taskKeeper{nc: nc, complete: complete, ackWait: ackWait, lostAfter: lostAfter, tasks: map[string]keptTask{}}
 }
 
+// add keeps the task until an attempt's deadline. A task kept already
+// keeps its last signal's time: the server's ack wait runs from there.
 func (k *taskKeeper) add(subj string, until time.Time) {
 	now := time.Now()
 	k.mu.Lock()
-	k.tasks[subj] = keptTask{until: until, last: now}
+	kt, ok := k.tasks[subj]
+	if !ok {
+		kt.last = now
+	}
+	kt.until = until
+	k.tasks[subj] = kt
+	k.mu.Unlock()
+}
+
+// keep keeps the task in progress until at least until while msg, a
+// message other than the task, stands for its next attempt: a retry held
+// for capacity, waiting for a node, or its outcome nak'ed for a backoff.
+// The previous attempt's keeping ends at that attempt's deadline, and
+// nothing else keeps the task: its ack wait would run out, and the server
+// would deliver it again as a new first attempt beside the waiting retry.
+// The keeping ends with the task's ack (finalMsg), the next attempt's
+// deadline (dispatchedMsg), or at until.
+func (k *taskKeeper) keep(msg jsplumb.Msg, taskAck string, until time.Time) {
+	if k == nil || taskAck == "" || isTask(msg, taskAck) {
+		return
+	}
+	k.mu.Lock()
+	kt := k.tasks[taskAck] // not kept: last is zero, it is signalled at the next tick
+	if until.After(kt.until) {
+		kt.until = until
+	}
+	k.tasks[taskAck] = kt
 	k.mu.Unlock()
 }
 

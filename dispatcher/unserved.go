@@ -8,7 +8,6 @@ import (
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // Tasks no node serves. A task whose type (or allow-list) no live node
@@ -122,9 +121,12 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 		a.noNodeSince = time.Now()
 	}
 	now := time.Now()
+	// A retry's task stays in progress while it waits (taskack.go).
+	keepUntil := a.noNodeSince.Add(in.cfg.NoNodeWait + unservedRetry)
 	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || len(r.q)+r.inPass < in.cfg.unservedMax() {
 		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 		r.mu.Unlock()
+		in.keeper.keep(msg, a.taskAck, keepUntil)
 		return nil
 	}
 	// Full: the type keeping the most gives way, if it keeps more than this
@@ -146,6 +148,7 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	}
 	r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 	r.mu.Unlock()
+	in.keeper.keep(msg, a.taskAck, keepUntil)
 	in.counters.UnservedRefused.Add(1)
 	in.rejectUnserved(evicted, in.unservedFull(evicted.err, top, counts[top]))
 	return nil
@@ -172,9 +175,7 @@ func (in *intake) rejectUnserved(w *unservedTask, err error) {
 		status = protocol.StatusFailed
 	}
 	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("no model for task")
-	in.fin.reject(w.msg, ending{subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task, err: err, status: status,
-		history: a.history, attempts: a.attempt - 1, submitted: a.submitted, submission: a.submission,
-		traceparent: a.traceparent})
+	in.fin.end(a.ends(w.msg, err, status))
 }
 
 // unservedService runs the waiting room as a component.
@@ -225,7 +226,7 @@ func (in *intake) retryUnserved() {
 		a := &w.a
 		if in.superseded.Cancelled(a.task.ID, a.submission) { // it has its result
 			r.leave()
-			in.complete.Settle(w.msg, nil)
+			in.fin.end(a.endsStored(w.msg))
 			continue
 		}
 		if expiry := in.flow.expiry(&a.task, a.submitted); !expiry.IsZero() && !now.Before(expiry) {

@@ -149,16 +149,11 @@ func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 
 // storedStatus returns the status of the task's stored result, if any.
 func (cn *canceller) storedStatus(ctx context.Context, id string) (protocol.Status, bool, error) {
-	m, err := cn.results.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return "", false, nil
+	r, found, err := lookupResult(ctx, cn.results, id)
+	if !found {
+		return "", false, err
 	}
-	if err != nil {
-		return "", false, fmt.Errorf("reading the result of %q: %w", id, err)
-	}
-	var r protocol.Result
-	_ = json.Unmarshal(m.Data, &r)
-	return r.Status, true, nil
+	return r.Status, true, nil // a result that does not decode has no status to tell
 }
 
 func (cn *canceller) tasksStreamDelete(ctx context.Context, seq uint64) error {

@@ -328,10 +328,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 		in.log.Warn().Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).
 			Msg("panic mode: every candidate's breaker is open, routing anyway")
 	}
-	timeout := time.Duration(t.TimeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = in.modelTimeout(dec.Model)
-	}
+	timeout := in.attemptTimeout(t, dec.Model)
 	deadline := decided.Add(timeout + in.cfg.DeadlineSlack)
 	if !expiry.IsZero() && expiry.Before(deadline) {
 		// The worker does not start an attempt past its deadline: nor,
@@ -409,10 +406,7 @@ var headerBufs = sync.Pool{New: func() any { return new(protocol.HeaderBuf) }}
 // load model.
 func (in *intake) request(a *attemptSpec) policy.Request {
 	t := &a.task
-	timeout := time.Duration(t.TimeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = in.cfg.TaskTimeout
-	}
+	timeout := in.attemptTimeout(t, "") // no model decided yet
 	deadline := timeout + in.cfg.DeadlineSlack
 	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() && !a.noExpiry {
 		// A task that cannot start before its own deadline makes its
@@ -501,11 +495,7 @@ func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duratio
 // timeout plus the deadline slack (the hold also ends it at its own
 // deadline).
 func (in *intake) holdWait(a *attemptSpec) time.Duration {
-	timeout := time.Duration(a.task.TimeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = in.cfg.TaskTimeout
-	}
-	return timeout + in.cfg.DeadlineSlack
+	return in.attemptTimeout(&a.task, "") + in.cfg.DeadlineSlack // held: no model decided
 }
 
 // expire ends a task whose deadline passed before it started: failed with
@@ -520,8 +510,16 @@ func (in *intake) expire(a *attemptSpec, msg jsplumb.Msg, expiry time.Time, wher
 	in.fin.end(e)
 }
 
-func (in *intake) modelTimeout(model string) time.Duration {
-	if m := in.snaps.timeouts.Load(); m != nil {
+// attemptTimeout is the one rule for an attempt's timeout: the task's own
+// timeout_ms; else, once a model is decided, the timeout its nodes announce
+// for it; else MLSCHED_TASK_TIMEOUT. Before a model is decided (model "":
+// the load model's deadline in request, the hold's wait) the configured
+// timeout stands for the model's.
+func (in *intake) attemptTimeout(t *protocol.Task, model string) time.Duration {
+	if t.TimeoutMs > 0 {
+		return time.Duration(t.TimeoutMs) * time.Millisecond
+	}
+	if m := in.snaps.timeouts.Load(); m != nil && model != "" {
 		if ms, ok := (*m)[model]; ok && ms > 0 {
 			return time.Duration(ms) * time.Millisecond
 		}

@@ -2,8 +2,8 @@ package dispatcher
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -247,7 +247,10 @@ type ending struct {
 // a task, the task leaves MLSCHED_TASKS with its result (docs/protocol.md).
 // Nothing else acks a task or builds a result of one.
 func (f *finisher) end(e ending) {
-	msg := f.keeper.withTask(e.msg, e.taskAck)
+	msg := f.keeper.withTask(e.msg, e.taskAck) // the keeper lets the task go with its ack
+	if e.taskAck != "" && isTask(e.msg, e.taskAck) {
+		f.keeper.remove(e.taskAck) // the task itself ends: nothing keeps it now
+	}
 	if e.task.ID != "" {
 		f.ended(e.task.ID)
 	}
@@ -291,22 +294,42 @@ func (f *finisher) reject(msg jsplumb.Msg, e ending) {
 func (f *finisher) hasResult(id string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := f.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
-	return err == nil
+	_, found, _ := lookupResult(ctx, f.resultsStream, id)
+	return found
 }
 
 // storedResultIs reports whether the task's stored result has that status
 // and error code.
 func (f *finisher) storedResultIs(ctx context.Context, id string, status protocol.Status, code protocol.Code) (bool, error) {
-	m, err := f.resultsStream.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
-	if err != nil {
+	r, found, err := lookupResult(ctx, f.resultsStream, id)
+	if !found {
+		if err == nil {
+			err = fmt.Errorf("no result stored for %q", id)
+		}
 		return false, err
 	}
-	var r protocol.Result
-	if err := json.Unmarshal(m.Data, &r); err != nil {
+	if err != nil { // stored, but not ours to read
 		return false, nil
 	}
 	return r.Status == status && r.ErrorCode == code, nil
+}
+
+// lookupResult is the one reader of MLSCHED_RESULTS: the stored result of
+// the task, decoded with the protocol's codec. found is false when the task
+// has none or the lookup failed (err says which); a stored result that does
+// not decode is found, with the error.
+func lookupResult(ctx context.Context, results jetstream.Stream, id string) (res protocol.Result, found bool, err error) {
+	m, err := results.GetLastMsgForSubject(ctx, topology.ResultSubject(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return protocol.Result{}, false, nil
+	}
+	if err != nil {
+		return protocol.Result{}, false, fmt.Errorf("reading the result of %q: %w", id, err)
+	}
+	if res, err = protocol.DecodeResult(m.Data); err != nil {
+		return protocol.Result{}, true, fmt.Errorf("decoding the result of %q: %w", id, err)
+	}
+	return res, true, nil
 }
 
 // flowBands and flowCodes label Counters.Ended: the priority bands and

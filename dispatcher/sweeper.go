@@ -152,7 +152,7 @@ func (s *sweeper) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) e
 			Code: protocol.CodeOf(err), Subject: raw.Subject, Original: raw.Data},
 			messageEntry("dispatch", topology.StreamDispatch, raw.Sequence))
 	}
-	if res, err := s.results.GetLastMsgForSubject(ctx, topology.ResultSubject(pd.TaskID)); err == nil && res != nil {
+	if _, found, _ := lookupResult(ctx, s.results, pd.TaskID); found {
 		return nil // the worker reported and the task is final; it only missed its ack
 	}
 	o := protocol.Outcome{

@@ -235,6 +235,9 @@ func (k *taskKeeper) keep(msg jsplumb.Msg, taskAck string, until time.Time) {
 }
 
 func (k *taskKeeper) remove(subj string) {
+	if k == nil {
+		return
+	}
 	k.mu.Lock()
 	delete(k.tasks, subj)
 	k.mu.Unlock()

@@ -2,7 +2,9 @@ package dispatcher
 
 import (
 	"testing"
+	"time"
 
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -56,4 +58,45 @@ func TestParseTaskAckDoesNotAllocate(t *testing.T) {
 			t.Errorf("parseTaskAck(%q) accepted it", subj)
 		}
 	}
+}
+
+// replyMsg is a consumed message known by its ack subject.
+type replyMsg struct {
+	jsplumb.Msg
+	reply string
+}
+
+func (m replyMsg) Reply() string { return m.reply }
+
+// keep holds a task for a retry that stands for it (not for the task
+// itself, which its own room keeps alive), signalled at the keeper's next
+// tick, for at least as long as asked; a dispatch of the retry then keeps
+// it until its deadline without resetting when it was last signalled.
+func TestKeeperKeepsARetrysTask(t *testing.T) {
+	t.Parallel()
+	const task = "$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0"
+	k := newTaskKeeper(nil, nil, 30*time.Second, 2*time.Second)
+	now := time.Now()
+	k.keep(replyMsg{reply: task}, task, now.Add(time.Minute)) // the task itself: its room keeps it
+	if len(k.tasks) != 0 {
+		t.Fatalf("kept %v for the task message itself", k.tasks)
+	}
+	outcome := replyMsg{reply: "$JS.ACK.MLSCHED_OUTCOMES.dispatcher.1.9.9.1800000000000000000.0"}
+	k.keep(outcome, task, now.Add(time.Minute))
+	k.keep(outcome, task, now.Add(time.Second)) // never shortened
+	kt, ok := k.tasks[task]
+	if !ok || !kt.until.Equal(now.Add(time.Minute)) || !kt.last.IsZero() {
+		t.Fatalf("kept %+v (%v), want until a minute from now, signalled at the next tick", kt, ok)
+	}
+	k.add(task, now.Add(10*time.Second)) // the retry is dispatched
+	if kt = k.tasks[task]; !kt.until.Equal(now.Add(10*time.Second)) || !kt.last.IsZero() {
+		t.Fatalf("after the dispatch: %+v, want until its deadline, its last signal kept", kt)
+	}
+	k.remove(task)
+	if len(k.tasks) != 0 {
+		t.Fatalf("kept %v after its ack", k.tasks)
+	}
+	var none *taskKeeper // an older dispatcher's: nothing to keep
+	none.keep(outcome, task, now)
+	none.remove(task)
 }

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -94,7 +95,7 @@ type flowControl struct {
 	flows   []Flow
 	cum     []float64 // cumulative shares, to draw a flow
 	weights map[string]float64
-	qt      time.Duration // queue target (0: off)
+	qt      time.Duration // queue target (0: automatic, < 0: off)
 
 	// bands are the held tasks by priority (index priority-MinPriority),
 	// each a FIFO per tenant in holding order.
@@ -263,7 +264,7 @@ type tenantQueue struct {
 }
 
 func newFlowControl(sc *Scenario, opt Options) *flowControl {
-	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: sc.QueueTarget.D(),
+	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: cmp.Or(sc.QueueTarget.D(), opt.Engine.QueueTarget),
 		counts: map[string]*[priorityLevels]int{}, plain: map[string]int{}, last: map[string]float64{}, nextPass: -1,
 		maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks, byFinish: opt.FairByFinishTag}
 	if sc.ParkAbove > 0 {
@@ -469,10 +470,9 @@ func (s *sim) flowRequest(t *task, full bool) policy.Request {
 	if t.expiry > 0 {
 		deadline = max(0, min(deadline, t.expiry-s.now))
 	}
-	if s.fc.qt > 0 && !full {
-		deadline = min(deadline, s.fc.qt)
-	}
-	return policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline}
+	// the engine applies the queue target (Options.Engine.QueueTarget,
+	// from the scenario's) per (model, node); full asks without it
+	return policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline, FullDeadline: full}
 }
 
 // dispatchFlow is dispatch under flow control (intake.go's dispatch).
@@ -647,7 +647,7 @@ func (s *sim) passTask(ctx context.Context, t *task, rate float64, ahead int, sa
 		}
 		return false, nil
 	}
-	if s.now > t.until && f.qt > 0 && t.priority >= 0 {
+	if s.now > t.until && f.qt >= 0 && t.priority >= 0 {
 		// Held for the queue target: waits on while a node could still
 		// start it within its own deadline.
 		ok := slices.Contains(f.fullOK, t.typ)

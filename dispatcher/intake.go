@@ -229,8 +229,8 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	t := &a.task
 	expiry := in.flow.expiry(t, a.submitted)
 	if !expiry.IsZero() && !time.Now().Before(expiry) {
-		if t.Priority >= 0 {
-			in.shedFirst(nil, 0, candidateKey(t))
+		if in.expireAfterShed(&a, msg, expiry) {
+			return // the hold ends it, after the sheddable tasks of its set
 		}
 		in.expire(&a, msg, expiry, "before it could be dispatched")
 		return

@@ -1,6 +1,10 @@
 package dispatcher
 
 import (
+	"time"
+
+	"github.com/mlsched/mlsched/dispatcher/internal/policy"
+	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -35,11 +39,11 @@ func (h *holdRoom) sheddableHeld(key string) bool {
 	return false
 }
 
-// shedFirst is called as a non-sheddable task of the candidate set key is
-// about to end for want of capacity: it sheds the sheddable tasks of the
-// set held for capacity, those of the pass's q after i (marked gone, the
-// pass skips them) and those held since the pass began, then counts a
-// shedding inversion if one is still held. q is nil outside a pass.
+// shedFirst is called by a pass of the hold as a non-sheddable task of the
+// candidate set key, q[i], is about to end for want of capacity: it sheds
+// the sheddable tasks of the set held for capacity, those of the pass's q
+// after i (marked gone, the pass skips them) and those held since the pass
+// began, then counts a shedding inversion if one is still held.
 func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 	h := in.held
 	if h.n.Load() == 0 && h.inPass.Load() == 0 {
@@ -76,4 +80,22 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 	if h.sheddableHeld(key) {
 		in.counters.ShedInversions.Add(1)
 	}
+}
+
+// expireAfterShed: a non-sheddable task found expired at intake while
+// sheddable tasks of its set are held is handed to the hold, which ends it
+// at its next pass (woken now) after shedding them: only a pass sees the
+// tasks it has taken out. It reports whether the hold took it.
+func (in *intake) expireAfterShed(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
+	if a.task.Priority < 0 || in.held.n.Load()+in.held.inPass.Load() == 0 || !in.held.sheddableHeld(candidateKey(&a.task)) {
+		return false
+	}
+	if a.heldSince.IsZero() {
+		a.heldSince = time.Now() // not counted as saturated: it is held only to end
+	}
+	if !in.hold(*a, msg, policy.Decision{}, 0, expiry) {
+		return false
+	}
+	in.held.wake()
+	return true
 }

@@ -37,3 +37,25 @@ func TestShedSheddableBeforeNonSheddableExpires(t *testing.T) {
 		t.Fatalf("report: held %d, counters %v", r.Held, r.Counters)
 	}
 }
+
+// The same when the task that may not be shed is found expired at intake
+// (its deadline passed in the stream): the hold ends it at its next pass,
+// after the sheddable ones of its type.
+func TestShedSheddableBeforeExpiredAtIntake(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.queued = 100_000
+	e.startNode("busy", []string{"y"}, map[string]behavior{"m": succeed})
+	e.submit(protocol.Task{ID: "low", Type: "y", Priority: -3, TimeoutMs: 60_000, DeadlineMs: 60_000})
+	e.waitFor("the sheddable task held", func() bool { return e.d.Report().Held == 1 })
+	e.submit(protocol.Task{ID: "late", Type: "y", Priority: 2, TimeoutMs: 60_000, DeadlineMs: 1})
+	if res := e.result("late"); res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeExpired {
+		t.Fatalf("late: %+v, want expired", res)
+	}
+	if res := e.result("low"); res.ErrorCode != protocol.CodeShed {
+		t.Fatalf("low: %+v, want shed", res)
+	}
+	if r := e.d.Report(); r.Counters["shed_inversions"] != 0 || r.Counters["saturated"] != 1 {
+		t.Fatalf("counters %v: want 0 shed inversions, and only low counted as held for capacity", r.Counters)
+	}
+}

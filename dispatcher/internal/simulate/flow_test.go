@@ -27,8 +27,9 @@ func flowRun(t *testing.T, sc *Scenario, tasks int, opt Options) (rel, orc *Resu
 			t.Fatalf("%s: no flow-control figures", r.Policy)
 		}
 		// The dispatcher's invariants, under every policy.
-		if fc.Inversions != 0 || fc.StartedLate != 0 {
-			t.Errorf("%s: %d inversions, %d attempts started after their deadline; want 0 and 0", r.Policy, fc.Inversions, fc.StartedLate)
+		if fc.Inversions != 0 || fc.StartedLate != 0 || fc.ShedInversions != 0 {
+			t.Errorf("%s: %d inversions, %d attempts started after their deadline, %d shedding inversions; want 0, 0 and 0",
+				r.Policy, fc.Inversions, fc.StartedLate, fc.ShedInversions)
 		}
 		for _, f := range fc.Flows {
 			t.Logf("%s %s: %d tasks, success %.2f%%, p50/p95/p99 %.0f/%.0f/%.0f ms, shed %d, expired %d, saturated %d, share %.1f%%",

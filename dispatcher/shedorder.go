@@ -15,8 +15,9 @@ import (
 // would have served the sheddable one after it anyway, so it cannot start
 // in time either. Before the hold ends a non-sheddable task so, it sheds
 // every sheddable task of the set it holds; a non-sheddable task ended
-// while one is still held (one held meanwhile, between the two locks) is
-// a shedding inversion, counted (ShedInversions, which must stay 0).
+// while one held before it is still held (one another goroutine had in
+// hand) is a shedding inversion, counted (ShedInversions, which must stay
+// 0). One held after the ending began is not: it arrived after.
 //
 // Only the tasks held for capacity count (those the room counts per
 // candidate set): a task held over its tenant's quota or cap competes with
@@ -52,9 +53,11 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 	if !h.sheddableHeld(key) {
 		return
 	}
+	now := time.Now()
+	sheddable := func(o *heldTask) bool { return o.counted && o.key == key && o.a.task.Priority < 0 }
 	var drop []*heldTask
 	for _, o := range q[min(i+1, len(q)):] {
-		if !o.gone && o.counted && o.key == key && o.a.task.Priority < 0 {
+		if !o.gone && sheddable(o) {
 			o.gone = true
 			drop = append(drop, o)
 		}
@@ -62,7 +65,7 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 	h.mu.Lock()
 	n := 0
 	for _, o := range h.q {
-		if o.counted && o.key == key && o.a.task.Priority < 0 {
+		if sheddable(o) {
 			drop = append(drop, o)
 			continue
 		}
@@ -75,9 +78,19 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 	h.mu.Unlock()
 	for _, o := range drop {
 		h.leave(o)
+	}
+	// One held before now and held still (one another goroutine had in
+	// hand) is an inversion; one held since came after this ending.
+	inverted := false
+	h.mu.Lock()
+	for _, o := range h.q {
+		inverted = inverted || (sheddable(o) && o.since.Before(now))
+	}
+	h.mu.Unlock()
+	for _, o := range drop {
 		in.shed(o, 0, "a task of its candidate set that may not be shed ran out of time before it: sheddable work goes first")
 	}
-	if h.sheddableHeld(key) {
+	if inverted {
 		in.counters.ShedInversions.Add(1)
 	}
 }

@@ -37,7 +37,7 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
 		"succeeded": c.Succeeded.Load(), "failed": c.Failed.Load(), "shed": c.Shed.Load(),
 		"expired": c.Expired.Load(), "shed_sheddable": c.ShedFlow.Load(), "over_quota": c.OverQuota.Load(),
-		"inversions": c.Inversions.Load(), "parked": c.Parked.Load(),
+		"inversions": c.Inversions.Load(), "parked": c.Parked.Load(), "shed_inversions": c.ShedInversions.Load(),
 	}
 	r.Types = c.types.snapshot()
 	if reason := p.snaps.degraded.Load(); reason != nil {
@@ -68,6 +68,11 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 	r.EndedBy = c.endedBy()
 	r.QuotaDegraded = p.intake.quota.Degraded()
 	r.Unserved = p.intake.unserved.len()
+	for _, pt := range p.intake.engine.QueueTargets(p.snaps.table.Load()) {
+		r.QueueTargets = append(r.QueueTargets, protocol.QueueTargetReport{Model: pt.Model, Node: pt.Node,
+			ServiceMs: float64(pt.Service) / float64(time.Millisecond), Samples: pt.Samples,
+			TargetMs: float64(pt.Target) / float64(time.Millisecond), Mode: pt.Mode})
+	}
 	snap := p.snaps.snap.Load()
 	if snap == nil {
 		return r

@@ -131,9 +131,9 @@ type Config struct {
 	// TenantConcurrency caps the tenants' tasks in flight, shared by every
 	// replica through Redis (dispatcher/internal/quota).
 	TenantConcurrency map[string]string `envconfig:"TENANT_CONCURRENCY" desc:"tenants' concurrency caps, tasks in flight (dispatched, not yet finished), shared by every replica through Redis, e.g. a:64,b:8 (a tenant absent: none); over it a task is held until its deadline"`
-	// QueueTarget bounds what a node queues (0: its deadline does); the
-	// rest waits in the hold, in priority and fair order.
-	QueueTarget time.Duration `envconfig:"QUEUE_TARGET" default:"0s" desc:"flow control: a node counts as saturated once a task would wait plus run this long there (0: the attempt's deadline), so the rest waits in the dispatcher's hold, in priority and tenant order; e.g. twice the model latency"`
+	// QueueTarget bounds what a node queues; the rest waits in the hold,
+	// in priority and fair order (policy.Config.QueueTarget).
+	QueueTarget QueueTarget `envconfig:"QUEUE_TARGET" default:"auto" desc:"flow control: a (model, node) counts as saturated once a task would wait plus run longer than this there, so the rest waits in the dispatcher's hold, in priority and tenant order; auto: 3x the model's mean latency on that node over the statistics window (at least 20ms; while the node has fewer than 20 attempts of the model, at least a tenth of the timeout, at most 1s); a duration: that for every pair; off (or 0): only the attempt's deadline"`
 	// ParkAbove is how many tasks of one tenant a replica holds in a band
 	// before it parks the tenant's next ones (park.go).
 	ParkAbove int `envconfig:"PARK_ABOVE" default:"256" desc:"flow control: once a replica holds this many tasks of one tenant in a priority band while other tenants send to it, the tenant's next tasks are parked on a subject of their own and come back as its held ones leave, so one tenant's backlog never stands before another's in the stream (at most half MLSCHED_MAX_IN_FLIGHT; 0: off)"`
@@ -233,8 +233,6 @@ func (c Config) Validate() error {
 		return bad("NO_NODE_WAIT", c.NoNodeWait, "must not be negative")
 	case c.ParkAbove < 0:
 		return bad("PARK_ABOVE", c.ParkAbove, "must not be negative (0: off)")
-	case c.QueueTarget < 0:
-		return bad("QUEUE_TARGET", c.QueueTarget, "must not be negative (0: off)")
 	case c.DeadlineSlack < 0:
 		return bad("DEADLINE_SLACK", c.DeadlineSlack, "must not be negative")
 	case c.RetryBackoff < 0:
@@ -302,7 +300,8 @@ func (c *Config) PolicyConfig() policy.Config {
 	}
 	return policy.Config{
 		Default: c.Policy, PerType: per, MinSamples: c.MinSamples, ExploreShare: c.ExploreShare,
-		LatencyWeight: c.LatencyWeight,
+		LatencyWeight: c.LatencyWeight, QueueTarget: c.QueueTarget.policy(),
+		Timeout: c.TaskTimeout, Deadline: c.TaskTimeout + c.DeadlineSlack,
 		Breaker: policy.BreakerConfig{
 			ConsecutiveFailures: c.BreakerFailures, FailureRate: c.BreakerFailureRate,
 			MinRequests: c.BreakerMinRequests, Cooldown: c.BreakerCooldown, HalfOpenProbes: c.BreakerProbes,
@@ -360,3 +359,48 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
+
+// QueueTarget is MLSCHED_QUEUE_TARGET: 0 automatic (each (model, node)'s
+// own, from its measured latency), > 0 a fixed target, < 0 off.
+type QueueTarget time.Duration
+
+// Decode parses "auto", "off", "0" (off, as it always meant) or a
+// positive duration.
+func (q *QueueTarget) Decode(v string) error {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "auto":
+		*q = 0
+		return nil
+	case "off", "none", "0":
+		*q = -1
+		return nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("queue target %q: want auto, off or a duration: %w", v, err)
+	}
+	if d < 0 {
+		return fmt.Errorf("queue target %q: want auto, off or a positive duration", v)
+	}
+	if d == 0 {
+		d = -1
+	}
+	*q = QueueTarget(d)
+	return nil
+}
+
+// String is the setting as Decode reads it.
+func (q QueueTarget) String() string {
+	switch {
+	case q == 0:
+		return "auto"
+	case q < 0:
+		return "off"
+	}
+	return time.Duration(q).String()
+}
+
+// On reports whether a queue target applies (automatic or fixed).
+func (q QueueTarget) On() bool { return q >= 0 }
+
+func (q QueueTarget) policy() time.Duration { return time.Duration(q) }

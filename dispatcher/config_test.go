@@ -3,6 +3,7 @@ package dispatcher_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mlsched/mlsched/dispatcher"
 )
@@ -23,6 +24,7 @@ func TestInvalidConfigurationNamesTheVariable(t *testing.T) {
 		"MLSCHED_NO_NODE_WAIT":       "-1s",
 		"MLSCHED_SWEEP_INTERVAL":     "0s",
 		"MLSCHED_TENANT_CONCURRENCY": "a:0",
+		"MLSCHED_QUEUE_TARGET":       "-1s",
 	}
 	for name, value := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -89,5 +91,33 @@ func TestSharedSettingsAreRead(t *testing.T) {
 	if cfg.NodeTTL.String() != "7s" || cfg.Storage != "memory" || cfg.StreamReplicas != 3 ||
 		cfg.Topology().Replicas != 3 || cfg.Topology().NodeTTL.String() != "7s" {
 		t.Fatalf("shared settings %+v, topology %+v", cfg.Shared, cfg.Topology())
+	}
+}
+
+// MLSCHED_QUEUE_TARGET: auto by default (each pair's own), a positive
+// duration for every pair, off (or 0, as it always meant) for the
+// deadline alone; the engine gets it as 0, the duration, or negative.
+func TestQueueTargetSetting(t *testing.T) {
+	for value, want := range map[string]string{"": "auto", "auto": "auto", "150ms": "150ms", "off": "off", "0": "off", "0s": "off"} {
+		t.Run(value, func(t *testing.T) {
+			if value != "" {
+				t.Setenv("MLSCHED_QUEUE_TARGET", value)
+			}
+			cfg, err := dispatcher.LoadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.QueueTarget.String(); got != want {
+				t.Fatalf("%q: %s, want %s", value, got, want)
+			}
+			pc := cfg.PolicyConfig().QueueTarget
+			if ok := (want == "auto" && pc == 0) || (want == "off" && pc < 0) || (want == "150ms" && pc == 150*time.Millisecond); !ok {
+				t.Fatalf("%q: engine queue target %v", value, pc)
+			}
+		})
+	}
+	t.Setenv("MLSCHED_QUEUE_TARGET", "soon")
+	if _, err := dispatcher.LoadConfig(); err == nil || !strings.Contains(err.Error(), "MLSCHED_QUEUE_TARGET") {
+		t.Fatalf("soon: %v, want an error naming MLSCHED_QUEUE_TARGET", err)
 	}
 }

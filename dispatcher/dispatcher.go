@@ -113,6 +113,10 @@ type Counters struct {
 	// lower-priority task while a higher-priority held task of the same
 	// type could have used the slot (flow control: it must stay 0).
 	Expired, ShedFlow, OverQuota, Inversions atomic.Int64
+	// ShedInversions counts the non-sheddable tasks that ended for want
+	// of capacity (expired, or failed saturated) while a sheddable task of
+	// their candidate set was still held (shedorder.go: it must stay 0).
+	ShedInversions atomic.Int64
 	// Parked counts the tasks parked over their tenant's share of a band
 	// (park.go).
 	Parked atomic.Int64

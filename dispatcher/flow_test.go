@@ -180,7 +180,9 @@ func TestHeldTasksGoHighestPriorityFirst(t *testing.T) {
 // waits to expire (issue 20: it blocked its type until then).
 func TestHoldOwnDeadlineDoesNotBlockType(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	// deadlines alone (no queue target): the node's queue is long, not
+	// too long for young's deadline
+	e := newEnv(t, func(c *dispatcher.Config) { c.QueueTarget = -1 })
 	// 4000 queued on 8 slots at the engine's prior 100 ms a task: about
 	// 50 s of wait, within a 60 s timeout but not within a 30 s deadline.
 	e.queued = 4000
@@ -382,7 +384,7 @@ func TestFirstTaskGoesToOrderingNode(t *testing.T) {
 	for _, prefetch := range []int{32, 0} {
 		t.Run(fmt.Sprint("prefetch=", prefetch), func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, func(c *dispatcher.Config) { c.QueueTarget = 150 * time.Millisecond })
+			e := newEnv(t, func(c *dispatcher.Config) { c.QueueTarget = dispatcher.QueueTarget(150 * time.Millisecond) })
 			// 16 queued on 8 slots at the engine's prior 100 ms a task:
 			// a wait of 112 ms, beyond the queue target with the run.
 			e.queued, e.prefetch = 16, prefetch

@@ -70,6 +70,8 @@ type heldTask struct {
 	counted bool
 	// inTenant: it is in the room's per band and tenant counts (parking).
 	inTenant bool
+	// gone: shed in this pass ahead of a non-sheddable task (shedorder.go).
+	gone bool
 }
 
 // bandTenant keys the held tasks of one tenant in one priority band.
@@ -386,6 +388,9 @@ func (in *intake) retryHeld() {
 	var keep []*heldTask
 	rate := in.drain.perSecond()
 	for i, ht := range q {
+		if ht.gone {
+			continue // shed already (shedorder.go)
+		}
 		t := &ht.a.task
 		if in.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
 			h.leave(ht)
@@ -397,11 +402,12 @@ func (in *intake) retryHeld() {
 			if t.Priority < 0 {
 				in.shed(ht, len(keep), "its deadline passed while it was held")
 			} else {
+				in.shedFirst(q, i, ht.key)
 				in.expire(&ht.a, ht.msg, ht.expiry, "while it was held for want of capacity")
 			}
 			continue
 		}
-		if now.After(ht.until) && in.cfg.QueueTarget > 0 && !ht.a.overLimit() && t.Priority >= 0 {
+		if now.After(ht.until) && in.cfg.QueueTarget.On() && !ht.a.overLimit() && t.Priority >= 0 {
 			// Held for the queue target: if a node could still start it
 			// within its own deadline it is not saturated, only waiting its
 			// turn (the pulled part of the backlog), and waits on; a task
@@ -427,6 +433,7 @@ func (in *intake) retryHeld() {
 			} else if t.Priority < 0 {
 				in.shed(ht, len(keep), "it waited its whole deadline with every candidate saturated")
 			} else {
+				in.shedFirst(q, i, ht.key)
 				in.failSaturated(ht)
 			}
 			continue

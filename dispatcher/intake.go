@@ -250,6 +250,9 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	t := &a.task
 	expiry := in.flow.expiry(t, a.submitted)
 	if !expiry.IsZero() && !time.Now().Before(expiry) {
+		if in.expireAfterShed(&a, msg, expiry) {
+			return // the hold ends it, after the sheddable tasks of its set
+		}
 		in.expire(&a, msg, expiry, "before it could be dispatched")
 		return
 	}
@@ -413,13 +416,11 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 		// candidates saturated: it is held, not sent to expire on a node.
 		deadline = max(0, min(deadline, time.Until(expiry)))
 	}
-	if in.cfg.QueueTarget > 0 && !a.fullDeadline {
-		// Nodes queue no more than this: the rest waits in the hold, where
-		// priorities and tenants are ordered (docs/policies.md).
-		deadline = min(deadline, in.cfg.QueueTarget)
-	}
+	// The engine caps each (model, node)'s queue at its queue target (the
+	// rest waits in the hold, where priorities and tenants are ordered:
+	// docs/policies.md); FullDeadline asks without it.
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: deadline}
+		MinSuccessRate: t.MinSuccessRate, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: a.fullDeadline}
 }
 
 // admit charges the task to its tenant's rate quota; over it, the task is

@@ -156,6 +156,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.ShedFlow, "shed_sheddable")
 	counter(descEvents, &cs.OverQuota, "over_quota")
 	counter(descEvents, &cs.Inversions, "inversions")
+	counter(descEvents, &cs.ShedInversions, "shed_inversions")
 	counter(descEvents, &cs.Parked, "parked")
 	for b := range cs.Ended {
 		for k := range cs.Ended[b] {

@@ -54,14 +54,12 @@ func TestFlowControlLive(t *testing.T) {
 	urgent := envInt(t, "MLSCHED_FLOW_URGENT", 20)
 	quotaSeconds := envInt(t, "MLSCHED_FLOW_QUOTA_SECONDS", 4)
 	quotaRate := envInt(t, "MLSCHED_FLOW_QUOTA_RATE", 200)
-	queueTarget := flowQueueTarget()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, ds := flowCluster(ctx, t, 3, map[string]string{
+	c, ds := flowCluster(ctx, t, 3, flowEnv(map[string]string{
 		"MLSCHED_TASK_TIMEOUT": "2s",
-		"MLSCHED_QUEUE_TARGET": queueTarget,
 		"MLSCHED_TENANT_RATES": fmt.Sprintf("q:%d", quotaRate),
-	})
+	}))
 	_, js := c.Connect(nats.Name("e2e-flow"))
 	cl := client.New(js)
 
@@ -180,7 +178,7 @@ func TestFlowControlLive(t *testing.T) {
 		t.Errorf("inversions = %d, want 0", inversions)
 	}
 	if len(waits) > 0 {
-		t.Logf("MLSCHED_QUEUE_TARGET=%s", queueTarget)
+		t.Logf("MLSCHED_QUEUE_TARGET=%s", flowQueueTarget())
 		t.Logf("head of line: %d urgent priority-9 tasks behind %d priority-0: submit-to-start p50 %.0f ms, p99 %.0f ms, max %.0f ms (target p99 ≤ 1000 ms); %d/%d bulk succeeded, others %v",
 			len(waits), backlog, pct(waits, 0.50), pct(waits, 0.99), waits[len(waits)-1], bulkOK, backlog, bulkCodes)
 	}
@@ -228,13 +226,23 @@ func maxWindow(ts []time.Time, w time.Duration) (time.Duration, float64) {
 }
 
 // flowQueueTarget is the dispatchers' MLSCHED_QUEUE_TARGET in the flow
-// tests: 150ms, or MLSCHED_FLOW_QUEUE_TARGET (0s: without it, for
-// comparison).
+// tests: the default (auto, each model's and node's own), or
+// MLSCHED_FLOW_QUEUE_TARGET (e.g. off or 150ms, for comparison).
 func flowQueueTarget() string {
 	if v, ok := os.LookupEnv("MLSCHED_FLOW_QUEUE_TARGET"); ok {
 		return v
 	}
-	return "150ms"
+	return "auto"
+}
+
+// flowEnv is env with MLSCHED_QUEUE_TARGET only when
+// MLSCHED_FLOW_QUEUE_TARGET asks for one: the flow tests run flow control
+// at its defaults.
+func flowEnv(env map[string]string) map[string]string {
+	if v, ok := os.LookupEnv("MLSCHED_FLOW_QUEUE_TARGET"); ok {
+		env["MLSCHED_QUEUE_TARGET"] = v
+	}
+	return env
 }
 
 // TestFlowOverloadMix is the 2x overload on real processes: 2
@@ -252,7 +260,7 @@ func TestFlowOverloadMix(t *testing.T) {
 	seconds := envInt(t, "MLSCHED_FLOW_OVERLOAD_SECONDS", 5)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, ds := flowCluster(ctx, t, envInt(t, "MLSCHED_FLOW_REPLICAS", 2), map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget()})
+	c, ds := flowCluster(ctx, t, envInt(t, "MLSCHED_FLOW_REPLICAS", 2), flowEnv(map[string]string{"MLSCHED_TASK_TIMEOUT": "2s"}))
 	_, js := c.Connect(nats.Name("e2e-flow-mix"))
 	cl := client.New(js)
 
@@ -323,7 +331,8 @@ func TestFlowOverloadMix(t *testing.T) {
 			}
 		}
 	}
-	inversions := flowCheck(ctx, t, js, ds, len(solo)+len(tasks))["inversions"]
+	counters := flowCheck(ctx, t, js, ds, len(solo)+len(tasks))
+	inversions := counters["inversions"]
 	if startedLate != 0 {
 		t.Errorf("%d tasks started after their deadline", startedLate)
 	}
@@ -332,9 +341,9 @@ func TestFlowOverloadMix(t *testing.T) {
 		share = 100 * float64(sheddable) / float64(shedOrExpired)
 	}
 	t.Logf("MLSCHED_QUEUE_TARGET=%s; load average at start %s; solo priority 5 at 128/s: p99 %.0f ms over %d", flowQueueTarget(), load, pct(soloLat, 0.99), len(soloLat))
-	t.Logf("2x overload %ds, %d tasks: priority 5 %d/%d succeeded (%.2f%%, target ≥ 99%%), p99 %.0f ms = %.2fx solo (target ≤ 2x), within deadline %.2f%% (target ≥ 99%%); succeeded by priority %v; shed or expired %d, %.1f%% sheddable (target ≥ 95%%); started after deadline %d; inversions %d",
+	t.Logf("2x overload %ds, %d tasks: priority 5 %d/%d succeeded (%.2f%%, target ≥ 99%%), p99 %.0f ms = %.2fx solo (target ≤ 2x), within deadline %.2f%% (target ≥ 99%%); succeeded by priority %v; shed or expired %d, %.1f%% sheddable; started after deadline %d; inversions %d; shedding inversions %d",
 		seconds, len(tasks), ok5, n5, 100*float64(ok5)/float64(max(1, n5)), pct(lat5, 0.99), pct(lat5, 0.99)/max(1, pct(soloLat, 0.99)),
-		100*float64(within5)/float64(max(1, n5)), byPrio, shedOrExpired, share, startedLate, inversions)
+		100*float64(within5)/float64(max(1, n5)), byPrio, shedOrExpired, share, startedLate, inversions, counters["shed_inversions"])
 	succeeded := 0
 	for _, c := range byPrio {
 		succeeded += c[0]
@@ -371,7 +380,7 @@ func TestFlowNoisyTenant(t *testing.T) {
 	defer cancel()
 	kill := os.Getenv("MLSCHED_FLOW_NOISY_KILL") != "0"
 	// a killed replica's parked tasks in hand come back after the ack wait
-	env := map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_QUEUE_TARGET": flowQueueTarget(), "MLSCHED_ACK_WAIT": "5s"}
+	env := flowEnv(map[string]string{"MLSCHED_TASK_TIMEOUT": "2s", "MLSCHED_ACK_WAIT": "5s"})
 	if v, ok := os.LookupEnv("MLSCHED_FLOW_PARK_ABOVE"); ok { // 0: parking off, for comparison
 		env["MLSCHED_PARK_ABOVE"] = v
 	}
@@ -535,8 +544,8 @@ func flowCollect(ctx context.Context, t *testing.T, cl *client.Client, tasks []p
 	return res
 }
 
-// flowCheck asserts exactly one stored result for each of want tasks and
-// 0 inversions; it returns the replicas' counters summed.
+// flowCheck asserts exactly one stored result for each of want tasks, 0
+// inversions and 0 shedding inversions; it returns the replicas' counters summed.
 func flowCheck(ctx context.Context, t *testing.T, js jetstream.JetStream, ds []*harness.Dispatcher, want int) map[string]int64 {
 	t.Helper()
 	sum := map[string]int64{}
@@ -562,6 +571,9 @@ func flowCheck(ctx context.Context, t *testing.T, js jetstream.JetStream, ds []*
 	}
 	if sum["inversions"] != 0 {
 		t.Errorf("inversions = %d, want 0", sum["inversions"])
+	}
+	if sum["shed_inversions"] != 0 {
+		t.Errorf("shed_inversions = %d, want 0: a task that may not be shed ended for want of capacity while a sheddable one of its type was held", sum["shed_inversions"])
 	}
 	return sum
 }

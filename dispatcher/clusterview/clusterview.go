@@ -51,6 +51,10 @@ type View struct {
 	// the dashboard's flow-control panel.
 	HeldBy  []protocol.HeldCount  `json:"held_by,omitempty"`
 	EndedBy []protocol.EndedCount `json:"ended_by,omitempty"`
+	// QueueTargets are each (model, node)'s queue target, as the replica
+	// with the freshest statistics applies it (docs/policies.md, "The
+	// queue target").
+	QueueTargets []protocol.QueueTargetReport `json:"queue_targets,omitempty"`
 	// Problems lists what could not be read (the rest of the view stands).
 	Problems []string `json:"problems,omitempty"`
 }
@@ -304,6 +308,7 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 	if freshest != nil {
 		v.Window = freshest.Window
 		v.Models = append(v.Models, freshest.Models...)
+		v.QueueTargets = append(v.QueueTargets, freshest.QueueTargets...)
 		sort.Slice(v.Models, func(i, j int) bool { return v.Models[i].Name < v.Models[j].Name })
 	} else if len(reports) > 0 {
 		v.Window = reports[0].Window

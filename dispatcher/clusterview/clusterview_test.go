@@ -15,13 +15,15 @@ func TestMerge(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	reports := []protocol.StatsReport{
 		{Dispatcher: "b", Store: "redis", SnapshotAt: t0, Window: time.Minute,
-			Models:   []protocol.ModelReport{{Name: "old", Dispatched: 1}},
-			Counters: map[string]int64{"results": 10, "late": 1},
-			Nodes:    []protocol.Heartbeat{{Node: "n1", Capacity: 4, InFlight: 1, SentAt: t0}},
-			Backlog:  map[string]int64{"ocr": 3}},
+			Models:       []protocol.ModelReport{{Name: "old", Dispatched: 1}},
+			QueueTargets: []protocol.QueueTargetReport{{Model: "old", Node: "n1", TargetMs: 999, Mode: "auto"}},
+			Counters:     map[string]int64{"results": 10, "late": 1},
+			Nodes:        []protocol.Heartbeat{{Node: "n1", Capacity: 4, InFlight: 1, SentAt: t0}},
+			Backlog:      map[string]int64{"ocr": 3}},
 		{Dispatcher: "a", Store: "redis", SnapshotAt: t0.Add(time.Second), Window: time.Minute, Degraded: true, DegradedReason: "redis down",
-			Models:   []protocol.ModelReport{{Name: "m2", Dispatched: 5, Breaker: "open"}, {Name: "m1", Dispatched: 7}},
-			Counters: map[string]int64{"results": 5},
+			Models:       []protocol.ModelReport{{Name: "m2", Dispatched: 5, Breaker: "open"}, {Name: "m1", Dispatched: 7}},
+			QueueTargets: []protocol.QueueTargetReport{{Model: "m1", Node: "n1", ServiceMs: 50, TargetMs: 150, Mode: "auto"}},
+			Counters:     map[string]int64{"results": 5},
 			Nodes: []protocol.Heartbeat{{Node: "n1", Capacity: 4, InFlight: 4, SentAt: t0.Add(time.Second),
 				Models: []protocol.ModelInfo{{Name: "m2"}, {Name: "m1"}}}, {Node: "n2", Draining: true}}},
 	}
@@ -31,6 +33,9 @@ func TestMerge(t *testing.T) {
 	}
 	if len(v.Models) != 2 || v.Models[0].Name != "m1" || v.Models[1].Breaker != "open" {
 		t.Fatalf("models %+v, want the freshest snapshot's, sorted", v.Models)
+	}
+	if len(v.QueueTargets) != 1 || v.QueueTargets[0].Model != "m1" || v.QueueTargets[0].TargetMs != 150 {
+		t.Fatalf("queue targets %+v, want the freshest snapshot's", v.QueueTargets)
 	}
 	if v.Counters["results"] != 15 || v.Counters["late"] != 1 {
 		t.Fatalf("counters %v", v.Counters)

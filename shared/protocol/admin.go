@@ -61,6 +61,29 @@ type StatsReport struct {
 	Types map[string]TypeCounts `json:"types,omitempty"`
 	// Rollouts are the model rollouts this replica follows (dispatcher/rollout).
 	Rollouts []RolloutReport `json:"rollouts,omitempty"`
+	// QueueTargets are the queue targets the replica's decisions apply
+	// now, per (model, node) (MLSCHED_QUEUE_TARGET; docs/policies.md, "The
+	// queue target").
+	QueueTargets []QueueTargetReport `json:"queue_targets,omitempty"`
+}
+
+// QueueTargetReport is one (model, node)'s queue target: a new attempt
+// there may wait plus run this long before the pair counts as saturated
+// and the replica holds its tasks back instead.
+type QueueTargetReport struct {
+	Model string `json:"model"`
+	Node  string `json:"node"`
+	// ServiceMs is the model's mean attempt time on the node over the
+	// statistics window, the target's base; Samples the attempts it rests
+	// on (0: borrowed from the model's other nodes, or assumed).
+	ServiceMs float64 `json:"service_ms"`
+	Samples   int64   `json:"samples"`
+	// TargetMs is the target (0 when Mode is "off").
+	TargetMs float64 `json:"target_ms"`
+	// Mode: "auto" (3x the service time), "floor" (auto, raised to its
+	// floor while few attempts are measured, or to 20 ms), "fixed"
+	// (MLSCHED_QUEUE_TARGET) or "off".
+	Mode string `json:"mode"`
 }
 
 // RolloutReport is a family's rollout as a replica follows it.

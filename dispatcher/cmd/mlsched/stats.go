@@ -149,6 +149,7 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 		fmt.Fprintln(w)
 	}
 	renderFlow(w, r)
+	renderQueueTargets(w, r.QueueTargets)
 	renderRollouts(w, r.Rollouts, now)
 	if r.QuotaDegraded != "" {
 		fmt.Fprintf(w, "quotas DEGRADED: %s\n", oneLine(r.QuotaDegraded, 160))
@@ -235,6 +236,26 @@ func renderFlow(w io.Writer, r protocol.StatsReport) {
 			by = "-"
 		}
 		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\t%d\t%d\t\n", band, held, by, ended[protocol.CodeShed], ended[protocol.CodeExpired], ended[protocol.CodeQuotaExceeded])
+	}
+	tw.Flush()
+}
+
+// renderQueueTargets prints each (model, node)'s queue target: how long
+// a new attempt may wait plus run there before the replica holds the
+// model's tasks back instead (docs/policies.md, "The queue target").
+func renderQueueTargets(w io.Writer, ts []protocol.QueueTargetReport) {
+	if len(ts) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "queue target by model and node (MLSCHED_QUEUE_TARGET):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  MODEL\tNODE\tSERVICE\tSAMPLES\tTARGET\tMODE\t")
+	for _, t := range ts {
+		target := ms(t.TargetMs)
+		if t.Mode == "off" {
+			target = "off"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\t\n", t.Model, t.Node, ms(t.ServiceMs), t.Samples, target, t.Mode)
 	}
 	tw.Flush()
 }

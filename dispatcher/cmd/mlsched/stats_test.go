@@ -38,6 +38,9 @@ var sampleReport = protocol.StatsReport{
 	Counters: map[string]int64{"suppressed": 4, "late": 1, "panic": 0},
 	Held:     5, HeldBy: []protocol.HeldCount{{Band: "high", Tenant: "fraud", Held: 1}, {Band: "normal", Tenant: "bulk", Held: 4}},
 	EndedBy: []protocol.EndedCount{{Band: "low", Code: protocol.CodeShed, Tasks: 17}, {Band: "normal", Code: protocol.CodeExpired, Tasks: 3}},
+	QueueTargets: []protocol.QueueTargetReport{
+		{Model: "m10", Node: "n1", ServiceMs: 42, Samples: 880, TargetMs: 126, Mode: "auto"},
+		{Model: "m500", Node: "n2", ServiceMs: 3, Samples: 4, TargetMs: 1000, Mode: "floor"}},
 	Rollouts: []protocol.RolloutReport{{Family: "fraud", Model: "fraud@v8", State: "running", Step: 1, Steps: []float64{0.05, 0.25, 0.5, 1},
 		Share: 0.25, New: protocol.RolloutCounts{Successes: 90, Failures: 2}, Incumbent: protocol.RolloutCounts{Successes: 300, Failures: 3},
 		LLR: -0.4, Verdict: "continue"}},
@@ -60,6 +63,7 @@ func TestStatsTable(t *testing.T) {
 		"MODEL", "BREAKER", "TIMEOUTS", "LATE", "tesseract", "97.8%", "since start: late=1 panic=0 suppressed=4", "42.0ms", "1.25s", "0.250ms", "75.0%", "open", "40.0%",
 		"held by band/tenant: high/fraud=1 normal/bulk=4", "quotas DEGRADED: Redis does not answer",
 		"flow control by band:", "QUOTA_EXCEEDED",
+		"queue target by model and node (MLSCHED_QUEUE_TARGET):",
 		"rollout fraud -> fraud@v8: running, step 2/4, share 25.0%, new 90 ok/2 failed/0 timeouts, incumbent 300/3/0, llr -0.40 (continue)",
 	} {
 		if !strings.Contains(out, want) {
@@ -93,6 +97,17 @@ func TestStatsTable(t *testing.T) {
 	if strings.Join(bands["high"], " ") != "1 fraud=1 0 0 0" || strings.Join(bands["normal"], " ") != "4 bulk=4 0 3 0" ||
 		strings.Join(bands["low"], " ") != "0 - 17 0 0" {
 		t.Errorf("flow control rows %v:\n%s", bands, out)
+	}
+
+	// per (model, node): service time, samples, target, mode
+	targets := map[string]string{}
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) == 6 && (f[5] == "auto" || f[5] == "floor") {
+			targets[f[0]+"/"+f[1]] = strings.Join(f[2:], " ")
+		}
+	}
+	if targets["m10/n1"] != "42.0ms 880 126ms auto" || targets["m500/n2"] != "3.0ms 4 1.00s floor" {
+		t.Errorf("queue target rows %v:\n%s", targets, out)
 	}
 
 	code, out, _ = cli(t, srv.URL, "", "stats", "-json")

@@ -163,6 +163,13 @@ function render() {
     el("td", {}, e.band), el("td", {}, e.code), el("td", { class: "recent" }, e.tasks - (before[key(e)] || 0)),
     el("td", { class: "total" }, e.tasks))), "nothing shed", 4);
 
+  // Queue targets: per (model, node), from the measured service time.
+  const targets = v.queue_targets || [];
+  document.getElementById("targets-section").hidden = targets.length === 0;
+  fillBody("#queue-targets", targets.map(q => el("tr", { "data-model": q.model, "data-node": q.node },
+    el("td", {}, q.model), el("td", {}, q.node), el("td", {}, ms(q.service_ms)), el("td", {}, q.samples),
+    el("td", { class: "target" }, q.mode === "off" ? "off" : ms(q.target_ms)), el("td", { class: "mode" }, q.mode))), "no model", 6);
+
   fillBody("#nodes", (v.nodes || []).map(n => {
     const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));
     const models = (n.models || []).join(", ") + (n.unready || []).map(u => (n.models && n.models.length ? ", " : "") + u.name + " (unready)").join("");

@@ -38,6 +38,15 @@ type Config struct {
 	// dispatch to its deadline (default 40s: that timeout plus the
 	// dispatcher's default slack). The load model judges queues by them.
 	Timeout, Deadline time.Duration
+	// QueueTarget bounds what the load model lets a node queue (the
+	// dispatcher's MLSCHED_QUEUE_TARGET): a (model, node) counts as
+	// saturated once a new attempt would wait plus run longer than its
+	// target there, so the backlog waits with the caller (the dispatcher's
+	// hold, in flow control's order) instead of on the node. 0 (the
+	// default): each pair's target sets itself from the model's measured
+	// service time on that node (AutoQueueTarget); > 0: this fixed target
+	// for every pair; < 0: none, only the attempt's deadline.
+	QueueTarget time.Duration
 	// Seed, when non-zero, makes every random choice reproducible for a
 	// given sequence of decisions (tests, the simulator). Default 0: seeded
 	// from math/rand/v2, so that replicas do not make the same choices.
@@ -82,6 +91,10 @@ type Request struct {
 	// that work fits the node's ordered room: the load model counts one
 	// slot's wait for it there, not the whole queue.
 	Ahead bool
+	// FullDeadline: judge queues by the deadline alone, without the queue
+	// target (Config.QueueTarget): whether a task held for the target is
+	// saturated at all, or only waiting its turn.
+	FullDeadline bool
 }
 
 // Decision is the chosen model and node.

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/mlsched/mlsched/dispatcher/stats"
@@ -42,6 +44,55 @@ import (
 // defaultServiceUs is the service time assumed where nothing has been
 // measured yet (µs).
 const defaultServiceUs = 100_000
+
+// The queue target (Config.QueueTarget; docs/policies.md, "The queue
+// target"). Flow control orders only what the caller still holds: work
+// already queued on a node runs in the node's order, so every queued
+// attempt beyond what keeps the slots busy is a place a more urgent task,
+// or a quieter tenant's, cannot take. A pair therefore counts as saturated
+// once a new attempt would wait plus run longer than its target there.
+//
+// By default the target is targetServices of the pair's own service time
+// (the model's mean attempt time on that node over the statistics
+// window): W + s <= 3s means a wait of at most two service times, about
+// 2c attempts queued on a node of c slots whatever the model's speed. One
+// service time of queue is what the slots finish before a dispatcher can
+// refill them after an outcome (the outcome's path, a hold pass, the
+// dispatch's path); the second absorbs the replicas' stale view of the
+// node between table refreshes and the spread of service times, so that
+// the slots never idle while the hold has work (shorter targets starved
+// the nodes in the simulator: docs/policies.md). Because it is counted in
+// service times, it follows each model on each node: a 10 ms model's
+// nodes queue about 20 ms of work, a 500 ms model's about a second, and a
+// model that slows from 50 ms to 200 ms has its target grow with its
+// window's mean instead of finding every node saturated.
+const (
+	targetServices = 3
+	// minTargetUs is the least automatic target: below about 20 ms the
+	// dispatch's own path (publish, the node's fetch, a hold pass every
+	// 5 ms at most) is as long as the queue, and a very fast model's
+	// nodes would idle between refills.
+	minTargetUs = 20_000
+	// targetSamples: a pair with fewer judged attempts in the window has a
+	// service time borrowed from its model's other nodes, or the table's
+	// mean, or defaultServiceUs; its target is then at least
+	// fewSamplesFloor of the attempt's timeout (at most maxFewFloorUs),
+	// so that a guess too short does not hold back a new model or node
+	// before it has been measured.
+	targetSamples   = 20
+	fewSamplesFloor = 0.1
+	maxFewFloorUs   = 1_000_000
+)
+
+// autoTarget is p's automatic queue target in µs for an attempt timeout
+// of timeoutUs.
+func (p *pairState) autoTarget(timeoutUs float64) float64 {
+	t := max(targetServices*p.serviceUs, minTargetUs)
+	if p.judged < targetSamples {
+		t = max(t, min(fewSamplesFloor*timeoutUs, maxFewFloorUs))
+	}
+	return t
+}
 
 // Queue is what the load model says of one candidate for one decision: its
 // best node's figures.
@@ -95,11 +146,25 @@ func (p *pairState) wait(first bool) (w, v float64) {
 	return w, v
 }
 
-// budget is a decision's deadline and timeout, in µs, and whether the task
-// goes first where it is sent (Request.Ahead).
+// budget is a decision's deadline and timeout, in µs, whether the task
+// goes first where it is sent (Request.Ahead), and the queue target: > 0 a
+// fixed one in µs, 0 each pair's automatic one, < 0 none.
 type budget struct {
 	deadline, timeout float64
+	target            float64
 	ahead             bool
+}
+
+// limit is what a new attempt on p must start and finish within: the
+// deadline, or p's queue target if shorter.
+func (b budget) limit(p *pairState) float64 {
+	switch {
+	case b.target < 0:
+		return b.deadline
+	case b.target > 0:
+		return min(b.deadline, b.target)
+	}
+	return min(b.deadline, p.autoTarget(b.timeout))
 }
 
 // queue applies the load model to one (model, node).
@@ -109,9 +174,9 @@ func (p *pairState) queue(b budget) Queue {
 		if p.extraUs == 0 {
 			return free
 		}
-		return Queue{Fit: math.Exp(-p.extraUs / b.timeout), InTime: 1, Saturated: p.serviceUs >= b.deadline}
+		return Queue{Fit: math.Exp(-p.extraUs / b.timeout), InTime: 1, Saturated: p.serviceUs >= b.limit(p)}
 	}
-	room := b.deadline - p.serviceUs - w
+	room := b.limit(p) - p.serviceUs - w
 	in := 0.5 * math.Erfc(-room/math.Sqrt(2*v))
 	return Queue{Fit: in * math.Exp(-(w+p.extraUs)/b.timeout), InTime: in, WaitUs: w, Saturated: room <= 0}
 }
@@ -120,10 +185,10 @@ func (p *pairState) queue(b budget) Queue {
 // before the deadline, on average (Queue.Saturated without the rest).
 func (p *pairState) saturated(b budget) bool {
 	if p.hasSlot() {
-		return p.serviceUs >= b.deadline
+		return p.serviceUs >= b.limit(p)
 	}
 	w, _ := p.wait(b.ahead)
-	return b.deadline-p.serviceUs-w <= 0
+	return b.limit(p)-p.serviceUs-w <= 0
 }
 
 // cost is the expected time from now until an attempt sent to p now
@@ -196,8 +261,12 @@ func (e *Engine) budgetOf(req *Request) budget {
 	if t <= 0 {
 		t = min(e.cfg.Timeout, d)
 	}
+	target := float64(e.cfg.QueueTarget) / float64(time.Microsecond)
+	if req.FullDeadline || e.cfg.QueueTarget < 0 {
+		target = -1
+	}
 	return budget{deadline: max(float64(d)/float64(time.Microsecond), 1), timeout: max(float64(t)/float64(time.Microsecond), 1),
-		ahead: req.Ahead}
+		target: target, ahead: req.Ahead}
 }
 
 // serviceTimes sets each pair's and node's mean service time from the
@@ -241,6 +310,7 @@ func serviceTimes(t *Table, ms func(string) *stats.ModelStats) {
 				if ns := st.Nodes[p.node.name]; ns != nil && ns.Judged() > 0 {
 					n = float64(ns.Judged())
 					p.serviceUs = serviceOf(ns)
+					p.judged = n
 				}
 			}
 			a := nodes[p.node]
@@ -283,4 +353,61 @@ func serviceOf(s *stats.Series) float64 {
 		return 0
 	}
 	return (succ*meanUs(&s.Latency) + float64(max(s.FailLatencySumUs, 0))) / (succ + fail)
+}
+
+// PairTarget is one (model, node)'s queue target as the engine applies it
+// to a new attempt with the configured timeout (Config.Timeout).
+type PairTarget struct {
+	Model, Node string
+	// Service is the model's mean attempt time on the node over the
+	// statistics window (borrowed from its other nodes, or assumed, when
+	// Samples is 0).
+	Service time.Duration
+	// Target is the queue target; 0 with Mode "off".
+	Target time.Duration
+	// Samples is the judged attempts the service time rests on.
+	Samples int64
+	// Mode: "auto" (targetServices service times), "floor" (auto, raised
+	// to the few-samples or absolute floor), "fixed" (MLSCHED_QUEUE_TARGET)
+	// or "off" (the attempt's deadline only).
+	Mode string
+}
+
+// QueueTargets lists every (model, node)'s queue target in t, by model
+// then node: what `mlsched stats` and the dashboard show.
+func (e *Engine) QueueTargets(t *Table) []PairTarget {
+	if t == nil {
+		return nil
+	}
+	timeout := max(float64(e.cfg.Timeout)/float64(time.Microsecond), 1)
+	var out []PairTarget
+	for _, m := range t.models {
+		for _, p := range m.pairs {
+			pt := PairTarget{Model: m.Model, Node: p.node.name, Service: time.Duration(p.serviceUs) * time.Microsecond,
+				Samples: int64(p.judged)}
+			switch {
+			case e.cfg.QueueTarget < 0:
+				pt.Mode = "off"
+			case e.cfg.QueueTarget > 0:
+				pt.Mode, pt.Target = "fixed", e.cfg.QueueTarget
+			default:
+				us := p.autoTarget(timeout)
+				pt.Mode, pt.Target = "auto", time.Duration(us)*time.Microsecond
+				if us > targetServices*p.serviceUs {
+					pt.Mode = "floor"
+				}
+			}
+			out = append(out, pt)
+		}
+	}
+	slices.SortFunc(out, func(a, b PairTarget) int { return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Node, b.Node)) })
+	return out
+}
+
+// AutoQueueTarget is the automatic queue target of a pair whose service
+// time is known to be service (enough samples): targetServices of it, at
+// least minTargetUs. The simulator's oracle, which knows the true service
+// times, applies it.
+func AutoQueueTarget(service time.Duration) time.Duration {
+	return max(targetServices*service, minTargetUs*time.Microsecond)
 }

@@ -127,6 +127,7 @@ type pairState struct {
 	local     atomic.Int64
 	serviceUs float64 // mean time an attempt of the model occupies a slot here
 	extraUs   float64 // serviceUs minus the model's fastest node's
+	judged    float64 // judged attempts of the model on this node in the window
 }
 
 func (p *pairState) outstanding() int64 { return max(p.sent+p.local.Load(), 0) }

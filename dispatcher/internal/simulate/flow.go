@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -94,7 +95,7 @@ type flowControl struct {
 	flows   []Flow
 	cum     []float64 // cumulative shares, to draw a flow
 	weights map[string]float64
-	qt      time.Duration // queue target (0: off)
+	qt      time.Duration // queue target (0: automatic, < 0: off)
 
 	// bands are the held tasks by priority (index priority-MinPriority),
 	// each a FIFO per tenant in holding order.
@@ -117,6 +118,9 @@ type flowControl struct {
 
 	drain      drainMeter
 	inversions int
+	// shedInversions: non-sheddable tasks ended for want of capacity
+	// while a sheddable one of their type was held (shedorder.go)
+	shedInversions int
 
 	// the pull bound per band (high, normal, low): tasks pulled and not
 	// finished, and the stream's backlog in stream order
@@ -263,7 +267,7 @@ type tenantQueue struct {
 }
 
 func newFlowControl(sc *Scenario, opt Options) *flowControl {
-	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: sc.QueueTarget.D(),
+	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: cmp.Or(sc.QueueTarget.D(), opt.Engine.QueueTarget),
 		counts: map[string]*[priorityLevels]int{}, plain: map[string]int{}, last: map[string]float64{}, nextPass: -1,
 		maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks, byFinish: opt.FairByFinishTag}
 	if sc.ParkAbove > 0 {
@@ -469,15 +473,17 @@ func (s *sim) flowRequest(t *task, full bool) policy.Request {
 	if t.expiry > 0 {
 		deadline = max(0, min(deadline, t.expiry-s.now))
 	}
-	if s.fc.qt > 0 && !full {
-		deadline = min(deadline, s.fc.qt)
-	}
-	return policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline}
+	// the engine applies the queue target (Options.Engine.QueueTarget,
+	// from the scenario's) per (model, node); full asks without it
+	return policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline, FullDeadline: full}
 }
 
 // dispatchFlow is dispatch under flow control (intake.go's dispatch).
 func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 	if t.expiry > 0 && s.now >= t.expiry {
+		if t.priority >= 0 {
+			s.shedFirst(t.typ)
+		}
 		s.endFlow(t, endExpired)
 		return nil
 	}
@@ -643,11 +649,12 @@ func (s *sim) passTask(ctx context.Context, t *task, rate float64, ahead int, sa
 		if t.priority < 0 {
 			s.endFlow(t, endShed)
 		} else {
+			s.shedFirst(t.typ)
 			s.endFlow(t, endExpired)
 		}
 		return false, nil
 	}
-	if s.now > t.until && f.qt > 0 && t.priority >= 0 {
+	if s.now > t.until && f.qt >= 0 && t.priority >= 0 {
 		// Held for the queue target: waits on while a node could still
 		// start it within its own deadline.
 		ok := slices.Contains(f.fullOK, t.typ)
@@ -671,6 +678,7 @@ func (s *sim) passTask(ctx context.Context, t *task, rate float64, ahead int, sa
 		if t.priority < 0 {
 			s.endFlow(t, endShed)
 		} else {
+			s.shedFirst(t.typ)
 			s.endFlow(t, endSaturated)
 		}
 		return false, nil
@@ -743,6 +751,10 @@ type FlowSummary struct {
 	// Inversions: dispatches while a task of the same type with a higher
 	// priority was held (the dispatcher's counter; must be 0).
 	Inversions int `json:"inversions"`
+	// ShedInversions: tasks that may not be shed (priority >= 0) ended
+	// for want of capacity while a sheddable task of their type was held
+	// (the dispatcher's shed_inversions; must be 0).
+	ShedInversions int `json:"shed_inversions"`
 	// StartedLate: attempts started after their task's deadline (must be
 	// 0).
 	StartedLate int `json:"started_late"`
@@ -843,6 +855,7 @@ func aggregateFlows(rs []Result) *FlowSummary {
 	for _, r := range rs {
 		fs := r.FlowControl
 		out.Inversions += fs.Inversions
+		out.ShedInversions += fs.ShedInversions
 		out.StartedLate += fs.StartedLate
 		out.ShedOrExpiredSheddable += fs.ShedOrExpiredSheddable / n
 		for i, f := range fs.Flows {
@@ -877,8 +890,8 @@ func (r *Report) writeFlows(w io.Writer) error {
 		if fs == nil {
 			continue
 		}
-		if _, err := fmt.Fprintf(w, "\n%s: flow control, %d inversions, %d attempts started after their deadline, %.1f%% of shed or expired tasks sheddable\n",
-			res.Policy, fs.Inversions, fs.StartedLate, fs.ShedOrExpiredSheddable*100); err != nil {
+		if _, err := fmt.Fprintf(w, "\n%s: flow control, %d inversions, %d shedding inversions, %d attempts started after their deadline, %.1f%% of shed or expired tasks sheddable\n",
+			res.Policy, fs.Inversions, fs.ShedInversions, fs.StartedLate, fs.ShedOrExpiredSheddable*100); err != nil {
 			return err
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

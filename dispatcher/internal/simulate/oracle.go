@@ -83,13 +83,28 @@ func (o *oracle) decide(req *policy.Request) (policy.Decision, error) {
 	})
 	for _, r := range o.order {
 		// Under flow control the request's deadline is the task's time
-		// left (and the queue target): the attempt must also start and
-		// finish within it, as the engine's load model asks.
-		if r.wait <= s.sc.DeadlineSlack.D() && (s.fc == nil || r.wait+r.lat <= req.Deadline) {
+		// left, and the queue target caps it per (model, node) unless the
+		// request asks without it: the attempt must also start and finish
+		// within it, as the engine's load model asks.
+		if r.wait <= s.sc.DeadlineSlack.D() && (s.fc == nil || r.wait+r.lat <= o.limit(req, r.lat)) {
 			return policy.Decision{Model: r.model, Node: r.n.spec.Name}, nil
 		}
 	}
 	return policy.Decision{Model: o.order[0].model, Node: o.order[0].n.spec.Name, Saturated: true}, nil
+}
+
+// limit is what an attempt of service time lat must start and finish
+// within under flow control: the request's deadline, capped by the queue
+// target (fixed, or automatic from the true service time).
+func (o *oracle) limit(req *policy.Request, lat time.Duration) time.Duration {
+	qt := o.s.fc.qt
+	switch {
+	case req.FullDeadline || qt < 0:
+		return req.Deadline
+	case qt > 0:
+		return min(req.Deadline, qt)
+	}
+	return min(req.Deadline, policy.AutoQueueTarget(lat))
 }
 
 // queueWait bounds the wait before an attempt sent to n now starts: with k

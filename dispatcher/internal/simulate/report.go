@@ -127,7 +127,7 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 		o.Seed = opt.Seed + uint64(i)
 		runs := map[string][]taskResult{}
 		ros := map[string]*RolloutResult{}
-		inversions := map[string]int{}
+		inversions, shedInversions := map[string]int{}, map[string]int{}
 		for _, name := range order {
 			s, err := newSim(sc, o, name)
 			if err != nil {
@@ -138,7 +138,7 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 			}
 			runs[name] = s.tasks
 			if s.fc != nil {
-				inversions[name] = s.fc.inversions
+				inversions[name], shedInversions[name] = s.fc.inversions, s.fc.shedInversions
 			}
 			if s.ro != nil {
 				ros[name] = s.ro.result(s)
@@ -160,6 +160,7 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 			}
 			if len(sc.Arrival.Flows) > 0 {
 				r.FlowControl = summarizeFlows(sc, runs[name], inversions[name])
+				r.FlowControl.ShedInversions = shedInversions[name]
 				oracleFlows := summarizeFlows(sc, runs[Oracle], 0)
 				for k := range r.FlowControl.Flows {
 					r.FlowControl.Flows[k].VsOracle = (r.FlowControl.Flows[k].Success - oracleFlows.Flows[k].Success) * 100

@@ -139,9 +139,10 @@ type Scenario struct {
 	// dispatcher's MLSCHED_TENANT_WEIGHTS; default 1). Flow control only.
 	TenantWeights map[string]float64 `json:"tenant_weights,omitempty"`
 	// QueueTarget is the dispatcher's MLSCHED_QUEUE_TARGET (default 0:
-	// off): a node counts as saturated once a task would wait plus run
-	// this long there, so the backlog waits in the hold, in priority and
-	// tenant order. Flow control only.
+	// automatic, each (model, node)'s from its measured latency, as the
+	// dispatcher's default; negative: off, only the deadline): a node
+	// counts as saturated once a task would wait plus run this long there,
+	// so the backlog waits in the hold, in priority and tenant order.
 	QueueTarget Duration `json:"queue_target,omitempty"`
 	// MaxAckPending bounds what the dispatchers have pulled of one
 	// priority band and not finished (the band consumer's MaxAckPending,
@@ -661,8 +662,8 @@ func (sc *Scenario) validateFlows() error {
 			return invalid("tenant_weights."+tenant, "%g is outside (0, 1000]", w)
 		}
 	}
-	if sc.QueueTarget < 0 || sc.QueueTarget.D() > MaxDuration {
-		return invalid("queue_target", "%v is outside 0..%v", sc.QueueTarget.D(), MaxDuration)
+	if sc.QueueTarget.D() > MaxDuration {
+		return invalid("queue_target", "%v is over %v (negative: off)", sc.QueueTarget.D(), MaxDuration)
 	}
 	if sc.MaxAckPending < 0 || sc.MaxAckPending > 1_000_000 {
 		return invalid("max_ack_pending", "%d is outside 1..1000000", sc.MaxAckPending)

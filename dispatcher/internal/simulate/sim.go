@@ -335,6 +335,9 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 	}
 	cfg := opt.Engine
 	cfg.Default = name
+	if sc.QueueTarget != 0 {
+		cfg.QueueTarget = sc.QueueTarget.D()
+	}
 	cfg.PerType = nil
 	d, err := newPolicyDecider(cfg, s.store, opt.Seed)
 	if err != nil {

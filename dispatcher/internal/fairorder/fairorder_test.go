@@ -1,6 +1,7 @@
 package fairorder
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -467,5 +468,79 @@ func TestSortForgetsIdleTenants(t *testing.T) {
 	}
 	if math.IsNaN(q[0].tags.Start) || q[0].tags.Start != 5 {
 		t.Fatalf("busy's next task starts at %v, want its last finish 5", q[0].tags.Start)
+	}
+}
+
+// Sort is the order its doc states, checked against a plain rendering of
+// that rule (stable sorts, tags by tenant and priority in age order) on
+// random holds: few and many tenants (the many go through Sort's map and
+// heap), ties of age, weights, old clocks, and FinishFirst.
+func TestSortIsTheStatedOrder(t *testing.T) {
+	for seed := uint64(1); seed <= 300; seed++ {
+		r := rand.New(rand.NewPCG(seed, 7))
+		o := New()
+		o.FinishFirst = seed%5 == 0
+		nt := 1 + r.IntN(30)
+		ws := map[string]float64{}
+		for i := range nt {
+			o.Served(fmt.Sprint("t", i), Tags{Start: float64(r.IntN(5)), Finish: float64(r.IntN(8))})
+			if r.IntN(2) == 0 {
+				ws[fmt.Sprint("t", i)] = float64(1 + r.IntN(4))
+			}
+		}
+		w := weights(ws)
+		n := r.IntN(400)
+		q := make([]*task, n)
+		for i := range q {
+			q[i] = &task{id: fmt.Sprint(i), priority: r.IntN(3) - 1, tenant: fmt.Sprint("t", r.IntN(nt)),
+				since: time.Unix(0, int64(r.IntN(n/2+1)))}
+		}
+		// The rule, plainly.
+		type ref struct {
+			t             *task
+			i             int
+			start, finish float64
+		}
+		want := make([]ref, n)
+		for i, x := range q {
+			want[i] = ref{t: x, i: i}
+		}
+		slices.SortStableFunc(want, func(a, b ref) int {
+			if a.t.priority != b.t.priority {
+				return b.t.priority - a.t.priority
+			}
+			return a.t.since.Compare(b.t.since)
+		})
+		k := map[string]int{}
+		for j := range want {
+			x := &want[j]
+			f := fmt.Sprint(x.t.tenant, "/", x.t.priority)
+			base := max(o.vtime, o.last[x.t.tenant])
+			x.start, x.finish = base+float64(k[f])/w(x.t.tenant), base+float64(k[f]+1)/w(x.t.tenant)
+			k[f]++
+		}
+		slices.SortStableFunc(want, func(a, b ref) int {
+			if a.t.priority != b.t.priority {
+				return b.t.priority - a.t.priority
+			}
+			if !o.FinishFirst && a.start != b.start {
+				return cmp.Compare(a.start, b.start)
+			}
+			if a.finish != b.finish {
+				return cmp.Compare(a.finish, b.finish)
+			}
+			if c := a.t.since.Compare(b.t.since); c != 0 {
+				return c
+			}
+			return a.i - b.i
+		})
+		got := slices.Clone(q)
+		Sort(o, got, w)
+		for j := range want {
+			if got[j] != want[j].t || got[j].tags != (Tags{Start: want[j].start, Finish: want[j].finish}) {
+				t.Fatalf("seed %d (%d tasks, %d tenants, FinishFirst %v): position %d is task %s %+v, want %s %+v",
+					seed, n, nt, o.FinishFirst, j, got[j].id, got[j].tags, want[j].t.id, Tags{Start: want[j].start, Finish: want[j].finish})
+			}
+		}
 	}
 }

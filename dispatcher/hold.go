@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/fairorder"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
@@ -29,15 +30,11 @@ import (
 // CodeSaturated. On shutdown held messages are nak'ed for another replica.
 //
 // Flow control (docs/policies.md, "Flow control"): held tasks are decided
-// again highest priority first and, inside one priority, in start-time
-// fair order between tenants by weight (MLSCHED_TENANT_WEIGHTS): each
-// tenant's next task starts at max(virtual time, the tenant's last finish
-// tag) and finishes 1/weight later, the smallest start goes first and the
-// virtual time is the start of the last task sent on, so a tenant that
-// leaves its share unused gives it to the others (work-conserving) and one
-// that floods waits behind its own tasks. While a
-// task of some priority is held for a candidate set (type and allow-list),
-// a new task of that set with no higher priority is held behind it: no
+// again in the fair order of package fairorder, which the simulator uses
+// too: highest priority first and, inside one priority, in start-time fair
+// order between tenants by weight (MLSCHED_TENANT_WEIGHTS). While a task
+// of some priority is held for a candidate set (type and allow-list), a
+// new task of that set with no higher priority is held behind it: no
 // lower-priority task takes a slot a higher one could use (the inversions
 // counter, which must stay 0, counts the dispatches that did). A sheddable
 // (negative-priority) task that cannot start before its deadline at the
@@ -63,8 +60,8 @@ type heldTask struct {
 	progress time.Time // last InProgress
 	key      string    // its candidate set: type, and allow-list if any
 	tenant   string
-	// start and tag are its fair-order start and finish tags in a pass.
-	start, tag float64
+	// tags are its fair-order start and finish tags in a pass.
+	tags fairorder.Tags
 	// counted: it is in the room's counts (not while over its quota or
 	// cap).
 	counted bool
@@ -72,6 +69,11 @@ type heldTask struct {
 	inTenant bool
 	// gone: shed in this pass ahead of a non-sheddable task (shedorder.go).
 	gone bool
+}
+
+// Fair is the held task as the fair order sorts it.
+func (ht *heldTask) Fair() (int, string, time.Time, *fairorder.Tags) {
+	return ht.a.task.Priority, ht.tenant, ht.since, &ht.tags
 }
 
 // bandTenant keys the held tasks of one tenant in one priority band.
@@ -82,15 +84,7 @@ type bandTenant struct {
 
 // candidateKey names a task's candidate set: tasks of one key compete for
 // the same slots.
-func candidateKey(t *protocol.Task) string {
-	if len(t.Models) == 0 {
-		return t.Type
-	}
-	return t.Type + "|" + strings.Join(t.Models, ",")
-}
-
-// priorityLevels is the number of priorities, MinPriority..MaxPriority.
-const priorityLevels = protocol.MaxPriority - protocol.MinPriority + 1
+func candidateKey(t *protocol.Task) string { return fairorder.Key(t.Type, t.Models) }
 
 // holdRoom is the replica's list of held tasks, oldest first.
 type holdRoom struct {
@@ -106,29 +100,15 @@ type holdRoom struct {
 	lastLog  time.Time
 	unlogged int64
 
-	// counts are the held tasks per candidate key and priority, those
-	// taken out for a pass included (until each leaves the hold).
-	counts map[string]*[priorityLevels]int
-	// vtime is the fair order's virtual time, last each tenant's last tag
-	// (hold.go's doc).
-	vtime float64
-	last  map[string]float64
-	// tenants are the held tasks per band and tenant, over their quota
-	// too, those taken out for a pass included: what parking weighs
-	// (park.go), and what the held count reports (len, waiting), which a
-	// pass must not empty while it runs.
-	tenants map[bandTenant]int
-	// size is the sum of tenants: the tasks the room holds.
-	size int
-	// plain is, per candidate key with held tasks, the priority of the
-	// last task sent without the ahead credit: what fills the nodes'
-	// queues up to the queue target (leads).
-	plain map[string]int
+	// fair is the fair order (package fairorder): its clocks, the held
+	// tasks per candidate key and priority (those taken out for a pass
+	// included, until each leaves the hold), and per band and tenant (over
+	// their quota too: what parking weighs, park.go).
+	fair *fairorder.Order
 }
 
 func newHoldRoom() *holdRoom {
-	return &holdRoom{kick: make(chan struct{}, 1), counts: map[string]*[priorityLevels]int{}, last: map[string]float64{},
-		tenants: map[bandTenant]int{}, plain: map[string]int{}}
+	return &holdRoom{kick: make(chan struct{}, 1), fair: fairorder.New()}
 }
 
 // tenantHeld is how many tasks of the tenant's band the room holds.
@@ -138,27 +118,11 @@ func (h *holdRoom) tenantHeld(band int, tenant string) int {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.tenants[bandTenant{band, tenant}]
+	return h.fair.TenantHeld(band, tenant)
 }
 
 // countLocked adds d to the held count of the key and priority.
-func (h *holdRoom) countLocked(key string, priority, d int) {
-	c := h.counts[key]
-	if c == nil {
-		c = new([priorityLevels]int)
-		h.counts[key] = c
-	}
-	c[priority-protocol.MinPriority] += d
-	if d < 0 {
-		for _, n := range c {
-			if n != 0 {
-				return
-			}
-		}
-		delete(h.counts, key)
-		delete(h.plain, key)
-	}
-}
+func (h *holdRoom) countLocked(key string, priority, d int) { h.fair.Count(key, priority, d) }
 
 // leave: a held task leaves the hold (dispatched, ended or released).
 func (h *holdRoom) leave(ht *heldTask) {
@@ -171,77 +135,42 @@ func (h *holdRoom) leave(ht *heldTask) {
 		ht.counted = false
 	}
 	if ht.inTenant {
-		k := bandTenant{topology.BandOf(ht.a.task.Priority), ht.tenant}
-		if h.tenants[k]--; h.tenants[k] <= 0 {
-			delete(h.tenants, k)
-		}
-		h.size--
+		h.fair.CountTenant(ht.a.task.Priority, ht.tenant, -1)
 		ht.inTenant = false
 	}
 	h.mu.Unlock()
 }
 
 // heldAtLeast reports whether a task of the key with at least (strict:
-// more than) the priority is held. Free while nothing is held.
+// more than) the priority is held (fairorder.Order.HeldAtLeast). Free
+// while nothing is held.
 func (h *holdRoom) heldAtLeast(key string, priority int, strict bool) bool {
 	if h.n.Load() == 0 && h.inPass.Load() == 0 {
 		return false
 	}
-	from := priority - protocol.MinPriority
-	if strict {
-		from++
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if c := h.counts[key]; c != nil {
-		for _, n := range c[from:] {
-			if n > 0 {
-				return true
-			}
-		}
-	}
-	return false
+	return h.fair.HeldAtLeast(key, priority, strict)
 }
 
 // leads reports whether a task of the key, priority and tenant goes first
 // at a node that orders its queue (policy.Request.Ahead), so that it need
-// not wait in the hold for the queue target: the room holds tasks of the
-// key and none with a higher priority, and either the task is new and
-// none of its tenant's is held in its band (the first urgent task, or a
-// quiet tenant's: it overtakes the held ones), or it is a held one (fromHold)
-// of a higher priority than the last task sent on without the credit,
-// which is what fills the nodes' queues. A held task of that same priority
-// gets no credit: at the node it would wait behind its like. Free while
-// nothing is held.
+// not wait in the hold for the queue target (fairorder.Order.Leads). Free
+// while nothing is held.
 func (h *holdRoom) leads(key string, priority int, tenant string, fromHold bool) bool {
 	if h.n.Load() == 0 && h.inPass.Load() == 0 {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c := h.counts[key]
-	if c == nil {
-		return false
-	}
-	for _, n := range c[priority-protocol.MinPriority+1:] {
-		if n > 0 {
-			return false
-		}
-	}
-	if fromHold {
-		p, ok := h.plain[key]
-		return ok && priority > p
-	}
-	return h.tenants[bandTenant{topology.BandOf(priority), tenant}] == 0
+	return h.fair.Leads(key, priority, tenant, fromHold)
 }
 
 // sentPlain records the priority of a task of the key sent on without the
 // ahead credit, while tasks of the key are held (leads).
 func (h *holdRoom) sentPlain(key string, priority int) {
 	h.mu.Lock()
-	if h.counts[key] != nil {
-		h.plain[key] = priority
-	}
+	h.fair.SentPlain(key, priority)
 	h.mu.Unlock()
 }
 
@@ -269,7 +198,7 @@ func (h *holdRoom) reopen() {
 func (h *holdRoom) len() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.size
+	return h.fair.Held()
 }
 
 // hold keeps a saturated task; it reports false when the room is closed
@@ -297,8 +226,7 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 	ht := &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now,
 		key: candidateKey(&a.task), tenant: a.task.TenantName()}
 	h.q = append(h.q, ht)
-	h.tenants[bandTenant{topology.BandOf(a.task.Priority), ht.tenant}]++
-	h.size++
+	h.fair.CountTenant(a.task.Priority, ht.tenant, 1)
 	ht.inTenant = true
 	if !a.overLimit() { // a task over its quota holds back no other tenant's
 		h.countLocked(ht.key, a.task.Priority, 1)
@@ -461,7 +389,7 @@ func (in *intake) retryHeld() {
 				// The token goes to the tenant's newest task of this
 				// priority instead, in this one's place (and fair tags).
 				q[i], q[j] = q[j], q[i]
-				q[i].start, q[i].tag, q[j].start, q[j].tag = q[j].start, q[j].tag, q[i].start, q[i].tag
+				q[i].tags, q[j].tags = q[j].tags, q[i].tags
 				ht, t = q[i], &q[i].a.task
 			}
 			ht.a.admitted, ht.a.overQuota = true, false
@@ -567,56 +495,17 @@ func (in *intake) keepAlive(ht *heldTask, now time.Time) {
 	}
 }
 
-// order sorts q for a pass: priority descending, then each task's fair
-// start tag ascending (start-time fair queuing: a tenant's k-th oldest
-// held task of a priority starts at max(vtime, the tenant's last tag) +
-// (k-1)/weight and finishes 1/weight later), then its finish tag, then
-// age. Serving the smallest finish tag instead, while the virtual time
-// follows start tags, starved a backlogged low-weight tenant whenever a
-// pass sent one or two tasks: its start fell behind the virtual time and
-// was reset to it, losing its credit (3:1:1 gave 72/15/13; issue 20).
+// order sorts q for a pass in the fair order (fairorder.Sort: priority
+// descending, then start-time fair between tenants by weight, then age).
 // Called with mu held.
 func (h *holdRoom) order(q []*heldTask, rules *flowRules) {
-	slices.SortStableFunc(q, func(a, b *heldTask) int {
-		if c := cmp.Compare(b.a.task.Priority, a.a.task.Priority); c != 0 {
-			return c
-		}
-		return a.since.Compare(b.since)
-	})
-	type pt struct {
-		tenant   string
-		priority int
-	}
-	next := map[pt]float64{}
-	for _, ht := range q {
-		k := pt{ht.tenant, ht.a.task.Priority}
-		base, ok := next[k]
-		if !ok {
-			base = max(h.vtime, h.last[ht.tenant])
-		}
-		ht.start, ht.tag = base, base+1/rules.weight(ht.tenant)
-		next[k] = ht.tag
-	}
-	slices.SortStableFunc(q, func(a, b *heldTask) int {
-		if c := cmp.Compare(b.a.task.Priority, a.a.task.Priority); c != 0 {
-			return c
-		}
-		return cmp.Or(cmp.Compare(a.start, b.start), cmp.Compare(a.tag, b.tag), a.since.Compare(b.since))
-	})
-	if len(h.last) > 4096 { // tenants with no credit left are as new ones
-		for t, v := range h.last {
-			if v <= h.vtime {
-				delete(h.last, t)
-			}
-		}
-	}
+	fairorder.Sort(h.fair, q, rules.weight)
 }
 
 // served: a held task goes on; the fair order's clocks advance.
 func (h *holdRoom) served(ht *heldTask) {
 	h.mu.Lock()
-	h.last[ht.tenant] = max(h.last[ht.tenant], ht.tag)
-	h.vtime = max(h.vtime, ht.start)
+	h.fair.Served(ht.tenant, ht.tags)
 	h.mu.Unlock()
 }
 
@@ -694,12 +583,12 @@ func bandLabel(band int) string {
 func (h *holdRoom) waiting(top int) []protocol.HeldCount {
 	h.mu.Lock()
 	type bt struct{ band, tenant string }
-	n := make(map[bt]int, len(h.tenants))
+	n := map[bt]int{}
 	per := map[string]int{}
-	for k, c := range h.tenants {
-		n[bt{bandLabel(k.band), k.tenant}] += c
-		per[k.tenant] += c
-	}
+	h.fair.EachTenant(func(band int, tenant string, c int) {
+		n[bt{bandLabel(band), tenant}] += c
+		per[tenant] += c
+	})
 	h.mu.Unlock()
 	tenants := make([]string, 0, len(per))
 	for t := range per {

@@ -5,7 +5,6 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/shared/jsplumb"
-	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // Shedding order (docs/policies.md, "Shedding"): sheddable (negative
@@ -28,16 +27,7 @@ import (
 func (h *holdRoom) sheddableHeld(key string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c := h.counts[key]
-	if c == nil {
-		return false
-	}
-	for p := protocol.MinPriority; p < 0; p++ {
-		if c[p-protocol.MinPriority] > 0 {
-			return true
-		}
-	}
-	return false
+	return h.fair.HeldBelow(key, 0)
 }
 
 // shedFirst is called by a pass of the hold as a non-sheddable task of the

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,6 +114,26 @@ func TestSharedHoldsOnlyWhatIsShared(t *testing.T) {
 		name := strings.TrimPrefix(p, prefix)
 		if _, ok := kept[name]; !ok && !worker[p] {
 			t.Errorf("shared/%s is not linked by the worker: move it under dispatcher/ (or say in this test why it is shared)", name)
+		}
+	}
+}
+
+// The order of held tasks is one package (issue 37): imported by the
+// dispatcher's hold and by the simulator, which used to mirror it (and
+// drifted), and pure, so that the simulator can run it: it links nothing
+// but the standard library, no NATS, no Redis.
+func TestFairOrderIsOnePurePackage(t *testing.T) {
+	t.Parallel()
+	const fair = "github.com/mlsched/mlsched/dispatcher/internal/fairorder"
+	for _, d := range strings.Fields(goCmd(t, "dispatcher", "list", "-deps", fair)) {
+		if d != fair && strings.Contains(strings.SplitN(d, "/", 2)[0], ".") {
+			t.Errorf("%s links %s: it must stay pure (the standard library only)", fair, d)
+		}
+	}
+	for _, pkg := range []string{"github.com/mlsched/mlsched/dispatcher", "github.com/mlsched/mlsched/dispatcher/internal/simulate"} {
+		imports := strings.Fields(goCmd(t, "dispatcher", "list", "-f", `{{join .Imports " "}}`, pkg))
+		if !slices.Contains(imports, fair) {
+			t.Errorf("%s does not import %s: the fair order has a copy again?", pkg, fair)
 		}
 	}
 }

@@ -16,7 +16,7 @@
 // Delivery contract: an outcome is always settled before the dispatch is
 // acked, so a crash between the two re-runs the attempt but never loses it.
 // A success is first reported straight to a dispatcher (a core-NATS request
-// on mlsched.report.<node>, task.go's outcomePublisher), which answers once the task's
+// on mlsched.report.<node>, outcomes.go's outcomePublisher), which answers once the task's
 // result is stored; without that answer, and for every other outcome, the
 // outcome is stored in MLSCHED_OUTCOMES (JetStream-acked) first. Outcomes are published asynchronously, at most
 // MLSCHED_CONCURRENCY + MLSCHED_PREFETCH unconfirmed, and the publish's callback acks each

@@ -75,7 +75,7 @@ type Worker struct {
 	complete  *jsplumb.Completer
 	outcomes  *outcomePublisher
 	models    map[string]*hosted
-	tasks     sync.WaitGroup
+	tasks     sync.WaitGroup // each dispatch from delivery until its goroutine ends (task.go); its outcome then counts in outcomes
 	slots     *slots
 	taskCtx   context.Context
 	cancelRun context.CancelCauseFunc
@@ -291,15 +291,17 @@ func (w *Worker) Run(ctx context.Context) error {
 		}}); err != nil {
 		return err
 	}
-	// Outcomes in flight count as tasks until their dispatch is acked, so
-	// that a shutdown waits for them. MaxAckPending already bounds them by
-	// Concurrency + Prefetch; the window makes the bound explicit.
-	w.complete = &jsplumb.Completer{NakDelay: nakDelay, Settled: w.tasks.Done,
+	// Outcomes in flight count, in the outcome publisher, until their
+	// dispatch is acked, so that a shutdown waits for them. MaxAckPending
+	// already bounds them by Concurrency + Prefetch; the window makes the
+	// bound explicit. Only the publisher's stored publishes settle through
+	// the Completer's callback: its Settled hook is theirs.
+	w.complete = &jsplumb.Completer{NakDelay: nakDelay, Settled: func() { w.outcomes.settled() },
 		Failed: func(op string, err error) { w.log.Warn().Err(err).Str("op", op).Msg("settling a dispatch failed") }}
 	if err := start("outcome publisher", &lifecycle.Func{
 		OnStart: func(ctx context.Context) (err error) {
 			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.cfg.Concurrency+w.cfg.Prefetch, w.cfg.PublishTimeout,
-				!w.cfg.StoredOutcomesOnly, w.tasks.Done)
+				!w.cfg.StoredOutcomesOnly)
 			return err
 		},
 		OnStop: func() error { w.outcomes.close(); return nil }}); err != nil {
@@ -492,7 +494,13 @@ func (w *Worker) shutdown(hb *heartbeat, cons lifecycle.Service) {
 	}
 
 	done := make(chan struct{})
-	go func() { w.tasks.Wait(); close(done) }()
+	go func() {
+		// Every task's goroutine ends first: none hands the publisher an
+		// outcome after.
+		w.tasks.Wait()
+		w.outcomes.wait()
+		close(done)
+	}()
 	grace := time.NewTimer(w.cfg.ShutdownGrace)
 	defer grace.Stop()
 	select {

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/fairorder"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -19,9 +20,12 @@ import (
 // tasks a priority, a tenant and a deadline, and the simulated dispatcher
 // applies the dispatcher's flow-control rules (docs/policies.md, "Flow
 // control"; dispatcher/hold.go, intake.go, flow.go) to every policy's run,
-// the oracle's included. The dispatcher's hold is tied to its messages,
-// its clock and its quota store, so the rules are mirrored here rather than
-// shared; keep the two in step:
+// the oracle's included. The order of the held tasks, with its counts (no
+// inversion, who goes first), is the dispatcher's own: package fairorder,
+// keyed as the dispatcher keys it (a simulated task has no allow-list, so
+// its candidate set is its type). The rest of the dispatcher's hold is
+// tied to its messages, its clock and its quota store, so it is mirrored
+// here; keep the two in step:
 //
 //   - a task past its deadline is never started: at dispatch or in the
 //     hold it ends expired (a sheddable one held: shed); the attempt's
@@ -37,12 +41,9 @@ import (
 //     a task asks the engine with Request.Ahead (one slot's wait on a node
 //     that orders its queue, Heartbeat.Prefetch);
 //   - a pass of the hold (after each outcome, at most every 5 ms, and
-//     every 100 ms) takes the held tasks highest priority first and, inside
-//     a priority, in start-time fair order between tenants by weight (a
-//     tenant's k-th held task starts at max(virtual time, its last finish
-//     tag) + (k-1)/weight and finishes 1/weight later; the smallest start
-//     goes first, then the smallest finish, then the oldest; the virtual
-//     time is the start of the last task sent on); a type found saturated
+//     every 100 ms) takes the held tasks in the fair order (fairorder.Sort:
+//     highest priority first and, inside a priority, start-time fair
+//     between tenants by weight); a type found saturated
 //     is not decided again in the pass, unless only the task's own
 //     deadline makes it so (it would not be with the full deadline): that
 //     task stays held and the pass goes on;
@@ -97,19 +98,14 @@ type flowControl struct {
 	weights map[string]float64
 	qt      time.Duration // queue target (0: automatic, < 0: off)
 
-	// bands are the held tasks by priority (index priority-MinPriority),
-	// each a FIFO per tenant in holding order.
-	bands [priorityLevels]band
-	n     int
-	// counts are the held tasks by type and priority (the dispatcher's
-	// counts per candidate set: a simulated task has no allow-list).
-	counts map[string]*[priorityLevels]int
-	// plain is, per type with held tasks, the priority of the last task
-	// sent on without the ahead credit (hold.go's plain).
-	plain map[string]int
-	// vtime and last are the fair order's clocks (hold.go).
-	vtime float64
-	last  map[string]float64
+	// q are the held tasks, in holding order between passes; order is
+	// their fair order, with the held counts per candidate set and
+	// priority, and per band and tenant (the dispatcher's, hold.go).
+	q     []*task
+	order *fairorder.Order
+	// passQ is the running pass's tasks (shedFirst marks the sheddable
+	// ones it sheds gone, and the pass skips them).
+	passQ []*task
 
 	inPass   bool
 	pending  []*task // held during a pass: after the kept ones
@@ -127,10 +123,10 @@ type flowControl struct {
 	maxPending int
 	pulled     [3]int
 	stream     [3][]*task
-	// tenant parking per band (parkAbove 0: off): the held tasks by
-	// tenant, the last pulls from the stream, the parked queues by tenant
+	// tenant parking per band (parkAbove 0: off): the last pulls from the
+	// stream, the parked queues by tenant (the held tasks by tenant are
+	// order's)
 	parkAbove, parkedPending int
-	heldBy                   [3]map[string]int
 	lastPull                 [3]pullMark
 	parked                   [3]map[string]*parkedQueue
 	// ownBlocks: Options.OwnDeadlineBlocks
@@ -138,8 +134,6 @@ type flowControl struct {
 	// fullOK are the types a node could start within the full deadline, in
 	// this pass (one decision per type and pass, not per task).
 	fullOK []string
-	// byFinish: Options.FairByFinishTag
-	byFinish bool
 }
 
 // bandIndex is the priority's band consumer: 0 high, 1 normal, 2 low.
@@ -227,7 +221,7 @@ func (s *sim) park(t *task, b int) bool {
 		m.otherAt, m.tenant = m.at, t.tenant
 	}
 	m.at = s.now
-	if f.parkAbove <= 0 || f.heldBy[b][t.tenant] < f.parkAbove || s.now-other > parkMemory {
+	if f.parkAbove <= 0 || f.order.TenantHeld(fairorder.Band(t.priority), t.tenant) < f.parkAbove || s.now-other > parkMemory {
 		return false
 	}
 	pq := f.parked[b][t.tenant]
@@ -255,26 +249,14 @@ func (s *sim) pullParked(pq *parkedQueue) {
 
 const priorityLevels = protocol.MaxPriority - protocol.MinPriority + 1
 
-type band struct {
-	tenants []*tenantQueue
-	index   map[string]*tenantQueue
-	n       int
-}
-
-type tenantQueue struct {
-	tenant string
-	q      []*task
-}
-
 func newFlowControl(sc *Scenario, opt Options) *flowControl {
 	f := &flowControl{flows: sc.Arrival.Flows, weights: sc.TenantWeights, qt: cmp.Or(sc.QueueTarget.D(), opt.Engine.QueueTarget),
-		counts: map[string]*[priorityLevels]int{}, plain: map[string]int{}, last: map[string]float64{}, nextPass: -1,
-		maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks, byFinish: opt.FairByFinishTag}
+		order: fairorder.New(), nextPass: -1, maxPending: sc.MaxAckPending, ownBlocks: opt.OwnDeadlineBlocks}
+	f.order.FinishFirst = opt.FairByFinishTag
 	if sc.ParkAbove > 0 {
 		f.parkAbove, f.parkedPending = sc.ParkAbove, 2*sc.ParkAbove
 	}
 	for b := range f.lastPull {
-		f.heldBy[b] = map[string]int{}
 		f.parked[b] = map[string]*parkedQueue{}
 		f.lastPull[b] = pullMark{at: -parkMemory - 1, otherAt: -parkMemory - 1} // none yet
 	}
@@ -332,91 +314,34 @@ func (m *drainMeter) dispatched(now time.Duration) {
 	}
 }
 
-func (f *flowControl) count(typ string, priority, d int) {
-	c := f.counts[typ]
-	if c == nil {
-		c = new([priorityLevels]int)
-		f.counts[typ] = c
-	}
-	c[priority-protocol.MinPriority] += d
-	if d < 0 && *c == ([priorityLevels]int{}) {
-		delete(f.plain, typ) // nothing of the type held
-	}
+// key is the task's candidate set, as the dispatcher keys it: a simulated
+// task has no allow-list.
+func (t *task) key() string { return fairorder.Key(t.typ, nil) }
+
+// Fair is the held task as the fair order sorts it: its age is when it
+// started to wait.
+func (t *task) Fair() (int, string, time.Time, *fairorder.Tags) {
+	return t.priority, t.tenant, epoch.Add(t.waitFrom), &t.tags
 }
 
-// heldAtLeast: a task of the type with at least (strict: more than) the
-// priority is held.
-func (f *flowControl) heldAtLeast(typ string, priority int, strict bool) bool {
-	c := f.counts[typ]
-	if c == nil {
-		return false
-	}
-	from := priority - protocol.MinPriority
-	if strict {
-		from++
-	}
-	for _, n := range c[from:] {
-		if n > 0 {
-			return true
-		}
-	}
-	return false
+// heldAtLeast: a task of t's candidate set with at least (strict: more
+// than) its priority is held (hold.go's heldAtLeast).
+func (f *flowControl) heldAtLeast(t *task, strict bool) bool {
+	return f.order.HeldAtLeast(t.key(), t.priority, strict)
 }
 
-// leads: a task goes first at a node that orders its queue (hold.go's
-// leads): tasks of its type are held, none with a higher priority, and
-// either it is new and none of its tenant's is held in its band, or it is
-// a held one above the priority last sent on without the credit.
+// leads: t goes first at a node that orders its queue (hold.go's leads).
 func (f *flowControl) leads(t *task, fromHold bool) bool {
-	c := f.counts[t.typ]
-	if c == nil {
-		return false
-	}
-	held := false
-	for i, n := range c {
-		if n > 0 && i > t.priority-protocol.MinPriority {
-			return false
-		}
-		held = held || n > 0
-	}
-	if fromHold {
-		p, ok := f.plain[t.typ]
-		return held && ok && t.priority > p
-	}
-	return held && f.heldBy[bandIndex(t.priority)][t.tenant] == 0
+	return f.order.Leads(t.key(), t.priority, t.tenant, fromHold)
 }
 
-// sentPlain records a task sent on without the ahead credit while tasks of
-// its type are held (hold.go's sentPlain).
-func (f *flowControl) sentPlain(t *task) {
-	if c := f.counts[t.typ]; c != nil && *c != ([priorityLevels]int{}) {
-		f.plain[t.typ] = t.priority
-	}
-}
-
+// leave: a held task leaves the hold's counts.
 func (f *flowControl) leave(t *task) {
 	if t.counted {
-		f.count(t.typ, t.priority, -1)
-		f.heldBy[bandIndex(t.priority)][t.tenant]--
+		f.order.Count(t.key(), t.priority, -1)
+		f.order.CountTenant(t.priority, t.tenant, -1)
 		t.counted = false
 	}
-}
-
-// enqueue puts a held task at the end of its priority's tenant queue.
-func (f *flowControl) enqueue(t *task) {
-	b := &f.bands[t.priority-protocol.MinPriority]
-	if b.index == nil {
-		b.index = map[string]*tenantQueue{}
-	}
-	tq := b.index[t.tenant]
-	if tq == nil {
-		tq = &tenantQueue{tenant: t.tenant}
-		b.index[t.tenant] = tq
-		b.tenants = append(b.tenants, tq)
-	}
-	tq.q = append(tq.q, t)
-	b.n++
-	f.n++
 }
 
 // holdWait is how long a task may be held for want of capacity.
@@ -434,15 +359,15 @@ func (s *sim) hold(t *task) {
 		t.until = t.expiry
 	}
 	if !t.counted {
-		f.count(t.typ, t.priority, 1)
-		f.heldBy[bandIndex(t.priority)][t.tenant]++
+		f.order.Count(t.key(), t.priority, 1)
+		f.order.CountTenant(t.priority, t.tenant, 1)
 		t.counted = true
 	}
 	if f.inPass {
 		f.pending = append(f.pending, t)
 		return
 	}
-	f.enqueue(t)
+	f.q = append(f.q, t)
 }
 
 // requestPass schedules a pass of the hold at the earliest at, and no
@@ -460,7 +385,7 @@ func (s *sim) requestPass(at time.Duration) {
 // retryHeldFlow: a slot may have freed (an outcome, a refresh): the hold
 // makes a pass, paced as the dispatcher's.
 func (s *sim) retryHeldFlow(context.Context) error {
-	if s.fc.n > 0 {
+	if len(s.fc.q) > 0 {
 		s.requestPass(s.now)
 	}
 	return nil
@@ -494,7 +419,7 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 	// (intake.go's dispatch).
 	req.Ahead = s.fc.leads(t, fromHold)
 	d, err := s.dec.peek(&req)
-	if err == nil && (d.Saturated || s.fc.heldAtLeast(t.typ, t.priority, fromHold || req.Ahead)) {
+	if err == nil && (d.Saturated || s.fc.heldAtLeast(t, fromHold || req.Ahead)) {
 		s.hold(t)
 		if !d.Saturated {
 			s.requestPass(s.now) // a slot is free: the hold sends on what goes first
@@ -502,7 +427,7 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 		return nil
 	}
 	if err == nil && !req.Ahead {
-		s.fc.sentPlain(t)
+		s.fc.order.SentPlain(t.key(), t.priority)
 	}
 	return s.send(ctx, t, d, err)
 }
@@ -523,7 +448,7 @@ func (s *sim) send(ctx context.Context, t *task, d policy.Decision, err error) e
 		s.awaitCandidate(t)
 		return nil
 	}
-	if f.heldAtLeast(t.typ, t.priority, true) {
+	if f.heldAtLeast(t, true) {
 		f.inversions++
 	}
 	t.waitFrom = -1
@@ -556,85 +481,41 @@ func (s *sim) endFlow(t *task, k endKind) {
 	s.finish(t, false)
 }
 
-// passFlow is one pass of the hold (hold.go's retryHeld).
+// passFlow is one pass of the hold (hold.go's retryHeld): the held tasks
+// in the fair order, each decided in turn.
 func (s *sim) passFlow(ctx context.Context) error {
 	f := s.fc
 	f.lastPass = s.now
 	f.inPass = true
 	f.fullOK = f.fullOK[:0]
 	var saturated []string
-	kept := 0
 	rate := f.drain.rate
-	type head struct {
-		tq    *tenantQueue
-		items []*task
-		i     int
-		base  float64
-		w     float64
-	}
-	var heads []head
-	for p := priorityLevels - 1; p >= 0; p-- {
-		b := &f.bands[p]
-		if b.n == 0 {
+	q := f.q
+	f.q = nil
+	fairorder.Sort(f.order, q, f.weight)
+	f.passQ = q
+	kept := q[:0] // in place: a task is kept at or before its own index
+	for i := range q {
+		t := q[i]
+		if t.gone {
 			continue
 		}
-		heads = heads[:0]
-		for _, tq := range b.tenants {
-			if len(tq.q) > 0 {
-				heads = append(heads, head{tq: tq, items: tq.q, base: max(f.vtime, f.last[tq.tenant]), w: f.weight(tq.tenant)})
-				tq.q = nil
-			}
+		keep, err := s.passTask(ctx, t, rate, len(kept), &saturated)
+		if err != nil {
+			f.inPass, f.passQ = false, nil
+			return err
 		}
-		f.n -= b.n
-		b.n = 0
-		for {
-			// the tenant whose next task has the smallest start tag
-			// (start-time fair queuing), then finish tag, then the older
-			// task, as the dispatcher orders; with byFinish the smallest
-			// finish tag (the dispatcher before issue 20's fix)
-			best := -1
-			var bestKey, bestTag float64
-			for h := range heads {
-				hd := &heads[h]
-				if hd.i >= len(hd.items) {
-					continue
-				}
-				tag := hd.base + float64(hd.i+1)/hd.w
-				key := hd.base + float64(hd.i)/hd.w
-				if f.byFinish {
-					key = tag
-				}
-				if best < 0 || key < bestKey || (key == bestKey && (tag < bestTag ||
-					(tag == bestTag && hd.items[hd.i].waitFrom < heads[best].items[heads[best].i].waitFrom))) {
-					best, bestKey, bestTag = h, key, tag
-				}
-			}
-			if best < 0 {
-				break
-			}
-			hd := &heads[best]
-			t := hd.items[hd.i]
-			t.start, t.tag = hd.base+float64(hd.i)/hd.w, bestTag
-			hd.i++
-			keep, err := s.passTask(ctx, t, rate, kept, &saturated)
-			if err != nil {
-				f.inPass = false
-				return err
-			}
-			if keep {
-				hd.tq.q = append(hd.tq.q, t)
-				b.n++
-				f.n++
-				kept++
-			}
+		if keep {
+			kept = append(kept, t)
 		}
 	}
-	f.inPass = false
-	for _, t := range f.pending {
-		f.enqueue(t)
-	}
+	kept = slices.DeleteFunc(kept, func(t *task) bool { return t.gone }) // shed after they were kept
+	clear(q[len(kept):])
+	f.inPass, f.passQ = false, nil
+	f.q = append(kept, f.pending...) // held meanwhile: after the kept ones
+	clear(f.pending)
 	f.pending = f.pending[:0]
-	if f.n > 0 {
+	if len(f.q) > 0 {
 		s.requestPass(s.now + holdRetry)
 	}
 	return nil
@@ -709,12 +590,11 @@ func (s *sim) passTask(ctx context.Context, t *task, rate float64, ahead int, sa
 		*saturated = append(*saturated, t.typ)
 		return true, nil
 	}
-	if f.heldAtLeast(t.typ, t.priority, true) {
+	if f.heldAtLeast(t, true) {
 		return true, nil // a higher one of its type waits: this one waits behind it
 	}
 	f.leave(t)
-	f.last[t.tenant] = max(f.last[t.tenant], t.tag)
-	f.vtime = max(f.vtime, t.start)
+	f.order.Served(t.tenant, t.tags)
 	return false, s.send(ctx, t, d, err)
 }
 

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/fairorder"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/settle"
 	"github.com/mlsched/mlsched/dispatcher/stats"
@@ -156,11 +157,13 @@ type task struct {
 	expiry   time.Duration
 	// while held: until when (its hold time, capped at its expiry), its
 	// fair-order tags in the last pass, whether it is in the hold's counts
-	until      time.Duration
-	start, tag float64
-	counted    bool
-	pulled     bool // taken from the stream by a band consumer
-	fromPark   bool // taken from its parked queue (flow.go)
+	until   time.Duration
+	tags    fairorder.Tags
+	counted bool
+	// gone: shed in a pass ahead of a non-sheddable task (shedorder.go)
+	gone     bool
+	pulled   bool // taken from the stream by a band consumer
+	fromPark bool // taken from its parked queue (flow.go)
 }
 
 type attemptState uint8

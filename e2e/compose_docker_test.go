@@ -573,12 +573,7 @@ func TestComposeDocker(t *testing.T) {
 		}
 	}
 
-	// The rest of the README's compose block (the CLI), then its
-	// third-party producer, with the producer's creds and inbox.
-	for _, line := range readme[2:] {
-		composeCLI(ctx, t, p, line, p.containers(ctx, "worker"))
-	}
-	composeProducer(ctx, t, p, natsURL)
+	// The dashboard's address, which must stay through all that follows.
 	dashAddr := p.hostPort(ctx, "dashboard", 9090, 1)
 
 	// A second replica tries to act as the first: refused by nats-server.
@@ -688,6 +683,14 @@ func TestComposeDocker(t *testing.T) {
 	if overDeadline != 0 {
 		t.Errorf("%d results came later than their attempts' deadlines", overDeadline)
 	}
+
+	// The rest of the README's compose block (the CLI), then its
+	// third-party producer, with the producer's creds and inbox (after the
+	// audit: their tasks are not the load's).
+	for _, line := range readme[2:] {
+		composeCLI(ctx, t, p, line, p.containers(ctx, "worker"))
+	}
+	composeProducer(ctx, t, p, natsURL)
 
 	// The scaled-in workers drained: each logged its drain and its stop
 	// (the 4 removed by 6 -> 2; none needed the grace's nak).

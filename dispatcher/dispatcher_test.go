@@ -485,6 +485,11 @@ func TestBadInputIsRejectedOrDeadLettered(t *testing.T) {
 		{"invalid utf-8", "mlsched.tasks.echo", "{\"id\":\"b-utf8\",\"type\":\"echo\",\"payload\":\"\xff\xfe\"}", "b-utf8", protocol.CodeInvalidUTF8},
 		{"10k allow-list", "mlsched.tasks.echo", `{"id":"b-models","type":"echo","models":[` + strings.Repeat(`"m",`, 9999) + `"m"]}`, "b-models", protocol.CodeTooManyModels},
 		{"binary", "mlsched.tasks.echo", "\x00\x01binary", "", protocol.CodeMalformedJSON},
+		// issue 40: an id readable before the break gets a result (of the
+		// type sent), which the producer can read; a numeric id cannot.
+		{"truncated after the id", "mlsched.tasks.echo", `{"id":"b-truncated","type":"echo","payload":`, "b-truncated", protocol.CodeMalformedJSON},
+		{"wrong field type", "mlsched.tasks.echo", `{"id":"b-field","type":"echo","timeout_ms":"5s"}`, "b-field", protocol.CodeInvalidField},
+		{"numeric id", "mlsched.tasks.echo", `{"id":42,"type":"echo","payload":{}}`, "", protocol.CodeInvalidID},
 	}
 	for i, c := range cases {
 		e.publish(c.subject, []byte(c.data), fmt.Sprintf("bad-%d", i))
@@ -500,6 +505,13 @@ func TestBadInputIsRejectedOrDeadLettered(t *testing.T) {
 		res := e.result(c.id)
 		if res.Status != protocol.StatusRejected || res.ErrorCode != c.code || res.Error == "" {
 			t.Errorf("%s: result = %+v, want rejected with %s", c.name, res, c.code)
+		}
+		var sent struct{ Type string }
+		if json.Unmarshal([]byte(c.data), &sent) != nil {
+			sent.Type = "echo" // not JSON: the type the bytes begin with
+		}
+		if res.Type != sent.Type {
+			t.Errorf("%s: result type = %q, want %q (the task's)", c.name, res.Type, sent.Type)
 		}
 		if strings.HasPrefix(res.Error, string(c.code)) { // the code has its own field
 			t.Errorf("%s: error %q repeats its code", c.name, res.Error)

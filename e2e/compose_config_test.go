@@ -104,7 +104,7 @@ func TestComposeConfig(t *testing.T) {
 	for name, want := range map[string][]string{
 		"nats": nil, "redis": {authconf.RedisACLFile}, "dispatcher": {"dispatcher.creds", authconf.RedisPasswordFile},
 		"worker": {authconf.PoolKeyFile}, "mlsched": {"admin.creds"}, "prometheus": nil,
-		"digits": nil, "digits-flaky": nil, "worker-digits": {authconf.PoolKeyFile},
+		"digits": nil, "digits-flaky": nil, "worker-digits": {authconf.PoolKeyFile}, "dashboard": nil,
 	} {
 		s, ok := m.Services[name]
 		if !ok {
@@ -144,8 +144,27 @@ func TestComposeConfig(t *testing.T) {
 			t.Errorf("dispatcher %s = %q, want %q", k, d.Environment[k], v)
 		}
 	}
-	if len(d.Ports) != 1 || !strings.Contains(d.Ports[0].Published, "-") {
-		t.Errorf("dispatcher ports %+v: want one port range, so that --scale dispatcher=N does not collide", d.Ports)
+	if len(d.Ports) != 1 || d.Ports[0].Published != "" || d.Ports[0].HostIP != "127.0.0.1" {
+		t.Errorf("dispatcher ports %+v: want an ephemeral port on 127.0.0.1 per replica, so that --scale dispatcher=N does not collide", d.Ports)
+	}
+	// The documented dashboard address belongs to a service never scaled
+	// (issue 40: a re-created dispatcher took the next port of a range).
+	db := m.Services["dashboard"]
+	if len(db.Ports) != 1 || db.Ports[0].Published != "9090" || db.Ports[0].HostIP != "127.0.0.1" || db.Ports[0].Target != 9090 ||
+		strings.Join(db.Command, " ") != "proxy :9090 dispatcher:9090" || db.Build.Target != "dispatcher" {
+		t.Errorf("dashboard: ports %+v command %q target %q; want 127.0.0.1:9090 forwarded to dispatcher:9090 by the dispatcher image's proxy",
+			db.Ports, db.Command, db.Build.Target)
+	}
+	// The models files are mounted from the host: changing them needs no rebuild.
+	for _, name := range []string{"worker", "worker-digits"} {
+		if !slices.ContainsFunc(m.Services[name].Volumes, func(v struct {
+			Type, Source, Target string
+			ReadOnly             bool `json:"read_only"`
+		}) bool {
+			return v.Target == "/models" && v.ReadOnly && strings.HasSuffix(v.Source, "deployments/models")
+		}) {
+			t.Errorf("%s does not mount deployments/models on /models read-only: %+v", name, m.Services[name].Volumes)
+		}
 	}
 	n := m.Services["nats"]
 	mounts := map[string]string{}

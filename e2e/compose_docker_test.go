@@ -499,6 +499,13 @@ func TestComposeDocker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	p := newComposeProject(t, "mlsched-test")
+	// the workers' models files, mounted from a copy the test changes
+	modelsDir := copyModels(t)
+	p.env = append(p.env, "MLSCHED_MODELS_DIR="+modelsDir)
+	readme := composeReadmeCommands(t)
+	if want := []string{"make secrets", "docker compose up -d --build"}; len(readme) < 3 || !slices.Equal(readme[:2], want) {
+		t.Fatalf("README's compose block begins %q, want %q", readme, want)
+	}
 	t0 := time.Now()
 	p.makeSecrets(ctx)
 	p.must(ctx, "--profile", "monitoring", "up", "-d", "--build", "--wait", "--wait-timeout", "180")
@@ -510,7 +517,7 @@ func TestComposeDocker(t *testing.T) {
 	}
 	sort.Strings(names)
 	t.Logf("make secrets + up --build --wait: %.1fs; healthy: %v", time.Since(t0).Seconds(), names)
-	for _, svc := range []string{"nats", "redis", "dispatcher", "worker", "prometheus"} {
+	for _, svc := range []string{"nats", "redis", "dispatcher", "dashboard", "worker", "prometheus"} {
 		if !slices.ContainsFunc(entries, func(e psEntry) bool { return e.Service == svc }) {
 			t.Errorf("service %s is not running", svc)
 		}
@@ -565,6 +572,9 @@ func TestComposeDocker(t *testing.T) {
 			t.Errorf("consumer of node %s: inactive threshold %v, want %v", id, got, worker.PoolConsumerInactive)
 		}
 	}
+
+	// The dashboard's address, which must stay through all that follows.
+	dashAddr := p.hostPort(ctx, "dashboard", 9090, 1)
 
 	// A second replica tries to act as the first: refused by nats-server.
 	for _, r := range crossReplica(t, natsURL, filepath.Join(p.secrets, authconf.PoolKeyFile), nodes[0]) {
@@ -674,6 +684,14 @@ func TestComposeDocker(t *testing.T) {
 		t.Errorf("%d results came later than their attempts' deadlines", overDeadline)
 	}
 
+	// The rest of the README's compose block (the CLI), then its
+	// third-party producer, with the producer's creds and inbox (after the
+	// audit: their tasks are not the load's).
+	for _, line := range readme[2:] {
+		composeCLI(ctx, t, p, line, p.containers(ctx, "worker"))
+	}
+	composeProducer(ctx, t, p, natsURL)
+
 	// The scaled-in workers drained: each logged its drain and its stop
 	// (the 4 removed by 6 -> 2; none needed the grace's nak).
 	logs := p.logs()
@@ -743,5 +761,10 @@ func TestComposeDocker(t *testing.T) {
 	} else {
 		t.Log("Prometheus: 2 worker and 2 dispatcher targets up")
 	}
+
+	// The dashboard's address through the upgrade step and scaling, then
+	// a models file changed without a rebuild (issue 40).
+	composeDashboardStays(ctx, t, p, dashAddr, 2, 1)
+	composeModelsChange(ctx, t, p, modelsDir, adminJS)
 	t.Logf("whole test %.1fs", time.Since(t0).Seconds())
 }

@@ -78,7 +78,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	c.StartDispatcher(harness.DispatcherOptions{Env: env})
 	c.StartWorker(harness.WorkerOptions{NodeID: "node-a", ModelsFile: "testdata/node-1.yaml", SimSeed: 11})
 	c.StartWorker(harness.WorkerOptions{NodeID: "node-b", ModelsFile: "testdata/node-2.yaml", SimSeed: 12})
-	c.StartWorker(harness.WorkerOptions{NodeID: "node-c", ModelsFile: "testdata/node-broken.yaml", SimSeed: 13})
+	// As long as a pool worker's id (its 56-character user key).
+	c.StartWorker(harness.WorkerOptions{NodeID: "node-c" + strings.Repeat("X", 50), ModelsFile: "testdata/node-broken.yaml", SimSeed: 13})
 	base, err := d.HTTPURL()
 	if err != nil {
 		t.Fatal(err)
@@ -217,6 +218,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	wait("the backlog of translate", `(document.querySelector('#types tr[data-type="translate"] td.waiting')||{}).innerText === "3"`)
 	wait("per-type results", `Number((document.querySelector('#types tr[data-type="classify"] td:nth-child(2)')||{}).innerText) > 0`)
 	wait("every node's heartbeat age", `Array.from(document.querySelectorAll('#nodes tr[data-node] td.heartbeat')).length === 3`)
+	// Each node's host name next to its id (the harness's workers run on
+	// this machine), and at 1400 px no sideways scroll, with model names
+	// never broken inside (issue 40).
+	host, _ := os.Hostname()
+	wait("every node's host name", fmt.Sprintf(`Array.from(document.querySelectorAll('#nodes tr[data-node] td.node .host')).filter(b => b.innerText === %q).length === 3`, host))
+	wait("no sideways scroll at 1400 px", `document.documentElement.scrollWidth <= document.documentElement.clientWidth`)
+	wait("the types panel whole", `(() => { const s = document.getElementById("types").closest("section"); return s.scrollWidth <= s.clientWidth; })()`)
+	wait("model names whole in the nodes table", `Array.from(document.querySelectorAll('#nodes td.models')).every(td => {
+		const r = document.createRange(); r.selectNodeContents(td);
+		return Array.from(r.getClientRects()).every(x => x.width >= 40 || x.width === 0); })`)
+	wait("the counters said to be since start", `document.getElementById("totals-note").innerText.includes("since")`)
 	wait("the result counts", `["succeeded","failed","rejected","shed","tasks/s"].every(k => document.querySelector('[data-counter="' + k + '"]'))`)
 	wait("a throughput", `Number(document.querySelector('[data-counter="tasks/s"] .v').textContent) > 0`)
 	wait("the charts' legend", `document.querySelectorAll('#legend .legend-item').length === 5`)

@@ -503,10 +503,10 @@ func (g *gapWriter) String() string {
 	return g.b.String()
 }
 
-// TestReadmeComposeBlock keeps the README's compose quick start the two
-// commands TestComposeDocker runs (make secrets, then docker compose up -d
-// --build; the test adds its own SECRETS_DIR, --profile monitoring and
-// --wait): a README that drifts from them fails here.
+// TestReadmeComposeBlock keeps the README's compose quick start the
+// commands TestComposeDocker runs (make secrets, docker compose up -d
+// --build, the CLI; the test adds its own SECRETS_DIR, --profile monitoring
+// and --wait): a README that drifts from them fails here.
 func TestReadmeComposeBlock(t *testing.T) {
 	blocks, _ := readmeBlocks(t)
 	b, ok := blocks["compose"]
@@ -522,7 +522,7 @@ func TestReadmeComposeBlock(t *testing.T) {
 			cmds = append(cmds, line)
 		}
 	}
-	want := []string{"make secrets", "docker compose up -d --build"}
+	want := []string{"make secrets", "docker compose up -d --build", "docker compose run --rm --no-deps mlsched nodes"}
 	if !slices.Equal(cmds, want) {
 		t.Errorf("README's compose block runs %q, want %q (what TestComposeDocker runs)", cmds, want)
 	}

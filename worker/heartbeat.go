@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,7 +44,9 @@ type heartbeat struct {
 	queued   func(context.Context) int
 	draining *atomic.Bool
 	started  time.Time
-	log      zerolog.Logger
+	// host is the host name announced next to the node id (hostName).
+	host string
+	log  zerolog.Logger
 	// ensure recreates the bucket, which is memory-backed and so is gone
 	// after a server restart.
 	ensure func(context.Context) (jetstream.KeyValue, error)
@@ -113,7 +116,7 @@ func (h *heartbeat) loadMoved() bool {
 // Beat puts the node's current heartbeat.
 func (h *heartbeat) Beat(ctx context.Context) error {
 	hb := protocol.Heartbeat{
-		Node: h.node, Models: h.models(), Capacity: h.capacity, Prefetch: h.prefetch, InFlight: h.inFlight(),
+		Node: h.node, Host: h.host, Models: h.models(), Capacity: h.capacity, Prefetch: h.prefetch, InFlight: h.inFlight(),
 		Draining: h.draining.Load(), StartedAt: h.started, SentAt: time.Now().UTC(),
 		CompactDispatch: true, // protocol.ParseDispatch reads both encodings
 	}
@@ -147,3 +150,15 @@ func (h *heartbeat) Kick() {
 
 // Remove deletes the node's entry, so dispatchers forget it at once.
 func (h *heartbeat) Remove(ctx context.Context) error { return h.bucket().Delete(ctx, h.node) }
+
+// hostName is what a heartbeat announces as the node's host: the machine's
+// (a container's: its short id, as `docker ps` shows it), so that an
+// operator can tell which container or host a node is, its id being a
+// 56-character key for a pool worker. "" when the system will not say.
+func hostName() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return h
+}

@@ -428,7 +428,7 @@ func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke
 		}}
 	hb := &heartbeat{kv: kv, node: w.node, every: w.cfg.HeartbeatInterval, models: w.announced, unready: w.unready, kick: make(chan struct{}, 1),
 		capacity: w.cfg.Concurrency, prefetch: w.cfg.Prefetch, inFlight: w.InFlight, queued: w.queued(js, topology.NodeConsumer(w.node)), draining: &w.draining,
-		started: time.Now().UTC(), log: w.log,
+		started: time.Now().UTC(), host: hostName(), log: w.log,
 		ensure: func(ctx context.Context) (jetstream.KeyValue, error) {
 			return topology.EnsureNodesBucket(ctx, js, w.topology())
 		}}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -286,6 +287,11 @@ func TestHeartbeatAndDraining(t *testing.T) {
 	}
 	if first.StartedAt.IsZero() || first.SentAt.Before(first.StartedAt) {
 		t.Errorf("times: started %v sent %v", first.StartedAt, first.SentAt)
+	}
+	// Its host name next to its id (issue 40: a container's, for an
+	// operator to tell 56-character keys apart).
+	if host, _ := os.Hostname(); first.Host != host || first.HostName() != host || host == "" {
+		t.Errorf("heartbeat host %q (shown as %q), want this machine's %q", first.Host, first.HostName(), host)
 	}
 	// Heartbeats keep coming.
 	waitFor(t, 20*time.Second, "a later heartbeat", func() bool {

@@ -74,7 +74,10 @@ type Replica struct {
 
 // Node is a live worker node and its load.
 type Node struct {
-	Name     string   `json:"name"`
+	Name string `json:"name"`
+	// Host is the host (container) name the node announces, "" when it
+	// announces none or one that cannot be shown (Heartbeat.HostName).
+	Host     string   `json:"host,omitempty"`
 	Models   []string `json:"models"`
 	Capacity int      `json:"capacity"`
 	InFlight int      `json:"in_flight"`
@@ -319,7 +322,7 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 		}
 	}
 	for _, hb := range nodes {
-		n := Node{Name: hb.Node, Capacity: hb.Capacity, InFlight: hb.InFlight, Draining: hb.Draining, SentAt: hb.SentAt,
+		n := Node{Name: hb.Node, Host: hb.HostName(), Capacity: hb.Capacity, InFlight: hb.InFlight, Draining: hb.Draining, SentAt: hb.SentAt,
 			Unready: hb.Unready}
 		for _, m := range hb.Models {
 			n.Models = append(n.Models, m.Name)

@@ -49,3 +49,22 @@ func (h *Heartbeat) Validate(key string) error {
 	}
 	return nil
 }
+
+// maxHostLen bounds a heartbeat's host name (a DNS name's limit).
+const maxHostLen = 253
+
+// HostName is the heartbeat's host name when it can be shown as it is: 1
+// to 253 bytes of printable ASCII without white space; "" otherwise. A node
+// is not trusted, and a name that is not displayable never refuses its
+// heartbeat: it is not shown.
+func (h *Heartbeat) HostName() string {
+	if h.Host == "" || len(h.Host) > maxHostLen {
+		return ""
+	}
+	for i := 0; i < len(h.Host); i++ {
+		if c := h.Host[i]; c <= ' ' || c >= 0x7f {
+			return ""
+		}
+	}
+	return h.Host
+}

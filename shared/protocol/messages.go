@@ -147,6 +147,11 @@ type UnreadyModel struct {
 // the MLSCHED_NODES key-value bucket under its node id.
 type Heartbeat struct {
 	Node string `json:"node"`
+	// Host is the node's host name (in compose, its container's: the
+	// short container id `docker ps` shows), announced so that operators
+	// can tell nodes apart: a pool worker's node id is a 56-character key.
+	// Informational only (HostName gives a displayable one).
+	Host string `json:"host,omitempty"`
 	// Models are the models the node serves now: dispatchers route only
 	// to these.
 	Models []ModelInfo `json:"models"`

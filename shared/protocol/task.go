@@ -108,7 +108,7 @@ func DecodeTask(data []byte, lim Limits) (Task, error) {
 	lim = lim.withDefaults()
 	var t Task
 	if len(data) > lim.MaxPayloadBytes {
-		t.ID = peekID(data, lim.MaxIDLen)
+		t.ID, t.Type = peekHead(data, lim.MaxIDLen)
 		return t, Errorf(CodePayloadTooLarge, "task is %d bytes, the limit is %d", len(data), lim.MaxPayloadBytes)
 	}
 	// codec.go's decoder when it accepts the task; every error through
@@ -137,7 +137,7 @@ func decodeTaskFast(data []byte) (Task, bool) {
 func decodeTaskReflect(data []byte, lim Limits) (Task, error) {
 	var t Task
 	if !utf8.Valid(data) {
-		t.ID = peekID(data, lim.MaxIDLen) // keyable when the bad bytes are elsewhere
+		t.ID, t.Type = peekHead(data, lim.MaxIDLen) // keyable when the bad bytes are elsewhere
 		return t, Errorf(CodeInvalidUTF8, "task is not valid UTF-8")
 	}
 	trimmed := bytes.TrimSpace(data)
@@ -151,9 +151,13 @@ func decodeTaskReflect(data []byte, lim Limits) (Task, error) {
 		return t, Errorf(CodeMalformedJSON, "task is not valid JSON")
 	}
 	if err := json.Unmarshal(trimmed, &t); err != nil {
-		t = Task{ID: peekID(trimmed, lim.MaxIDLen)}
+		t = Task{}
+		t.ID, t.Type = peekHead(trimmed, lim.MaxIDLen)
 		var ute *json.UnmarshalTypeError
 		if asType(err, &ute) {
+			if ute.Field == "id" { // not a string: nothing can key a result
+				return Task{}, Errorf(CodeInvalidID, "id must be a string, not a JSON %s", ute.Value)
+			}
 			return t, Errorf(CodeInvalidField, "field %q has the wrong type: %v", ute.Field, err)
 		}
 		return t, Errorf(CodeMalformedJSON, "task is not valid JSON: %v", err)
@@ -234,21 +238,82 @@ func ValidToken(s string, max int) error {
 	return nil
 }
 
-// peekID best-effort extracts a top-level string "id" from a message that
-// failed full decoding, so the rejection can still be keyed. It applies the
-// same id rules as Validate, with the configured length limit.
-func peekID(data []byte, maxIDLen int) string {
-	var probe struct {
-		ID json.RawMessage `json:"id"`
+// peekHead recovers the top-level string "id" and "type" of a message that
+// failed full decoding (invalid JSON, a field of the wrong type, invalid
+// UTF-8 elsewhere, too large), so that its rejection is a result the
+// producer waiting on mlsched.results.<id> can read, of the type it sent,
+// rather than a dead letter the producer's credentials cannot read. It reads
+// the object member by member and stops at the first syntax error: a
+// truncated or otherwise broken message keeps the members before the break.
+// As in encoding/json, the last of repeated members counts. The id follows
+// Validate's rules with the configured length limit, the type a type's;
+// either is "" when it cannot be used.
+func peekHead(data []byte, maxIDLen int) (id, typ string) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return "", ""
 	}
-	if json.Unmarshal(data, &probe) != nil || len(probe.ID) == 0 {
-		return ""
+	var rawID, rawType string
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			break
+		}
+		name, _ := key.(string)
+		if name != "id" && name != "type" {
+			var skip json.RawMessage // skips the value without tokenising it
+			if dec.Decode(&skip) != nil {
+				break
+			}
+			continue
+		}
+		val, err := dec.Token()
+		if err != nil {
+			break
+		}
+		s, isString := val.(string)
+		if d, ok := val.(json.Delim); ok && (d == '{' || d == '[') {
+			// An object or array: not usable, and its members must not
+			// be mistaken for the task's.
+			if skipNested(dec) != nil {
+				break
+			}
+		}
+		if !isString {
+			s = ""
+		}
+		if name == "id" {
+			rawID = s
+		} else {
+			rawType = s
+		}
 	}
-	var id string
-	if json.Unmarshal(probe.ID, &id) != nil || ValidToken(id, maxIDLen) != nil {
-		return ""
+	if ValidToken(rawID, maxIDLen) != nil {
+		return "", ""
 	}
-	return id
+	if ValidToken(rawType, 64) != nil {
+		rawType = ""
+	}
+	return rawID, rawType
+}
+
+// skipNested consumes tokens up to the end of the object or array whose
+// opening delimiter dec has just returned.
+func skipNested(dec *json.Decoder) error {
+	for depth := 1; depth > 0; {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		if d, ok := tok.(json.Delim); ok {
+			if d == '{' || d == '[' {
+				depth++
+			} else {
+				depth--
+			}
+		}
+	}
+	return nil
 }
 
 func truncate(s string, n int) string {

@@ -34,9 +34,9 @@ func TestDecodeTaskBadInput(t *testing.T) {
 		{"empty", ``, protocol.Limits{}, protocol.CodeMalformedJSON, ""},
 		{"white space", " \n\t ", protocol.Limits{}, protocol.CodeMalformedJSON, ""},
 		{"garbage", `hello`, protocol.Limits{}, protocol.CodeMalformedJSON, ""},
-		{"truncated object", `{"id":"a1","type":"echo"`, protocol.Limits{}, protocol.CodeMalformedJSON, ""},
-		{"trailing garbage", `{"id":"a1","type":"echo"} x`, protocol.Limits{}, protocol.CodeMalformedJSON, ""},
-		{"two objects", `{"id":"a1","type":"echo"}{}`, protocol.Limits{}, protocol.CodeMalformedJSON, ""},
+		{"truncated object", `{"id":"a1","type":"echo"`, protocol.Limits{}, protocol.CodeMalformedJSON, "a1"},
+		{"trailing garbage", `{"id":"a1","type":"echo"} x`, protocol.Limits{}, protocol.CodeMalformedJSON, "a1"},
+		{"two objects", `{"id":"a1","type":"echo"}{}`, protocol.Limits{}, protocol.CodeMalformedJSON, "a1"},
 		{"array", `[{"id":"a1","type":"echo"}]`, protocol.Limits{}, protocol.CodeNotObject, ""},
 		{"string", `"a1"`, protocol.Limits{}, protocol.CodeNotObject, ""},
 		{"number", `42`, protocol.Limits{}, protocol.CodeNotObject, ""},
@@ -100,8 +100,8 @@ func TestDecodeTaskBadInput(t *testing.T) {
 		{"model with wildcard", `{"id":"a1","type":"echo","models":["m.*"]}`, protocol.Limits{}, protocol.CodeUnknownModel, "a1"},
 
 		// Fields of the wrong JSON type.
-		{"id is a number", `{"id":7,"type":"echo"}`, protocol.Limits{}, protocol.CodeInvalidField, ""},
-		{"id is an object", `{"id":{"x":1},"type":"echo"}`, protocol.Limits{}, protocol.CodeInvalidField, ""},
+		{"id is a number", `{"id":7,"type":"echo"}`, protocol.Limits{}, protocol.CodeInvalidID, ""},
+		{"id is an object", `{"id":{"x":1},"type":"echo"}`, protocol.Limits{}, protocol.CodeInvalidID, ""},
 		{"type is a number", `{"id":"a1","type":3}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
 		{"timeout is a string", `{"id":"a1","type":"echo","timeout_ms":"100"}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
 		{"timeout is a float", `{"id":"a1","type":"echo","timeout_ms":1.5}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
@@ -162,6 +162,50 @@ func TestDecodeTaskBadInput(t *testing.T) {
 			}
 			if task.ID != tc.wantID {
 				t.Errorf("ID = %q, want %q", task.ID, tc.wantID)
+			}
+		})
+	}
+}
+
+// TestDecodeTaskRecoversIDAndType: a message that cannot be decoded whole
+// keeps the id and type readable before the break, so that its rejection
+// is a result under that id, of the type the producer sent (issue 40: the
+// truncated task below went only to the dead-letter stream, which a
+// producer cannot read, and rejected results came back with "type":"").
+func TestDecodeTaskRecoversIDAndType(t *testing.T) {
+	t.Parallel()
+	small := protocol.Limits{MaxPayloadBytes: 64}
+	cases := []struct {
+		name, in         string
+		lim              protocol.Limits
+		code             protocol.Code
+		wantID, wantType string
+	}{
+		{"truncated at the payload", `{"id":"bad-1","type":"classify","payload":`, protocol.Limits{}, protocol.CodeMalformedJSON, "bad-1", "classify"},
+		{"truncated in the payload", `{"id":"bad-2","type":"classify","payload":{"text":"hi`, protocol.Limits{}, protocol.CodeMalformedJSON, "bad-2", "classify"},
+		{"type after the break", `{"id":"bad-3","payload":{,"type":"classify"}`, protocol.Limits{}, protocol.CodeMalformedJSON, "bad-3", ""},
+		{"id after the break", `{"type":"classify","payload":nope,"id":"bad-4"}`, protocol.Limits{}, protocol.CodeMalformedJSON, "", ""},
+		{"nested id is not the task's", `{"payload":{"id":"inner"},"type":"classify"`, protocol.Limits{}, protocol.CodeMalformedJSON, "", ""},
+		{"last id counts", `{"id":"first","id":"second","type":"classify"`, protocol.Limits{}, protocol.CodeMalformedJSON, "second", "classify"},
+		{"id is an array", `{"id":["a"],"type":"classify"`, protocol.Limits{}, protocol.CodeMalformedJSON, "", ""},
+		{"unusable type", `{"id":"bad-5","type":"a.b"`, protocol.Limits{}, protocol.CodeMalformedJSON, "bad-5", ""},
+		{"type is an object", `{"id":"bad-6","type":{"a":"b"},"timeout_ms":"x"}`, protocol.Limits{}, protocol.CodeInvalidField, "bad-6", ""},
+		{"wrong field type", `{"id":"bad-7","type":"classify","timeout_ms":"100"}`, protocol.Limits{}, protocol.CodeInvalidField, "bad-7", "classify"},
+		{"invalid UTF-8", "{\"id\":\"bad-8\",\"type\":\"classify\",\"payload\":\"\xff\"}", protocol.Limits{}, protocol.CodeInvalidUTF8, "bad-8", "classify"},
+		{"too large", `{"id":"bad-9","type":"classify","payload":"` + strings.Repeat("x", 64) + `"}`, small, protocol.CodePayloadTooLarge, "bad-9", "classify"},
+		{"id is a number", `{"id":42,"type":"classify","payload":{}}`, protocol.Limits{}, protocol.CodeInvalidID, "", ""},
+		{"id is a number, another field wrong first", `{"timeout_ms":"x","id":42,"type":"classify"}`, protocol.Limits{}, protocol.CodeInvalidField, "", ""},
+		{"rejected by Validate keeps its type", `{"id":"bad-10","type":"classify","timeout_ms":-1}`, protocol.Limits{}, protocol.CodeInvalidTimeout, "bad-10", "classify"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			task, err := protocol.DecodeTask([]byte(tc.in), tc.lim)
+			if got := protocol.CodeOf(err); got != tc.code {
+				t.Fatalf("code = %q (%v), want %q", got, err, tc.code)
+			}
+			if task.ID != tc.wantID || task.Type != tc.wantType {
+				t.Errorf("id, type = %q, %q, want %q, %q", task.ID, task.Type, tc.wantID, tc.wantType)
 			}
 		})
 	}

@@ -43,11 +43,15 @@ func main() {
 	if len(os.Args) > 1 && (os.Args[1] == "-h" || os.Args[1] == "-help" || os.Args[1] == "--help") {
 		fmt.Fprintln(os.Stderr, "usage: dispatcher              run a replica, configured by environment variables:")
 		fmt.Fprintln(os.Stderr, "       dispatcher healthcheck  exit 0 when the local /readyz answers 2xx (container health check)")
+		fmt.Fprintln(os.Stderr, "       dispatcher proxy LISTEN TARGET  forward TCP connections to TARGET, resolved per connection (compose's dashboard service)")
 		_ = config.Usage(os.Stderr, &dispatcher.Config{})
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		os.Exit(healthcheck())
+	}
+	if len(os.Args) > 1 && os.Args[1] == "proxy" {
+		os.Exit(runProxy(os.Args[2:]))
 	}
 	config.ApplyGCDefault()
 	cfg, err := dispatcher.LoadConfig()

@@ -50,9 +50,15 @@ func runAuth(_ context.Context, a *app, args []string) error {
 	for _, p := range res.Kept {
 		fmt.Fprintln(a.stdout, "kept   ", p)
 	}
-	if o.JWT {
+	switch {
+	case *compose && len(res.Rotated) > 0:
+		// compose's nats includes auth.conf already (deployments/nats/nats.conf)
+		fmt.Fprintln(a.stdout, "wrote  ", res.Conf, "(operator mode) and a .creds file per identity; compose's nats includes it: docker compose kill -s HUP nats, then re-create the services whose keys changed")
+	case *compose:
+		fmt.Fprintln(a.stdout, "wrote  ", res.Conf, "(operator mode) and a .creds file per identity; compose's nats includes it: nothing to do before docker compose up")
+	case o.JWT:
 		fmt.Fprintln(a.stdout, "wrote  ", res.Conf, "(operator mode: include it from nats.conf, then restart nats-server) and a .creds file per identity")
-	} else {
+	default:
 		fmt.Fprintln(a.stdout, "wrote  ", res.Conf, "(include it from nats.conf, then reload nats-server)")
 	}
 	if res.RedisACL != "" {

@@ -28,3 +28,21 @@ func TestAuthInit(t *testing.T) {
 		t.Errorf("no -dir: exit %d", code)
 	}
 }
+
+// With -compose (make secrets) the output says compose's nats already
+// includes auth.conf, not to include it and restart a server (issue 40).
+func TestAuthInitComposeSaysNothingToDo(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir() + "/secrets"
+	code, out, errs := cli(t, "", "", "auth", "init", "-compose", "-dir", dir)
+	if code != exitOK {
+		t.Fatalf("code %d, stderr %q", code, errs)
+	}
+	if strings.Contains(out, "include it from nats.conf") || !strings.Contains(out, "nothing to do before docker compose up") {
+		t.Errorf("make secrets output:\n%s\nwant: compose's nats includes auth.conf, nothing to do", out)
+	}
+	code, out, _ = cli(t, "", "", "auth", "init", "-compose", "-dir", dir, "-rotate", "producer")
+	if code != exitOK || !strings.Contains(out, "docker compose kill -s HUP nats") {
+		t.Errorf("after a rotation (code %d):\n%s\nwant the reload step", code, out)
+	}
+}

@@ -47,10 +47,13 @@ func runNodes(ctx context.Context, a *app, args []string) error {
 	}
 	now := time.Now()
 	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tMODELS\tCAPACITY\tIN-FLIGHT\tLAST SEEN\tSTATE")
+	// HOST next to the node id (for a pool worker a 56-character key): the
+	// name the node announces, which an operator recognises (a container's
+	// short id, as docker ps shows it).
+	fmt.Fprintln(tw, "NODE\tHOST\tMODELS\tCAPACITY\tIN-FLIGHT\tLAST SEEN\tSTATE")
 	for _, r := range rows {
 		if r.Heartbeat == nil {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\tinvalid heartbeat: %s\n", r.Key, r.Error)
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\tinvalid heartbeat: %s\n", r.Key, r.Error)
 			continue
 		}
 		h := r.Heartbeat
@@ -58,7 +61,11 @@ func runNodes(ctx context.Context, a *app, args []string) error {
 		if h.Draining {
 			state = "draining"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s ago\t%s\n", r.Key, modelList(h.Models), h.Capacity, h.InFlight,
+		host := h.HostName()
+		if host == "" {
+			host = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s ago\t%s\n", r.Key, host, modelList(h.Models), h.Capacity, h.InFlight,
 			now.Sub(h.SentAt).Round(100*time.Millisecond), state)
 	}
 	if err := tw.Flush(); err != nil {

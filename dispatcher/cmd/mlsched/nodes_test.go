@@ -34,9 +34,9 @@ func TestNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	put("gpu-1", protocol.Heartbeat{Node: "gpu-1", Capacity: 8, InFlight: 3, SentAt: now,
+	put("gpu-1", protocol.Heartbeat{Node: "gpu-1", Host: "3f2a9c1b7d4e", Capacity: 8, InFlight: 3, SentAt: now,
 		Models: []protocol.ModelInfo{{Name: "tesseract", Types: []string{"ocr"}}, {Name: "bert", Types: []string{"classify", "ner"}}}})
-	put("cpu-2", protocol.Heartbeat{Node: "cpu-2", Capacity: 2, Draining: true, SentAt: now,
+	put("cpu-2", protocol.Heartbeat{Node: "cpu-2", Host: "bad\x1b[2Jname", Capacity: 2, Draining: true, SentAt: now,
 		Models:  []protocol.ModelInfo{{Name: "tiny", Types: []string{"echo"}}},
 		Unready: []protocol.UnreadyModel{{Name: "resnet", Reason: "GET http://triton:8000/v2/health/ready: 503"}}})
 	if _, err := kv.Put(tctx(t), "broken", []byte("not json")); err != nil {
@@ -60,7 +60,15 @@ func TestNodes(t *testing.T) {
 	if !strings.HasPrefix(lines[2], "cpu-2") || !strings.Contains(lines[2], "draining") || !strings.Contains(lines[2], "tiny(echo)") {
 		t.Errorf("cpu-2 row %q", lines[2])
 	}
-	if f := strings.Fields(lines[3]); f[0] != "gpu-1" || f[1] != "tesseract(ocr)" || f[2] != "bert(classify,ner)" || f[3] != "8" || f[4] != "3" || f[len(f)-1] != "ready" {
+	// The host each node announces next to its id (issue 40); one that
+	// cannot be shown (a terminal escape) is not.
+	if f := strings.Fields(lines[2]); f[1] != "-" || strings.Contains(out, "\x1b") {
+		t.Errorf("cpu-2 row %q: its undisplayable host must show as -", lines[2])
+	}
+	if f := strings.Fields(lines[0]); len(f) < 2 || f[0] != "NODE" || f[1] != "HOST" {
+		t.Errorf("header %q: want HOST next to NODE", lines[0])
+	}
+	if f := strings.Fields(lines[3]); f[0] != "gpu-1" || f[1] != "3f2a9c1b7d4e" || f[2] != "tesseract(ocr)" || f[3] != "bert(classify,ner)" || f[4] != "8" || f[5] != "3" || f[len(f)-1] != "ready" {
 		t.Errorf("gpu-1 row %q", lines[3])
 	}
 	code, out, _ = cli(t, srv.URL, "", "nodes", "-json")

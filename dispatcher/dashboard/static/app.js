@@ -173,7 +173,12 @@ function render() {
   fillBody("#nodes", (v.nodes || []).map(n => {
     const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));
     const models = (n.models || []).join(", ") + (n.unready || []).map(u => (n.models && n.models.length ? ", " : "") + u.name + " (unready)").join("");
-    return el("tr", { "data-node": n.name }, el("td", {}, n.name + (n.draining ? " (draining)" : "")),
+    // The host (container) name the node announces, then its id, cut with
+    // an ellipsis (a pool worker's is a 56-character key; the whole of it
+    // in the tooltip).
+    const who = el("td", { class: "node", title: n.name + (n.host ? " on " + n.host : "") },
+      n.host ? el("b", { class: "host" }, n.host) : "", el("span", { class: "key" }, n.name), n.draining ? " (draining)" : "");
+    return el("tr", { "data-node": n.name }, who,
       el("td", { class: "models" }, models), el("td", {}, bar, pct(n.load)),
       el("td", {}, n.in_flight + " / " + n.capacity), el("td", { class: "heartbeat" }, age(n.sent_at)));
   }), "no live node", 5);

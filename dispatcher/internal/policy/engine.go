@@ -386,18 +386,26 @@ func triedOn(req *Request, model, node string) bool {
 }
 
 // chooseModel applies failover around the policy: a model not tried yet,
-// else a tried model that has a node not tried yet, else any. A half-open
-// model not tried yet takes the task as a probe. It returns nil only outside
-// panic mode, when half-open probes ran out under it.
+// else a tried model that has a node not tried yet, else any. A first
+// attempt on a half-open model not tried yet is that model's probe. A retry
+// is not: it goes to the model the policy ranks best among those left,
+// without exploration and without a half-open model's claim to probes, so
+// that a task which already failed is not spent measuring a model that
+// recently failed (issue 40: a retry went to a model failing 45% while one
+// failing none was free). It returns nil only outside panic mode, when
+// half-open probes ran out under it.
 func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Request, panicking bool) *typeCand {
 	if len(req.Tried) > 0 {
+		if ex, ok := pol.(explore); ok {
+			pol = ex.Policy
+		}
 		s.sel = s.sel[:0]
 		for _, tc := range pool {
 			if !tried(req, tc.m.Model) {
 				s.sel = append(s.sel, tc)
 			}
 		}
-		if tc := e.pick(s, pol, panicking); tc != nil {
+		if tc := e.pick(s, pol, panicking, false); tc != nil {
 			return tc
 		}
 		s.sel = s.sel[:0]
@@ -409,20 +417,21 @@ func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Requ
 				}
 			}
 		}
-		if tc := e.pick(s, pol, panicking); tc != nil {
+		if tc := e.pick(s, pol, panicking, false); tc != nil {
 			return tc
 		}
 	}
 	s.sel = append(s.sel[:0], pool...)
-	return e.pick(s, pol, panicking)
+	return e.pick(s, pol, panicking, len(req.Tried) == 0)
 }
 
 // pick runs the policy over s.sel, giving half-open models their probes
-// first, and takes the probe of a half-open model it returns.
-func (e *Engine) pick(s *scratch, pol Policy, panicking bool) *typeCand {
+// first when probesFirst (a first attempt), and takes the probe of a
+// half-open model it returns.
+func (e *Engine) pick(s *scratch, pol Policy, panicking, probesFirst bool) *typeCand {
 	for len(s.sel) > 0 {
 		i := -1
-		if !panicking {
+		if !panicking && probesFirst {
 			for j, tc := range s.sel {
 				if tc.m.breaker.State == stats.BreakerHalfOpen {
 					i = j

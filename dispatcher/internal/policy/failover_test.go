@@ -63,3 +63,37 @@ func TestFailoverSameModelOtherNodeThenRepeat(t *testing.T) {
 		}
 	}
 }
+
+// A retry goes to the best model left, not to a half-open model's probe
+// nor to exploration: issue 40's task went steady → fast-flaky → broken
+// (failing 45%) while slow-solid (failing none) was free. A first attempt
+// still gives the half-open model its probe.
+func TestRetryPrefersTheMostReliableRemaining(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"steady":     series(990, 10, 40*time.Millisecond, 40*time.Millisecond),
+		"slow-solid": series(1000, 0, 160*time.Millisecond, 160*time.Millisecond),
+		"broken":     series(550, 450, 20*time.Millisecond, 20*time.Millisecond),
+		"unmeasured": series(2, 0, time.Millisecond, time.Millisecond),
+	})
+	snap.Models["broken"].Breaker = stats.Breaker{State: stats.BreakerHalfOpen, Since: t0}
+	hbs := []protocol.Heartbeat{hb("n1", "t", 64, "steady", "slow-solid", "broken", "unmeasured"),
+		hb("n2", "t", 64, "steady", "slow-solid", "broken", "unmeasured")}
+	e := engine(t, Config{ExploreShare: 0.5, Breaker: BreakerConfig{HalfOpenProbes: 1000}})
+	tab := NewTable(snap, hbs, t0)
+	if d, err := e.Decide(tab, &Request{Type: "t"}); err != nil || d.Model != "broken" {
+		t.Fatalf("first attempt: %+v %v, want the half-open model's probe", d, err)
+	}
+	got := map[string]int{}
+	for range 400 {
+		d, err := e.Decide(tab, &Request{Type: "t", Tried: []protocol.Attempt{{Model: "steady", Node: "n1"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tab.Dispatched(d.Model, d.Node)
+		got[d.Model]++
+	}
+	if got["slow-solid"] != 400 {
+		t.Fatalf("retries went to %v, want every one to slow-solid (the most reliable model left)", got)
+	}
+}

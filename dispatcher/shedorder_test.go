@@ -55,7 +55,10 @@ func TestShedSheddableBeforeExpiredAtIntake(t *testing.T) {
 	if res := e.result("low"); res.ErrorCode != protocol.CodeShed {
 		t.Fatalf("low: %+v, want shed", res)
 	}
-	if r := e.d.Report(); r.Counters["shed_inversions"] != 0 || r.Counters["saturated"] != 1 {
-		t.Fatalf("counters %v: want 0 shed inversions, and only low counted as held for capacity", r.Counters)
+	// late reaches intake expired (handed to the hold, not counted as
+	// held for capacity) or, when intake comes within its 1 ms, held as
+	// saturated and expired by the pass: either way after low is shed.
+	if r := e.d.Report(); r.Counters["shed_inversions"] != 0 || r.Counters["saturated"] < 1 || r.Counters["saturated"] > 2 {
+		t.Fatalf("counters %v: want 0 shed inversions, and low (and at most late) counted as held for capacity", r.Counters)
 	}
 }

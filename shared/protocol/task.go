@@ -33,6 +33,10 @@ type Task struct {
 	// included: past it the task is not started and fails with
 	// CodeExpired. Zero: none (or the type's configured default).
 	DeadlineMs int64 `json:"deadline_ms,omitempty"`
+	// Size is how much work the task carries, in the type's own unit
+	// (tokens, pixels, seconds of audio): a model's latency and cost may
+	// grow with it. Zero: unknown.
+	Size float64 `json:"size,omitempty"`
 }
 
 // Priority bounds and the default tenant.
@@ -66,6 +70,8 @@ type Limits struct {
 	MaxAttempts int
 	// MaxDeadlineMs bounds deadline_ms (default 24 hours).
 	MaxDeadlineMs int64
+	// MaxSize bounds size (default 1e12).
+	MaxSize float64
 }
 
 // DefaultLimits are applied for every zero field of Limits.
@@ -76,6 +82,7 @@ var DefaultLimits = Limits{
 	MaxTimeoutMs:    3_600_000,
 	MaxAttempts:     10,
 	MaxDeadlineMs:   86_400_000,
+	MaxSize:         1e12,
 }
 
 func (l Limits) withDefaults() Limits {
@@ -96,6 +103,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxDeadlineMs <= 0 {
 		l.MaxDeadlineMs = DefaultLimits.MaxDeadlineMs
+	}
+	if l.MaxSize <= 0 {
+		l.MaxSize = DefaultLimits.MaxSize
 	}
 	return l
 }
@@ -204,6 +214,9 @@ func (t *Task) Validate(lim Limits) error {
 	}
 	if t.DeadlineMs < 0 || t.DeadlineMs > lim.MaxDeadlineMs {
 		return Errorf(CodeInvalidDeadline, "deadline_ms %d is outside 0..%d", t.DeadlineMs, lim.MaxDeadlineMs)
+	}
+	if !(t.Size >= 0 && t.Size <= lim.MaxSize) { // NaN fails too
+		return Errorf(CodeInvalidField, "size %g is outside 0..%g", t.Size, lim.MaxSize)
 	}
 	if len(t.Models) > lim.MaxModels {
 		return Errorf(CodeTooManyModels, "allow-list has %d models, the limit is %d", len(t.Models), lim.MaxModels)

@@ -123,6 +123,10 @@ func TestDecodeTaskBadInput(t *testing.T) {
 		{"negative deadline", `{"id":"a1","type":"echo","deadline_ms":-1}`, protocol.Limits{}, protocol.CodeInvalidDeadline, "a1"},
 		{"deadline past a day", `{"id":"a1","type":"echo","deadline_ms":86400001}`, protocol.Limits{}, protocol.CodeInvalidDeadline, "a1"},
 		{"deadline is a string", `{"id":"a1","type":"echo","deadline_ms":"5s"}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"negative size", `{"id":"a1","type":"echo","size":-1}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"size past the limit", `{"id":"a1","type":"echo","size":2e12}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"size is a string", `{"id":"a1","type":"echo","size":"12"}`, protocol.Limits{}, protocol.CodeInvalidField, "a1"},
+		{"size accepted", `{"id":"a1","type":"echo","size":1536.5}`, protocol.Limits{}, "", "a1"},
 		{"flow control accepted", `{"id":"a1","type":"echo","priority":-10,"tenant":"acme-1","deadline_ms":5000}`, protocol.Limits{}, "", "a1"},
 		{"priority 10 accepted", `{"id":"a1","type":"echo","priority":10}`, protocol.Limits{}, "", "a1"},
 

@@ -56,6 +56,10 @@ const (
 	// CodeQuotaExceeded: the task's tenant was over its rate or
 	// concurrency quota, and the quota is configured to reject.
 	CodeQuotaExceeded Code = "quota_exceeded"
+	// CodeBudgetExceeded: the task's tenant or type has spent its cost
+	// budget for the current period, and the budget is configured to refuse
+	// (RetryAfterMs says when the period ends).
+	CodeBudgetExceeded Code = "budget_exceeded"
 )
 
 // Error is a protocol error with a stable Code and a human-readable message.

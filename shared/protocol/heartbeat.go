@@ -46,9 +46,18 @@ func (h *Heartbeat) Validate(key string) error {
 		if m.TimeoutMs < 0 || m.TimeoutMs > MaxModelTimeout.Milliseconds() {
 			return fmt.Errorf("model %s: timeout %d ms is outside 0..%d", m.Name, m.TimeoutMs, MaxModelTimeout.Milliseconds())
 		}
+		if !validCost(m.CostPerTask) || !validCost(m.CostPerUnit) {
+			return fmt.Errorf("model %s: cost %g per task, %g per unit: each must be a number in 0..%g", m.Name, m.CostPerTask, m.CostPerUnit, MaxCost)
+		}
 	}
 	return nil
 }
+
+// MaxCost bounds a model's declared cost per task and per unit: far above
+// any real price, low enough that a cost times a task's size stays finite.
+const MaxCost = 1e9
+
+func validCost(c float64) bool { return c >= 0 && c <= MaxCost } // false for NaN
 
 // maxHostLen bounds a heartbeat's host name (a DNS name's limit).
 const maxHostLen = 253

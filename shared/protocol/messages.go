@@ -127,7 +127,17 @@ type ModelInfo struct {
 	// family it replaces, if the models file says.
 	Version  string `json:"version,omitempty"`
 	Replaces string `json:"replaces,omitempty"`
+	// CostPerTask and CostPerUnit are what one attempt of the model costs,
+	// in the operator's own unit (cents, credits): CostPerTask + CostPerUnit
+	// x the task's Size. Declared in the models file; the cost-aware policy
+	// buys the cheapest model reliable enough, and budgets count it. 0 and
+	// 0: the model declares no cost.
+	CostPerTask float64 `json:"cost_per_task,omitempty"`
+	CostPerUnit float64 `json:"cost_per_unit,omitempty"`
 }
+
+// Cost is what one attempt of the model costs for a task of the given size.
+func (m ModelInfo) Cost(size float64) float64 { return m.CostPerTask + m.CostPerUnit*size }
 
 // UnreadyModel is a hosted model a node does not announce, and why.
 type UnreadyModel struct {

@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"context"
 	"encoding/json"
 	"sort"
 	"time"
@@ -37,9 +38,18 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		"reports": c.Reports.Load(), "reports_deferred": c.ReportsDeferred.Load(),
 		"succeeded": c.Succeeded.Load(), "failed": c.Failed.Load(), "shed": c.Shed.Load(),
 		"expired": c.Expired.Load(), "shed_sheddable": c.ShedFlow.Load(), "over_quota": c.OverQuota.Load(),
-		"inversions": c.Inversions.Load(), "parked": c.Parked.Load(), "shed_inversions": c.ShedInversions.Load(),
+		"over_budget": c.OverBudget.Load(),
+		"inversions":  c.Inversions.Load(), "parked": c.Parked.Load(), "shed_inversions": c.ShedInversions.Load(),
 	}
 	r.Types = c.types.snapshot()
+	if p.intake.budgets != nil {
+		_ = p.intake.budgets.Refresh(context.Background()) // down: this replica's last figures
+	}
+	for _, b := range p.intake.budgets.Statuses() {
+		r.Budgets = append(r.Budgets, protocol.BudgetReport{Scope: string(b.Scope), Name: b.Name, Limit: b.Limit,
+			Period: b.Period, Action: string(b.Action), Spent: b.Spent, Ends: b.Ends})
+	}
+	r.Cost = p.intake.metrics.costReport()
 	if reason := p.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}

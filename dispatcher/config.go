@@ -137,6 +137,10 @@ type Config struct {
 	// ParkAbove is how many tasks of one tenant a replica holds in a band
 	// before it parks the tenant's next ones (park.go).
 	ParkAbove int `envconfig:"PARK_ABOVE" default:"256" desc:"flow control: once a replica holds this many tasks of one tenant in a priority band while other tenants send to it, the tenant's next tasks are parked on a subject of their own and come back as its held ones leave, so one tenant's backlog never stands before another's in the stream (at most half MLSCHED_MAX_IN_FLIGHT; 0: off)"`
+	// TenantBudgets and TypeBudgets are cost budgets per period, shared by
+	// every replica through Redis (dispatcher/internal/budget).
+	TenantBudgets map[string]string `envconfig:"TENANT_BUDGETS" desc:"tenants' cost budgets, LIMIT/PERIOD[/refuse|degrade] each (PERIOD: minute, hour, day or a duration; UTC calendar periods), shared by every replica through Redis, e.g. a:100/hour,b:5000/day/degrade; charged per attempt with the model's declared cost; at the limit a task is refused with budget_exceeded and retry_after_ms (refuse, the default) or sent to the cheapest model that clears its type's success bar (degrade)"`
+	TypeBudgets   map[string]string `envconfig:"TYPE_BUDGETS" desc:"task types' cost budgets, as MLSCHED_TENANT_BUDGETS, e.g. classify:2000/day"`
 	// QuotaReject rejects an over-quota task at once instead of holding it.
 	QuotaReject bool `envconfig:"QUOTA_REJECT" default:"false" desc:"reject a task over its tenant's rate quota or concurrency cap at once with quota_exceeded and retry_after_ms, instead of holding it until its deadline"`
 

@@ -25,6 +25,8 @@ func TestInvalidConfigurationNamesTheVariable(t *testing.T) {
 		"MLSCHED_SWEEP_INTERVAL":     "0s",
 		"MLSCHED_TENANT_CONCURRENCY": "a:0",
 		"MLSCHED_QUEUE_TARGET":       "-1s",
+		"MLSCHED_TENANT_BUDGETS":     "a:100/week",
+		"MLSCHED_TYPE_BUDGETS":       "x:-1/hour",
 	}
 	for name, value := range cases {
 		t.Run(name, func(t *testing.T) {

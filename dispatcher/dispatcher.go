@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
+	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -113,6 +114,9 @@ type Counters struct {
 	// lower-priority task while a higher-priority held task of the same
 	// type could have used the slot (flow control: it must stay 0).
 	Expired, ShedFlow, OverQuota, Inversions atomic.Int64
+	// OverBudget counts the attempts found over their tenant's or type's
+	// cost budget (refused with budget_exceeded, or degraded).
+	OverBudget atomic.Int64
 	// ShedInversions counts the non-sheddable tasks that ended for want
 	// of capacity (expired, or failed saturated) while a sheddable task of
 	// their candidate set was still held (shedorder.go: it must stay 0).
@@ -430,6 +434,10 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return err
 	}
 	limiter := quota.New(quota.Params{Rates: flow.rates, Caps: flow.caps, Redis: rc, Replica: d.cfg.Name})
+	var budgets *budget.Ledger
+	if len(flow.budgets) > 0 {
+		budgets = budget.New(budget.Params{Budgets: flow.budgets, Redis: rc, Replicas: limiter.Replicas})
+	}
 	// Results on disk are group-committed: those published while the
 	// stream is busy are stored as one batch, with one fsync.
 	results, resGroup := groupCommit(d.cfg, resPub, resultsStream)
@@ -444,7 +452,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
-		quota: limiter, reconnects: func() uint64 { return nc.Stats().Reconnects }})
+		quota: limiter, budgets: budgets, reconnects: func() uint64 { return nc.Stats().Reconnects }})
 	in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
 		js: js, held: in.held, pub: parked, complete: complete, counters: &d.counters, handle: in.handleParked})
 	prune.parked = in.park.running

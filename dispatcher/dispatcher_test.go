@@ -36,6 +36,9 @@ type env struct {
 	prefetch int
 	// compactNodes: the nodes started next read compact dispatches.
 	compactNodes bool
+	// costs are what the models of the nodes started next declare, per
+	// task and per unit of size (by model name).
+	costs map[string][2]float64
 
 	mu        sync.Mutex
 	published map[string]int // result messages seen per task id
@@ -255,7 +258,8 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	}
 	hb := protocol.Heartbeat{Node: id, Capacity: 8, Prefetch: e.prefetch, StartedAt: time.Now(), CompactDispatch: e.compactNodes}
 	for name := range models {
-		hb.Models = append(hb.Models, protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000})
+		c := e.costs[name]
+		hb.Models = append(hb.Models, protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000, CostPerTask: c[0], CostPerUnit: c[1]})
 	}
 	var beatMu sync.Mutex // the ticker and a test may beat at once
 	beat := func() {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/shared/config"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -31,6 +32,9 @@ type flowRules struct {
 	// caps are the tenants' concurrency caps (MLSCHED_TENANT_CONCURRENCY,
 	// tasks in flight).
 	caps map[string]int
+	// budgets are the tenants' and types' cost budgets
+	// (MLSCHED_TENANT_BUDGETS, MLSCHED_TYPE_BUDGETS).
+	budgets []budget.Budget
 }
 
 // parseFlowRules reads the flow-control variables of c.
@@ -64,6 +68,24 @@ func parseFlowRules(c *Config) (*flowRules, error) {
 			return nil, fmt.Errorf("invalid %s_TENANT_CONCURRENCY entry %s:%s: %w", config.Prefix, tenant, val, err)
 		}
 		r.caps[tenant] = n
+	}
+	for _, set := range []struct {
+		scope budget.Scope
+		env   string
+		m     map[string]string
+		max   int
+	}{{budget.Tenant, "TENANT_BUDGETS", c.TenantBudgets, protocol.MaxTenantLen}, {budget.Type, "TYPE_BUDGETS", c.TypeBudgets, 64}} {
+		for k, v := range set.m {
+			name, val := strings.TrimSpace(k), strings.TrimSpace(v)
+			b, err := budget.Parse(set.scope, name, val)
+			if err == nil {
+				err = protocol.ValidToken(name, set.max)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("invalid %s_%s entry %s:%s: %w", config.Prefix, set.env, name, val, err)
+			}
+			r.budgets = append(r.budgets, b)
+		}
 	}
 	for k, v := range c.TypeDeadlines {
 		typ, val := strings.TrimSpace(k), strings.TrimSpace(v)

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -29,10 +30,11 @@ import (
 // stage sends retries back through dispatch (the retrier interface).
 type intake struct {
 	intakeParams
-	held     *holdRoom
-	unserved *unservedRoom
-	park     *parking  // nil: never park
-	quotaLog sometimes // bounded-rate log of degraded quotas
+	held      *holdRoom
+	unserved  *unservedRoom
+	park      *parking  // nil: never park
+	quotaLog  sometimes // bounded-rate log of degraded quotas
+	budgetLog sometimes // and of degraded budgets
 }
 
 // intakeParams is what the intake stage needs.
@@ -55,6 +57,7 @@ type intakeParams struct {
 	flow       *flowRules  // deadlines and tenants' weights
 	drain      *drainMeter // for retry_after_ms
 	quota      *quota.Limiter
+	budgets    *budget.Ledger // nil: no budgets
 	// reconnects counts the NATS connection's reconnections (unserved.go:
 	// while it was down no heartbeat could arrive).
 	reconnects func() uint64
@@ -63,6 +66,7 @@ type intakeParams struct {
 func newIntake(p intakeParams) *intake {
 	in := &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}}
 	in.quotaLog.every = 10 * time.Second
+	in.budgetLog.every = 10 * time.Second
 	return in
 }
 
@@ -341,6 +345,13 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	if in.quota.Capped(t.TenantName()) && !in.acquire(&a, msg, deadline, expiry) {
 		return // held or rejected over its tenant's concurrency cap
 	}
+	cost, priced := in.reg.Cost(dec.Node, dec.Model, t.Size)
+	if in.budgets.Limited(t.TenantName(), t.Type) && !in.spend(&a, msg, cost) {
+		return // refused over its tenant's or type's budget
+	}
+	if priced {
+		in.metrics.spent(t.Type, t.TenantName(), dec.Model, cost)
+	}
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
 		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
 		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck}
@@ -471,6 +482,42 @@ func (in *intake) acquire(a *attemptSpec, msg jsplumb.Msg, deadline, expiry time
 	if !in.hold(*a, msg, policy.Decision{}, in.holdWait(a), expiry) {
 		in.complete.Retry(msg, 0) // shutting down
 	}
+	return false
+}
+
+// spend charges the attempt's cost to its tenant's and type's budgets
+// (dispatcher/internal/budget), each attempt of a task alike: the work is
+// paid for when it runs. Over a budget that refuses, the task ends with
+// CodeBudgetExceeded and retry_after_ms (the time left in the budget's
+// period): rejected on a first attempt, failed on a retry (the task ran
+// and failed, and there is no budget to try again). Over a budget that
+// degrades, the attempt goes on and is charged anyway (the decision already
+// took the cheapest model that clears the type's bar when the type's
+// policy is cost). It reports whether the attempt goes on.
+func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) bool {
+	t := &a.task
+	v := in.budgets.Charge(context.Background(), t.TenantName(), t.Type, cost, false)
+	if why := in.budgets.Degraded(); why != "" {
+		in.budgetLog.log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
+			"budgets degraded: charging this replica's share of each budget")
+	}
+	if v.OK {
+		return true
+	}
+	in.counters.OverBudget.Add(1)
+	if v.Over.Action == budget.Degrade {
+		in.budgets.Charge(context.Background(), t.TenantName(), t.Type, cost, true)
+		return true
+	}
+	err := protocol.Errorf(protocol.CodeBudgetExceeded, "%s %q has spent its budget of %g per %s (this attempt would cost %g); it renews in %s",
+		v.Over.Scope, v.Over.Name, v.Over.Limit, v.Over.Period, cost, v.RetryAfter.Round(time.Second))
+	status := protocol.StatusRejected
+	if a.attempt > 1 {
+		status = protocol.StatusFailed
+	}
+	e := a.ends(msg, err, status)
+	e.retryAfter = max(v.RetryAfter, time.Millisecond)
+	in.fin.end(e)
 	return false
 }
 

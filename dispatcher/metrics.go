@@ -1,7 +1,10 @@
 package dispatcher
 
 import (
+	"context"
+	"maps"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/mlsched/mlsched/dispatcher/rollout"
 	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/opshttp"
+	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // Prometheus metrics of a replica. The per-task instruments are resolved once
@@ -30,6 +34,52 @@ type metrics struct {
 	// their wait from submission to that dispatch.
 	admitted *opshttp.Children[string, prometheus.Counter]  // band
 	wait     *opshttp.Children[string, prometheus.Observer] // band
+	// cost is the declared cost of the attempts dispatched, by type and
+	// model, and tenantCost by tenant (the first maxCostTenants tenants
+	// seen, the rest as "other": tenants are the producers' to name).
+	cost         *opshttp.Children[opshttp.L2, prometheus.Counter] // type, model
+	tenantCost   *opshttp.Children[string, prometheus.Counter]     // tenant
+	costTenants  sync.Map                                          // tenant: struct{}
+	nCostTenants atomic.Int64
+	costMu       sync.Mutex
+	costs        protocol.CostReport // totals since start (under costMu)
+}
+
+// maxCostTenants bounds the tenant label of mlsched_tenant_cost_total.
+const maxCostTenants = 200
+
+// spent counts an attempt's declared cost, in the metrics and in the
+// totals `mlsched stats` shows.
+func (m *metrics) spent(typ, tenant, model string, cost float64) {
+	m.cost.Get(opshttp.L2{A: typ, B: model}).Add(cost)
+	if _, ok := m.costTenants.Load(tenant); !ok {
+		if m.nCostTenants.Add(1) > maxCostTenants {
+			m.nCostTenants.Add(-1)
+			tenant = "other"
+		} else if _, dup := m.costTenants.LoadOrStore(tenant, struct{}{}); dup {
+			m.nCostTenants.Add(-1)
+		}
+	}
+	m.tenantCost.Get(tenant).Add(cost)
+	m.costMu.Lock()
+	if m.costs.ByType == nil {
+		m.costs = protocol.CostReport{ByType: map[string]float64{}, ByModel: map[string]float64{}, ByTenant: map[string]float64{}}
+	}
+	m.costs.ByType[typ] += cost
+	m.costs.ByModel[model] += cost
+	m.costs.ByTenant[tenant] += cost
+	m.costMu.Unlock()
+}
+
+// costReport copies the totals (nil before any priced attempt).
+func (m *metrics) costReport() *protocol.CostReport {
+	m.costMu.Lock()
+	defer m.costMu.Unlock()
+	if m.costs.ByType == nil {
+		return nil
+	}
+	return &protocol.CostReport{ByType: maps.Clone(m.costs.ByType), ByModel: maps.Clone(m.costs.ByModel),
+		ByTenant: maps.Clone(m.costs.ByTenant)}
 }
 
 // Buckets of submit-to-result and execution durations: 5ms to 2 minutes.
@@ -58,10 +108,17 @@ func newMetrics(d *Dispatcher) *metrics {
 	wait := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mlsched_flow_wait_seconds",
 		Help:    "Time from a task's submission (its MLSCHED_TASKS timestamp) to its first dispatch, queueing and holding included, by priority band.",
 		Buckets: durationBuckets}, []string{"band"})
-	reg.MustRegister(received, results, attempts, decision, taskDur, dead, admitted, wait, &snapshotCollector{d: d}, &streamsCollector{d: d})
+	cost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_cost_total",
+		Help: "Declared cost (the models file's cost, per task and per unit of the task's size) of the attempts dispatched, by type and model; absent for models that declare none."},
+		[]string{"type", "model"})
+	tenantCost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_tenant_cost_total",
+		Help: "Declared cost of the attempts dispatched, by tenant (the first 200 tenants seen by the replica, the rest as other)."},
+		[]string{"tenant"})
+	reg.MustRegister(received, results, attempts, decision, taskDur, dead, admitted, wait, cost, tenantCost, &snapshotCollector{d: d}, &streamsCollector{d: d})
 	m := &metrics{reg: reg, received: opshttp.Counter1(received), results: opshttp.Counter2(results),
 		attempts: opshttp.Counter3(attempts), decision: decision, taskDur: opshttp.Observer1(taskDur),
-		dead: opshttp.Counter1(dead), admitted: opshttp.Counter1(admitted), wait: opshttp.Observer1(wait)}
+		dead: opshttp.Counter1(dead), admitted: opshttp.Counter1(admitted), wait: opshttp.Observer1(wait),
+		cost: opshttp.Counter2(cost), tenantCost: opshttp.Counter1(tenantCost)}
 	for _, k := range []string{"invalid", "exhausted", "outcome"} {
 		m.dead.Get(k) // present at 0 from the start, so that rate() and alerts see the first one
 	}
@@ -99,6 +156,11 @@ var (
 		[]string{"event"}, nil)
 	descQuotaDegraded = prometheus.NewDesc("mlsched_quota_degraded",
 		"1 while Redis does not answer the tenants' rate quotas and this replica enforces its share, the quota divided by the live replicas it last saw.", nil, nil)
+	descBudgetSpent = prometheus.NewDesc("mlsched_budget_spent",
+		"Cost spent in the current period of each budget (MLSCHED_TENANT_BUDGETS, MLSCHED_TYPE_BUDGETS), by scope (tenant, type) and name, as read from Redis when scraped (every replica reports the same: max, not sum).",
+		[]string{"scope", "name"}, nil)
+	descBudgetLimit = prometheus.NewDesc("mlsched_budget_limit",
+		"Each budget's limit per period, by scope (tenant, type) and name.", []string{"scope", "name"}, nil)
 	descFlowEnded = prometheus.NewDesc("mlsched_flow_ended_total",
 		"Tasks this replica ended without starting them, by priority band (high, normal, low) and code (shed, expired, quota_exceeded).",
 		[]string{"band", "code"}, nil)
@@ -125,7 +187,7 @@ var (
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSuccess, descBreaker, descModelInflight, descNodeInflight, descNodeCapacity,
-		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descQuotaDegraded, descHeldBand, descFlowEnded,
+		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descQuotaDegraded, descBudgetSpent, descBudgetLimit, descHeldBand, descFlowEnded,
 		descRolloutShare, descRolloutState, descRolloutStep, descRolloutTasks, descRolloutTransitions} {
 		ch <- d
 	}
@@ -155,6 +217,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.Expired, "expired")
 	counter(descEvents, &cs.ShedFlow, "shed_sheddable")
 	counter(descEvents, &cs.OverQuota, "over_quota")
+	counter(descEvents, &cs.OverBudget, "over_budget")
 	counter(descEvents, &cs.Inversions, "inversions")
 	counter(descEvents, &cs.ShedInversions, "shed_inversions")
 	counter(descEvents, &cs.Parked, "parked")
@@ -177,6 +240,13 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		quotaDegraded = 1
 	}
 	gauge(descQuotaDegraded, quotaDegraded)
+	if p.intake.budgets != nil {
+		_ = p.intake.budgets.Refresh(context.Background()) // down: this replica's last figures
+	}
+	for _, b := range p.intake.budgets.Statuses() {
+		gauge(descBudgetSpent, b.Spent, string(b.Scope), b.Name)
+		gauge(descBudgetLimit, b.Limit, string(b.Scope), b.Name)
+	}
 	for _, w := range p.intake.held.waiting(20) {
 		gauge(descHeldBand, float64(w.Held), w.Band, w.Tenant)
 	}

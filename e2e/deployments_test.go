@@ -164,7 +164,7 @@ func TestPrometheusConfigAndRules(t *testing.T) {
 	}
 	for _, alert := range []string{"MlschedModelSuccessRatioLow", "MlschedModelSuccessRatioDropping",
 		"MlschedBacklogGrowing", "MlschedBreakerOpen", "MlschedStatsDegraded", "MlschedStreamNearBound", "MlschedResultsExpireEarly",
-		"MlschedRolloutRolledBack", "MlschedRolloutStalled"} {
+		"MlschedRolloutRolledBack", "MlschedRolloutStalled", "MlschedBudgetNearlySpent"} {
 		if !strings.Contains(string(rules), "alert: "+alert+"\n") {
 			t.Errorf("alerts.yml has no %s", alert)
 		}

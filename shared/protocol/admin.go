@@ -65,6 +65,34 @@ type StatsReport struct {
 	// now, per (model, node) (MLSCHED_QUEUE_TARGET; docs/policies.md, "The
 	// queue target").
 	QueueTargets []QueueTargetReport `json:"queue_targets,omitempty"`
+	// Budgets are the cost budgets (MLSCHED_TENANT_BUDGETS,
+	// MLSCHED_TYPE_BUDGETS) and their spending in the current period,
+	// shared by every replica.
+	Budgets []BudgetReport `json:"budgets,omitempty"`
+	// Cost is the declared cost of the attempts this replica dispatched
+	// since it started, by type, model and tenant (absent when no model
+	// declares a cost).
+	Cost *CostReport `json:"cost,omitempty"`
+}
+
+// BudgetReport is one cost budget's state.
+type BudgetReport struct {
+	Scope  string        `json:"scope"` // tenant or type
+	Name   string        `json:"name"`
+	Limit  float64       `json:"limit"`
+	Period time.Duration `json:"period_ns"`
+	// Action at the limit: refuse (budget_exceeded) or degrade.
+	Action string  `json:"action"`
+	Spent  float64 `json:"spent"`
+	// Ends is when the current period ends and the budget renews.
+	Ends time.Time `json:"ends"`
+}
+
+// CostReport sums declared costs.
+type CostReport struct {
+	ByType   map[string]float64 `json:"by_type,omitempty"`
+	ByModel  map[string]float64 `json:"by_model,omitempty"`
+	ByTenant map[string]float64 `json:"by_tenant,omitempty"`
 }
 
 // QueueTargetReport is one (model, node)'s queue target: a new attempt

@@ -150,6 +150,7 @@ func renderStats(w io.Writer, r protocol.StatsReport, now time.Time) {
 	}
 	renderFlow(w, r)
 	renderQueueTargets(w, r.QueueTargets)
+	renderCosts(w, r, now)
 	renderRollouts(w, r.Rollouts, now)
 	if r.QuotaDegraded != "" {
 		fmt.Fprintf(w, "quotas DEGRADED: %s\n", oneLine(r.QuotaDegraded, 160))
@@ -236,6 +237,71 @@ func renderFlow(w io.Writer, r protocol.StatsReport) {
 			by = "-"
 		}
 		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\t%d\t%d\t\n", band, held, by, ended[protocol.CodeShed], ended[protocol.CodeExpired], ended[protocol.CodeQuotaExceeded])
+	}
+	tw.Flush()
+}
+
+// renderCosts prints the models' declared costs (from the nodes'
+// heartbeats), what this replica's attempts cost since it started, and
+// each budget's spending in its current period (shared by the replicas).
+func renderCosts(w io.Writer, r protocol.StatsReport, now time.Time) {
+	prices := map[string]string{}
+	for _, n := range r.Nodes {
+		for _, m := range n.Models {
+			if m.CostPerTask > 0 || m.CostPerUnit > 0 {
+				p := fmt.Sprintf("%g", m.CostPerTask)
+				if m.CostPerUnit > 0 {
+					p += fmt.Sprintf("+%g/unit", m.CostPerUnit)
+				}
+				if old, ok := prices[m.Name]; ok && old != p {
+					p = "varies by node"
+				}
+				prices[m.Name] = p
+			}
+		}
+	}
+	if len(prices) > 0 {
+		names := make([]string, 0, len(prices))
+		for k := range prices {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		fmt.Fprint(w, "declared cost per attempt:")
+		for _, k := range names {
+			fmt.Fprintf(w, " %s=%s", k, prices[k])
+		}
+		fmt.Fprintln(w)
+	}
+	if c := r.Cost; c != nil {
+		for _, part := range []struct {
+			by string
+			m  map[string]float64
+		}{{"type", c.ByType}, {"model", c.ByModel}, {"tenant", c.ByTenant}} {
+			keys := make([]string, 0, len(part.m))
+			for k := range part.m {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			fmt.Fprintf(w, "cost since start by %s:", part.by)
+			for _, k := range keys {
+				fmt.Fprintf(w, " %s=%.4g", k, part.m[k])
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if len(r.Budgets) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "budgets (every replica's spending, this period):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  BUDGET	SPENT	LIMIT	USED	PERIOD	RENEWS IN	AT LIMIT	")
+	for _, b := range r.Budgets {
+		used := 0.0
+		if b.Limit > 0 {
+			used = 100 * b.Spent / b.Limit
+		}
+		fmt.Fprintf(tw, "  %s:%s\t%.4g\t%.4g\t%.0f%%\t%s\t%s\t%s\t\n", b.Scope, b.Name, b.Spent, b.Limit, used, b.Period,
+			max(0, b.Ends.Sub(now)).Round(time.Second), b.Action)
 	}
 	tw.Flush()
 }

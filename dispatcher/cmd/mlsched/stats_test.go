@@ -33,7 +33,7 @@ var sampleReport = protocol.StatsReport{
 		{Name: "tesseract", Dispatched: 900, Successes: 880, SuccessRate: 0.9777, P50Ms: 42, P95Ms: 1250, InFlight: 7, Breaker: "closed", TrafficShare: 0.75},
 		{Name: "flaky", Dispatched: 300, SuccessRate: 0.4, P50Ms: 0.25, P95Ms: 120, Breaker: "open", TrafficShare: 0.25},
 	},
-	Nodes: []protocol.Heartbeat{{Node: "n1"}, {Node: "n2", Unready: []protocol.UnreadyModel{
+	Nodes: []protocol.Heartbeat{{Node: "n1", Models: []protocol.ModelInfo{{Name: "tesseract", CostPerTask: 2, CostPerUnit: 0.5}}}, {Node: "n2", Unready: []protocol.UnreadyModel{
 		{Name: "remote", Types: []string{"classify"}, Reason: "GET http://127.0.0.1:9000/healthz: connection refused"}}}},
 	Counters: map[string]int64{"suppressed": 4, "late": 1, "panic": 0},
 	Held:     5, HeldBy: []protocol.HeldCount{{Band: "high", Tenant: "fraud", Held: 1}, {Band: "normal", Tenant: "bulk", Held: 4}},
@@ -45,6 +45,10 @@ var sampleReport = protocol.StatsReport{
 		Share: 0.25, New: protocol.RolloutCounts{Successes: 90, Failures: 2}, Incumbent: protocol.RolloutCounts{Successes: 300, Failures: 3},
 		LLR: -0.4, Verdict: "continue"}},
 	QuotaDegraded: "Redis does not answer",
+	Budgets: []protocol.BudgetReport{{Scope: "tenant", Name: "acme", Limit: 100, Period: time.Hour, Action: "refuse", Spent: 85,
+		Ends: time.Now().Add(90 * time.Second)}},
+	Cost: &protocol.CostReport{ByType: map[string]float64{"ocr": 85}, ByModel: map[string]float64{"tesseract": 85},
+		ByTenant: map[string]float64{"acme": 85}},
 }
 
 func TestStatsTable(t *testing.T) {
@@ -64,6 +68,8 @@ func TestStatsTable(t *testing.T) {
 		"held by band/tenant: high/fraud=1 normal/bulk=4", "quotas DEGRADED: Redis does not answer",
 		"flow control by band:", "QUOTA_EXCEEDED",
 		"queue target by model and node (MLSCHED_QUEUE_TARGET):",
+		"declared cost per attempt: tesseract=2+0.5/unit", "cost since start by type: ocr=85", "cost since start by tenant: acme=85",
+		"budgets (every replica's spending, this period):", "tenant:acme  85     100    85%   1h0m0s",
 		"rollout fraud -> fraud@v8: running, step 2/4, share 25.0%, new 90 ok/2 failed/0 timeouts, incumbent 300/3/0, llr -0.40 (continue)",
 	} {
 		if !strings.Contains(out, want) {
@@ -73,10 +79,10 @@ func TestStatsTable(t *testing.T) {
 	lines := strings.Split(out, "\n")
 	var flaky, tess int
 	for i, l := range lines {
-		if strings.Contains(l, "flaky") {
+		if strings.HasPrefix(strings.TrimSpace(l), "flaky") {
 			flaky = i
 		}
-		if strings.Contains(l, "tesseract") {
+		if strings.HasPrefix(strings.TrimSpace(l), "tesseract") {
 			tess = i
 		}
 	}

@@ -105,6 +105,18 @@ func (l *Limiter) Allow(ctx context.Context, tenant string) (ok bool, retryAfter
 	return l.allowLocal(tenant, rate, time.Now())
 }
 
+// Replicas registers this replica in Redis and counts the live ones (every
+// 2 s at most; the last count when Redis does not answer): the divisor
+// other shared limits (the cost budgets) use when Redis is down.
+func (l *Limiter) Replicas(ctx context.Context) int {
+	if l.rc != nil {
+		ctx, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		l.countReplicas(ctx)
+	}
+	return l.liveReplicas()
+}
+
 func (l *Limiter) liveReplicas() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -38,7 +38,11 @@ type Registry struct {
 	live    atomic.Pointer[[]protocol.Heartbeat]
 	// compact holds the live nodes that read compact dispatches.
 	compact atomic.Pointer[map[string]bool]
-	ready   chan struct{}
+	// costs holds the declared cost of each (node, model) that declares
+	// one; nil when none does, so that a cluster without costs pays one
+	// load per dispatch for them.
+	costs atomic.Pointer[map[NodeModel]protocol.ModelInfo]
+	ready chan struct{}
 	// members is the last published membership (ids, models and types);
 	// joined gets a signal when it changes (under mu).
 	members string
@@ -73,6 +77,24 @@ func (r *Registry) Live() []protocol.Heartbeat { return *r.live.Load() }
 // CompactDispatch reports whether live node reads the compact dispatch
 // encoding (protocol.HdrDispatch), as its last heartbeat said.
 func (r *Registry) CompactDispatch(node string) bool { return (*r.compact.Load())[node] }
+
+// NodeModel names a model on a node.
+type NodeModel struct{ Node, Model string }
+
+// Cost is what an attempt of model on node costs for a task of the given
+// size, as the node announces it (protocol.ModelInfo.Cost); declared
+// reports whether the model declares a cost there at all.
+func (r *Registry) Cost(node, model string, size float64) (cost float64, declared bool) {
+	m := r.costs.Load()
+	if m == nil {
+		return 0, false
+	}
+	mi, ok := (*m)[NodeModel{node, model}]
+	if !ok {
+		return 0, false
+	}
+	return mi.Cost(size), true
+}
 
 // Refused counts the heartbeats ignored as invalid (protocol.Heartbeat.Validate).
 // Changed gets a signal (coalesced) whenever the membership changes: a node
@@ -184,6 +206,22 @@ func (r *Registry) publishLocked() {
 		}
 	}
 	r.compact.Store(&compact)
+	var costs map[NodeModel]protocol.ModelInfo
+	for _, hb := range live {
+		for _, m := range hb.Models {
+			if m.CostPerTask > 0 || m.CostPerUnit > 0 {
+				if costs == nil {
+					costs = map[NodeModel]protocol.ModelInfo{}
+				}
+				costs[NodeModel{hb.Node, m.Name}] = m
+			}
+		}
+	}
+	if costs == nil {
+		r.costs.Store(nil)
+	} else {
+		r.costs.Store(&costs)
+	}
 	if m := membership(live); m != r.members {
 		r.members = m
 		select {

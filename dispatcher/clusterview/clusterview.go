@@ -55,6 +55,11 @@ type View struct {
 	// with the freshest statistics applies it (docs/policies.md, "The
 	// queue target").
 	QueueTargets []protocol.QueueTargetReport `json:"queue_targets,omitempty"`
+	// Budgets are the cost budgets, each with the highest spending a
+	// replica read (they share it through Redis), and Cost the declared
+	// cost of the replicas' attempts summed, by type, model and tenant.
+	Budgets []protocol.BudgetReport `json:"budgets,omitempty"`
+	Cost    *protocol.CostReport    `json:"cost,omitempty"`
 	// Problems lists what could not be read (the rest of the view stands).
 	Problems []string `json:"problems,omitempty"`
 }
@@ -265,6 +270,47 @@ func mergeFlow(reports []protocol.StatsReport) ([]protocol.HeldCount, []protocol
 	return hs, es
 }
 
+// mergeCosts keeps each budget's highest spending (the same shared figure,
+// read at different moments) and sums the replicas' costs.
+func mergeCosts(reports []protocol.StatsReport) ([]protocol.BudgetReport, *protocol.CostReport) {
+	var bs []protocol.BudgetReport
+	var cost *protocol.CostReport
+	add := func(dst *map[string]float64, src map[string]float64) {
+		for k, x := range src {
+			if *dst == nil {
+				*dst = map[string]float64{}
+			}
+			(*dst)[k] += x
+		}
+	}
+	for _, r := range reports {
+		for _, b := range r.Budgets {
+			i := slices.IndexFunc(bs, func(x protocol.BudgetReport) bool { return x.Scope == b.Scope && x.Name == b.Name })
+			switch {
+			case i < 0:
+				bs = append(bs, b)
+			case b.Ends.After(bs[i].Ends) || b.Ends.Equal(bs[i].Ends) && b.Spent > bs[i].Spent:
+				bs[i] = b // a later period, or more of this one seen
+			}
+		}
+		if r.Cost != nil {
+			if cost == nil {
+				cost = &protocol.CostReport{}
+			}
+			add(&cost.ByType, r.Cost.ByType)
+			add(&cost.ByModel, r.Cost.ByModel)
+			add(&cost.ByTenant, r.Cost.ByTenant)
+		}
+	}
+	sort.Slice(bs, func(i, j int) bool {
+		if bs[i].Scope != bs[j].Scope {
+			return bs[i].Scope < bs[j].Scope
+		}
+		return bs[i].Name < bs[j].Name
+	})
+	return bs, cost
+}
+
 // Merge builds a view from replica reports.
 func Merge(reports []protocol.StatsReport, now time.Time) *View {
 	v := &View{At: now, Counters: map[string]int64{}, Backlog: map[string]int64{}, Types: map[string]protocol.TypeCounts{}}
@@ -307,6 +353,7 @@ func Merge(reports []protocol.StatsReport, now time.Time) *View {
 	}
 	sort.Slice(v.Rollouts, func(i, j int) bool { return v.Rollouts[i].Family < v.Rollouts[j].Family })
 	v.HeldBy, v.EndedBy = mergeFlow(reports)
+	v.Budgets, v.Cost = mergeCosts(reports)
 	sort.Slice(v.Replicas, func(i, j int) bool { return v.Replicas[i].Name < v.Replicas[j].Name })
 	if freshest != nil {
 		v.Window = freshest.Window

@@ -107,3 +107,26 @@ func TestMergeFlowControl(t *testing.T) {
 		t.Errorf("ended %v", v.EndedBy)
 	}
 }
+
+// A budget's spending is shared: the view keeps the highest reading of its
+// current period, not a sum; costs are per replica and add up.
+func TestMergeCosts(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := func(spent float64, ends time.Time) []protocol.BudgetReport {
+		return []protocol.BudgetReport{{Scope: "tenant", Name: "acme", Limit: 100, Spent: spent, Ends: ends}}
+	}
+	v := clusterview.Merge([]protocol.StatsReport{
+		{Dispatcher: "a", Budgets: b(40, t0), Cost: &protocol.CostReport{ByType: map[string]float64{"ocr": 3}, ByModel: map[string]float64{"big": 3}}},
+		{Dispatcher: "b", Budgets: b(55, t0), Cost: &protocol.CostReport{ByType: map[string]float64{"ocr": 2}, ByTenant: map[string]float64{"acme": 2}}},
+		{Dispatcher: "c", Budgets: b(90, t0.Add(-time.Hour))}, // a replica that read the last period
+	}, t0)
+	if len(v.Budgets) != 1 || v.Budgets[0].Spent != 55 {
+		t.Fatalf("budgets %+v, want acme at 55 (the highest reading of the current period)", v.Budgets)
+	}
+	if v.Cost == nil || v.Cost.ByType["ocr"] != 5 || v.Cost.ByModel["big"] != 3 || v.Cost.ByTenant["acme"] != 2 {
+		t.Fatalf("cost %+v, want the replicas' sums", v.Cost)
+	}
+	if v := clusterview.Merge([]protocol.StatsReport{{Dispatcher: "a"}}, t0); v.Cost != nil || v.Budgets != nil {
+		t.Fatalf("no costs declared: %+v %+v", v.Cost, v.Budgets)
+	}
+}

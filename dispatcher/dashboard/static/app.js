@@ -170,6 +170,21 @@ function render() {
     el("td", {}, q.model), el("td", {}, q.node), el("td", {}, ms(q.service_ms)), el("td", {}, q.samples),
     el("td", { class: "target" }, q.mode === "off" ? "off" : ms(q.target_ms)), el("td", { class: "mode" }, q.mode))), "no model", 6);
 
+  // Costs: budgets (their spending is shared: the highest reading) and
+  // the declared cost of the replicas' attempts.
+  const budgets = v.budgets || [], cost = v.cost || {};
+  const costRows = [];
+  for (const [by, m] of [["type", cost.by_type], ["model", cost.by_model], ["tenant", cost.by_tenant]])
+    for (const k of Object.keys(m || {}).sort()) costRows.push([by, k, m[k]]);
+  document.getElementById("costs-section").hidden = budgets.length === 0 && costRows.length === 0;
+  const dur = ns => { const s = Math.round(ns / 1e9); return s % 86400 === 0 ? s / 86400 + "d" : s % 3600 === 0 ? s / 3600 + "h" : s % 60 === 0 ? s / 60 + "m" : s + "s"; };
+  fillBody("#budgets", budgets.map(b => el("tr", { "data-budget": b.scope + ":" + b.name, class: b.spent >= 0.8 * b.limit ? "hot" : "" },
+    el("td", {}, b.scope + ":" + b.name), el("td", { class: "spent" }, +b.spent.toPrecision(4)), el("td", {}, b.limit),
+    el("td", { class: "used" }, pct(b.limit > 0 ? b.spent / b.limit : 0)), el("td", {}, dur(b.period_ns)),
+    el("td", {}, dur(Math.max(0, Date.parse(b.ends) - Date.now()) * 1e6)), el("td", {}, b.action))), "no budget", 7);
+  fillBody("#costs", costRows.map(([by, k, x]) => el("tr", { "data-cost": by + ":" + k },
+    el("td", {}, by), el("td", {}, k), el("td", { class: "cost" }, +x.toPrecision(4)))), "no declared cost", 3);
+
   fillBody("#nodes", (v.nodes || []).map(n => {
     const bar = el("span", { class: "bar" + (n.load >= 0.9 ? " hot" : "") }, el("span", { style: "width:" + Math.min(100, 100 * n.load).toFixed(0) + "%" }));
     const models = (n.models || []).join(", ") + (n.unready || []).map(u => (n.models && n.models.length ? ", " : "") + u.name + " (unready)").join("");

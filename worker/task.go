@@ -41,6 +41,7 @@ type dispatch struct {
 	// priority and tenant order the node's queue (slots.go).
 	priority int
 	tenant   string
+	size     float64
 }
 
 // parseDispatch reads the headers and body. It fills what it can even on
@@ -58,7 +59,7 @@ func parseDispatch(msg jetstream.Msg) (dispatch, error) {
 		d.Type = head.Type
 	}
 	d.payload = bytes.Clone(head.Payload) // the model's own copy: the body travels on in a failed outcome
-	d.priority, d.tenant = head.Priority, head.Tenant
+	d.priority, d.tenant, d.size = head.Priority, head.Tenant, head.Size
 	switch {
 	case bodyErr != nil:
 		return d, fmt.Errorf("%w: body is not a task: %v", ErrMalformedDispatch, bodyErr)
@@ -201,7 +202,7 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 			}
 		}()
 		o, err := m.exec.Run(ctx, executor.Task{ID: d.TaskID, Type: d.Type, Model: d.Model, Attempt: d.Attempt,
-			Payload: d.payload, Traceparent: traceparent})
+			Payload: d.payload, Size: d.size, Traceparent: traceparent})
 		res <- result{o, err}
 	}()
 	var r result

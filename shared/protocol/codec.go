@@ -159,6 +159,7 @@ type TaskHead struct {
 	Payload  json.RawMessage `json:"payload"`
 	Priority int             `json:"priority"`
 	Tenant   string          `json:"tenant"`
+	Size     float64         `json:"size"`
 }
 
 // DecodeTaskHead decodes a task message's head, and nothing else, exactly as

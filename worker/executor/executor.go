@@ -29,6 +29,9 @@ type Task struct {
 	Model   string
 	Attempt int
 	Payload json.RawMessage
+	// Size is the task's size, when it declares one (protocol.Task.Size:
+	// tokens, pixels); a sim model's latency may grow with it.
+	Size float64
 	// Traceparent is the W3C trace context of the attempt ("" when the task
 	// has none); the http executor sends it to the model server.
 	Traceparent string

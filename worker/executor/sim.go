@@ -126,6 +126,9 @@ func sample(r *rand.Rand, l model.Latency) time.Duration {
 // outcome. A success echoes the payload.
 func (s *Sim) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 	d := s.Draw()
+	if per := s.spec.LatencyPerUnit.D(); per > 0 && t.Size > 0 {
+		d.Latency += time.Duration(min(float64(per)*t.Size, float64(time.Hour)))
+	}
 	if d.Kind == KindHang {
 		<-ctx.Done()
 		return nil, ctx.Err()

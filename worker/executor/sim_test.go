@@ -245,3 +245,26 @@ func TestDigitsHandler(t *testing.T) {
 		}
 	}
 }
+
+// A sim model's latency grows with the task's size: the drawn latency plus
+// latency_per_unit for each unit, reported in the output.
+func TestSimLatencyPerUnit(t *testing.T) {
+	t.Parallel()
+	s := NewSim("sized", model.SimSpec{Latency: model.Latency{Dist: model.DistFixed, Value: ms(1)},
+		LatencyPerUnit: model.Duration(10 * time.Microsecond)}, 1, nil)
+	for _, tc := range []struct {
+		size float64
+		want float64 // ms
+	}{{0, 1}, {300, 4}} {
+		out, err := s.Run(context.Background(), Task{ID: "x", Size: tc.size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var o struct {
+			LatencyMs float64 `json:"sim_latency_ms"`
+		}
+		if json.Unmarshal(out, &o) != nil || o.LatencyMs != tc.want {
+			t.Errorf("size %g: output %s, want sim_latency_ms %g", tc.size, out, tc.want)
+		}
+	}
+}

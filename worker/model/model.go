@@ -170,6 +170,10 @@ var Datatypes = []string{"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", 
 type SimSpec struct {
 	// Latency is the run time distribution (default fixed 0).
 	Latency Latency `yaml:"latency,omitempty"`
+	// LatencyPerUnit is added to the drawn latency for each unit of the
+	// task's size (its "size" field: tokens, pixels), as real inference
+	// grows with its input (default 0).
+	LatencyPerUnit Duration `yaml:"latency_per_unit,omitempty"`
 	// FailureRate is the probability of a model error (default 0).
 	FailureRate float64 `yaml:"failure_rate,omitempty"`
 	// TimeoutRate is the probability that the model hangs until the task
@@ -484,6 +488,9 @@ func validURL(s string) error {
 func (s *SimSpec) validate() error {
 	if err := s.Latency.validate("sim.latency"); err != nil {
 		return err
+	}
+	if s.LatencyPerUnit.D() < 0 {
+		return fmt.Errorf("sim.latency_per_unit: %s is negative", s.LatencyPerUnit.D())
 	}
 	for _, r := range []struct {
 		name string

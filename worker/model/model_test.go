@@ -68,6 +68,7 @@ func TestValidationErrorsNameModelAndField(t *testing.T) {
 		{"bad duration", "models: [{name: a, types: [t], executor: sim, timeout: 5}]", `want a duration`},
 		{"bad duration unit", "models: [{name: a, types: [t], executor: sim, timeout: 5parsecs}]", `"5parsecs"`},
 		{"negative duration", "models: [{name: a, types: [t], executor: sim, timeout: -1s}]", `negative`},
+		{"negative latency per unit", "models: [{name: a, types: [t], executor: sim, sim: {latency_per_unit: -1ms}}]", `duration "-1ms" is negative`},
 		{"go without handler", "models: [{name: a, types: [t], executor: go}]", `model "a": go.handler: missing`},
 		{"exec without command", "models: [{name: a, types: [t], executor: exec, exec: {command: []}}]", `model "a": exec.command: missing`},
 		{"http without url", "models: [{name: a, types: [t], executor: http, http: {}}]", `model "a": http.url: missing`},

@@ -92,6 +92,19 @@ type Options struct {
 	// Dir holds the servers' stores and every process log (default: a
 	// temporary directory, removed at the end).
 	Dir string `json:"-"`
+	// TraceFile, when set, replaces the mlsched scenario's throughput and
+	// latency phases by a replay of this request log's arrivals (a CSV:
+	// TraceTimeColumn, default TIMESTAMP, and TraceSizeColumn, default
+	// none), TraceSpeed times faster (default 20), each task carrying its
+	// size. The workers then host sim models whose latency grows with size
+	// (modelsFile). TraceTasks > 0 keeps the first so many rows.
+	TraceFile       string  `json:"trace_file,omitempty"`
+	TraceSpeed      float64 `json:"trace_speed,omitempty"`
+	TraceTimeColumn string  `json:"trace_time_column,omitempty"`
+	TraceSizeColumn string  `json:"trace_size_column,omitempty"`
+	TraceTasks      int     `json:"trace_tasks,omitempty"`
+	// Dispatchers is how many dispatcher replicas mlsched runs (default 1).
+	Dispatchers int `json:"dispatchers,omitempty"`
 	// Progress receives one line per step (default: discarded).
 	Progress io.Writer `json:"-"`
 }
@@ -129,6 +142,13 @@ func (o Options) withDefaults() Options {
 	def(&o.Concurrency, 64)
 	def(&o.ProfileSeconds, 20)
 	def(&o.Observers, 8)
+	def(&o.Dispatchers, 1)
+	if o.TraceSpeed <= 0 {
+		o.TraceSpeed = 20
+	}
+	if o.TraceTimeColumn == "" {
+		o.TraceTimeColumn = "TIMESTAMP"
+	}
 	if o.ScrapeInterval <= 0 {
 		o.ScrapeInterval = time.Second
 	}
@@ -215,6 +235,9 @@ type Scenario struct {
 	// Dispatched counts attempts per model over the whole scenario, from
 	// the dispatcher's stats report (mlsched only).
 	Dispatched map[string]int64 `json:"dispatched,omitempty"`
+	// Trace is the trace replay (Options.TraceFile), instead of the
+	// throughput and latency phases.
+	Trace *TraceResult `json:"trace,omitempty"`
 }
 
 // Phase is one batch of tasks.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,10 @@ type publisher struct {
 	// the task stream is busy is stored as one atomic batch, one fsync
 	// (jsplumb.GroupCommit), as the SDK's SubmitMany does.
 	group *jsplumb.GroupCommit
+	// at, when set, is each task's offset from the start of the phase
+	// (a trace replay), instead of a fixed rate; sizes their sizes.
+	at    []time.Duration
+	sizes []float64
 }
 
 // groupCommit makes p publish through a group commit on nc when the task
@@ -106,7 +111,7 @@ func (p *publisher) run(ctx context.Context, tr *tracker, rate int) error {
 
 	start := time.Now()
 	for i := range tr.sent {
-		pace(start, i, rate)
+		p.pace(start, i, rate)
 		msg := p.message(tr, i)
 		for {
 			fut, err := p.js.PublishMsgAsync(msg)
@@ -143,7 +148,7 @@ func (p *publisher) runGrouped(ctx context.Context, tr *tracker, rate int) error
 	)
 	start := time.Now()
 	for i := range tr.sent {
-		pace(start, i, rate)
+		p.pace(start, i, rate)
 		msg := p.message(tr, i)
 		id := tr.id(i)
 		wg.Add(1)
@@ -174,6 +179,18 @@ func (p *publisher) runGrouped(ctx context.Context, tr *tracker, rate int) error
 	return failErr
 }
 
+// pace sleeps until task i is due: at its offset in a trace replay, else
+// at rate.
+func (p *publisher) pace(start time.Time, i, rate int) {
+	if p.at != nil {
+		if ahead := time.Until(start.Add(p.at[i])); ahead >= time.Millisecond {
+			time.Sleep(ahead)
+		}
+		return
+	}
+	pace(start, i, rate)
+}
+
 // pace sleeps until task i is due at rate tasks/s from start (rate 0: at
 // once), only when ahead by a millisecond or more.
 func pace(start time.Time, i, rate int) {
@@ -190,7 +207,11 @@ func pace(start time.Time, i, rate int) {
 func (p *publisher) message(tr *tracker, i int) *nats.Msg {
 	id := tr.id(i)
 	tr.sent[i].Store(time.Now().UnixNano())
-	return &nats.Msg{Subject: topology.TaskSubject(taskType), Data: p.body(id), Header: nats.Header{protocol.HdrMsgID: []string{id}}}
+	data := p.body(id)
+	if p.sizes != nil && p.sizes[i] > 0 {
+		data = []byte(`{"id":"` + id + `","type":"` + taskType + `","size":` + strconv.FormatFloat(p.sizes[i], 'g', -1, 64) + `,"payload":` + p.payload + `}`)
+	}
+	return &nats.Msg{Subject: topology.TaskSubject(taskType), Data: data, Header: nats.Header{protocol.HdrMsgID: []string{id}}}
 }
 
 func (p *publisher) retry(ctx context.Context, msg *nats.Msg, first error) error {

@@ -28,6 +28,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "command: %s\n", r.Command)
 	}
 	fmt.Fprintf(w, "storage: %s\n", r.Storage)
+	for _, s := range r.Scenarios {
+		if tr := s.Trace; tr != nil {
+			writeTrace(w, s.Name, tr, o)
+		}
+	}
 	fmt.Fprintf(w, "throughput phase %d tasks, latency phase %d tasks at %d/s, warm-up %d; payload %d B; %d nodes x %d no-op models; policy %s; worker concurrency %d\n\n",
 		o.Tasks, o.LatencyTasks, o.Rate, o.Warmup, o.Payload, o.Nodes, o.Models, o.Policy, o.Concurrency)
 	for _, e := range []struct {

@@ -198,11 +198,21 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 			}
 		}
 	}
-	if res.Throughput, err = r.phase(ctx, pub, "throughput", "t-", o.Tasks, 0); err != nil {
-		return res, nil, err
-	}
-	if res.Latency, err = r.phase(ctx, pub, fmt.Sprintf("latency at %d/s", o.Rate), "l-", o.LatencyTasks, o.Rate); err != nil {
-		return res, nil, err
+	if o.TraceFile != "" && base != ScenarioRelay {
+		arrivals, err := LoadTrace(o.TraceFile, o.TraceTimeColumn, o.TraceSizeColumn, o.TraceTasks)
+		if err != nil {
+			return res, nil, err
+		}
+		if res.Trace, err = r.replay(ctx, pub, arrivals); err != nil {
+			return res, nil, err
+		}
+	} else {
+		if res.Throughput, err = r.phase(ctx, pub, "throughput", "t-", o.Tasks, 0); err != nil {
+			return res, nil, err
+		}
+		if res.Latency, err = r.phase(ctx, pub, fmt.Sprintf("latency at %d/s", o.Rate), "l-", o.LatencyTasks, o.Rate); err != nil {
+			return res, nil, err
+		}
 	}
 	var driver *Profile
 	if driverProf != nil {
@@ -384,6 +394,18 @@ func (r *run) startRelay(ctx context.Context) error {
 // the benchmark's task type.
 func (r *run) modelsFile() (string, error) {
 	var b strings.Builder
+	if r.o.TraceFile != "" {
+		// A trace replay: sim models of 20-40 ms plus 5 µs per unit of
+		// size (a 4,000-token request: +20 ms), one in 50 to one in 500
+		// attempts failing, so that the policy has a choice to make.
+		b.WriteString("# written by mlsched-bench: sim models for a trace replay\nmodels:\n")
+		for i := range r.o.Models {
+			fmt.Fprintf(&b, "  - name: m%d\n    types: [%s]\n    executor: sim\n    sim:\n      latency: {dist: lognormal, median: %dms, sigma: 0.3}\n      latency_per_unit: 5us\n      failure_rate: %g\n",
+				i+1, taskType, 20+20*i/max(1, r.o.Models-1), []float64{0.002, 0.01, 0.02, 0.005}[i%4])
+		}
+		path := r.g.Dir + "/models.yaml"
+		return path, os.WriteFile(path, []byte(b.String()), 0o644)
+	}
 	b.WriteString("# written by mlsched-bench: no-op models\nmodels:\n")
 	for i := range r.o.Models {
 		fmt.Fprintf(&b, "  - name: m%d\n    types: [%s]\n    executor: go\n    go: {handler: noop}\n", i+1, taskType)
@@ -434,6 +456,28 @@ func (r *run) startMlsched(ctx context.Context) error {
 	}
 	if err := d.StartReady(func(ctx context.Context) error { _, err := r.adminStats(); return err }); err != nil {
 		return err
+	}
+	dispatchers := procGroup{Name: "dispatcher", Pids: []int{d.Pid()}}
+	for i := 2; i <= r.o.Dispatchers; i++ { // more replicas, on the same streams and Redis
+		name := fmt.Sprintf("%s-%d", dispatcherName, i)
+		di, err := r.g.Process(name, dbin, nil, withEnv(map[string]string{
+			"MLSCHED_NATS_URL":        r.natsURL,
+			"MLSCHED_NATS_NKEY":       r.seed(authconf.Dispatcher, ""),
+			"MLSCHED_REDIS_URL":       redis.URL,
+			"MLSCHED_POLICY":          r.o.Policy,
+			"MLSCHED_DISPATCHER_NAME": name,
+			"MLSCHED_STREAM_REPLICAS": strconv.Itoa(r.o.replicas()),
+			"MLSCHED_HTTP_ADDR":       "127.0.0.1:0",
+			"MLSCHED_GROUP_COMMIT":    strconv.FormatBool(r.o.groupCommit()),
+		}, r.o.DispatcherEnv))
+		if err != nil {
+			return err
+		}
+		if err := di.Start(); err != nil {
+			return err
+		}
+		dispatchers.Pids = append(dispatchers.Pids, di.Pid())
+		dispatchers.Name = fmt.Sprintf("dispatchers (%d)", r.o.Dispatchers)
 	}
 	r.pprofAddr = pprofAddr
 	// -dispatcher-env MLSCHED_HTTP_ADDR=off measures the listener's cost
@@ -487,7 +531,7 @@ func (r *run) startMlsched(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.cpu = append(r.cpu, procGroup{"dispatcher", []int{d.Pid()}}, workers)
+	r.cpu = append(r.cpu, dispatchers, workers)
 	r.mem = append(r.mem, procGroup{"dispatcher", []int{d.Pid()}})
 
 	cons, err := r.rcvJS.OrderedConsumer(ctx, topology.StreamResults, jetstream.OrderedConsumerConfig{

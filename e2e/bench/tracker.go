@@ -19,7 +19,11 @@ type tracker struct {
 	remaining atomic.Int64
 	failed    atomic.Int64 // completed, but not successfully (mlsched results)
 	foreign   atomic.Int64 // completions of ids not of this phase
-	all       chan struct{}
+	again     atomic.Int64 // completions of a task completed already (a second result)
+	// failedAt marks the tasks that completed unsuccessfully (trace
+	// replays: per minute), when not nil.
+	failedAt []atomic.Bool
+	all      chan struct{}
 
 	// seen[k][i] is when the k-th traced subject (see Options.Trace) first
 	// carried task i, or 0.
@@ -88,10 +92,14 @@ func (t *tracker) complete(id string, ok bool, at time.Time) {
 		return
 	}
 	if !t.done[i].CompareAndSwap(0, at.UnixNano()) {
+		t.again.Add(1)
 		return
 	}
 	if !ok {
 		t.failed.Add(1)
+		if t.failedAt != nil {
+			t.failedAt[i].Store(true)
+		}
 	}
 	if t.remaining.Add(-1) == 0 {
 		close(t.all)

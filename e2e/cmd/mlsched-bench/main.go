@@ -58,6 +58,12 @@ func benchMain(args []string) int {
 	profile := fs.Bool("profile", false, "profile the dispatcher's and one worker's CPU over the mlsched measured phases (back-to-back 20s windows, merged; the worker's next to -profile-out, .worker before the extension), and in every scenario the bench driver's and, on one server, nats-server's (.<scenario>.driver and .<scenario>.nats)")
 	fs.StringVar(&o.ProfilePath, "profile-out", ".bench/dispatcher.cpu.pprof", "where -profile saves the profile")
 	fs.IntVar(&o.ProfileSeconds, "profile-seconds", 20, "length of one -profile window")
+	fs.StringVar(&o.TraceFile, "trace-file", "", "replay this request log's arrivals against mlsched instead of the throughput and latency phases (a CSV such as ../shared/traces/azure-llm-2023-code.csv); prints p50/p99 of the whole trace and of its busiest and quietest minutes")
+	fs.Float64Var(&o.TraceSpeed, "trace-speed", 20, "-trace-file: replay this many times faster than recorded")
+	fs.StringVar(&o.TraceTimeColumn, "trace-time-column", "TIMESTAMP", "-trace-file: the arrival time column (2006-01-02 15:04:05.9999999, or seconds)")
+	fs.StringVar(&o.TraceSizeColumn, "trace-size-column", "ContextTokens", "-trace-file: the column each task's size comes from (empty: none)")
+	fs.IntVar(&o.TraceTasks, "trace-tasks", 0, "-trace-file: replay only the first so many rows (0: all)")
+	fs.IntVar(&o.Dispatchers, "dispatchers", 1, "dispatcher replicas mlsched runs")
 	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
 	dir := fs.String("dir", "", "keep the servers' stores and process logs here (empty: a temporary directory, removed)")
 	if err := fs.Parse(args); err != nil {

@@ -115,7 +115,7 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 	}
 
 	state := settle.State{Redelivered: !first, Cancelled: oc.superseded.Cancelled(o.TaskID, submission),
-		Superseded: o.Status != protocol.OutcomeLost && oc.superseded.Is(o.TaskID, submission, attempt)}
+		Superseded: !o.Status.IsLost() && oc.superseded.Is(o.TaskID, submission, attempt)}
 	var task protocol.Task
 	if o.Status != protocol.OutcomeSuccess && o.Status != protocol.OutcomeTaskError { // the bytes matter for a retry only
 		if len(o.Task) == 0 {

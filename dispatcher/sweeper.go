@@ -41,8 +41,11 @@ type sweeper struct {
 	every    time.Duration // between sweeps
 	slack    time.Duration // no dispatch younger than this is past its deadline
 	log      zerolog.Logger
+	// live are the nodes the registry sees now (nil: no node-loss check).
+	live func() []protocol.Heartbeat
 
-	next uint64   // first sequence not yet looked at
+	known map[string]bool // the nodes live at the last sweep
+	next  uint64          // first sequence not yet looked at
 	due  dueQueue // dispatches seen, by due time
 }
 
@@ -51,6 +54,11 @@ func (s *sweeper) Start(ctx context.Context) error {
 	return s.Go(ctx, func(ctx context.Context, ready func()) error {
 		ready()
 		every(ctx, s.every, func(ctx context.Context) {
+			if n, err := s.sweepGone(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("sweep for the attempts of departed nodes failed")
+			} else if n > 0 {
+				s.log.Warn().Int("attempts", n).Msg("nodes left the registry with attempts unanswered: failing them over now")
+			}
 			if n, err := s.sweep(ctx, time.Now()); err != nil && ctx.Err() == nil {
 				s.log.Warn().Err(err).Msg("sweep for lost attempts failed")
 			} else if n > 0 {
@@ -145,7 +153,64 @@ func (s *sweeper) sweep(ctx context.Context, now time.Time) (int, error) {
 	return lost, nil
 }
 
+// sweepGone fails over at once the stored dispatches of every node that
+// left the registry since the last sweep (its heartbeat expired, or it
+// deleted its entry), instead of at their deadlines: a dead node's tasks
+// are answered within the node TTL plus a sweep, and reported node_lost,
+// which does not count against the models they ran (a node's death is not
+// the model's fault). When every node disappears at once the registry
+// itself may be what failed (a partitioned bucket leader): nothing is
+// failed over then, and the deadlines stand.
+func (s *sweeper) sweepGone(ctx context.Context) (int, error) {
+	if s.live == nil {
+		return 0, nil
+	}
+	live := map[string]bool{}
+	for _, hb := range s.live() {
+		live[hb.Node] = true
+	}
+	var gone []string
+	for n := range s.known {
+		if !live[n] {
+			gone = append(gone, n)
+		}
+	}
+	if len(live) == 0 && len(s.known) > 0 {
+		return 0, nil // all at once: an outage of the registry cannot be told from deaths; keep s.known
+	}
+	s.known = live
+	lost := 0
+	for _, node := range gone {
+		subject := topology.DispatchSubject(node)
+		for seq := uint64(1); ; {
+			raw, err := s.dispatch.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return lost, err
+			}
+			seq = raw.Sequence + 1
+			if err := s.report(ctx, raw, protocol.OutcomeNodeLost,
+				"node "+node+" left the registry (its heartbeat expired) with the attempt unanswered"); err != nil {
+				return lost, err
+			}
+			if err := s.dispatch.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return lost, err
+			}
+			lost++
+		}
+	}
+	return lost, nil
+}
+
 func (s *sweeper) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) error {
+	return s.report(ctx, raw, protocol.OutcomeLost, "")
+}
+
+// report publishes the outcome of an unanswered attempt, lost at its
+// deadline or with its node; why replaces the default error text.
+func (s *sweeper) report(ctx context.Context, raw *jetstream.RawStreamMsg, status protocol.OutcomeStatus, why string) error {
 	pd, err := protocol.ParseDispatch(raw.Header)
 	if err != nil { // not one the dispatcher built: keep it for an operator
 		return s.dlq.Publish(ctx, "dispatch", protocol.DeadLetter{Reason: "a stored dispatch is invalid: " + err.Error(),
@@ -156,9 +221,12 @@ func (s *sweeper) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) e
 		return nil // the worker reported and the task is final; it only missed its ack
 	}
 	o := protocol.Outcome{
-		TaskID: pd.TaskID, Type: pd.Type, Model: pd.Model, Node: pd.Node, Attempt: pd.Attempt, Status: protocol.OutcomeLost,
+		TaskID: pd.TaskID, Type: pd.Type, Model: pd.Model, Node: pd.Node, Attempt: pd.Attempt, Status: status,
 		Error: "no outcome by the dispatch deadline: node " + pd.Node + " died, hung or fell behind",
 		Task:  raw.Data,
+	}
+	if why != "" {
+		o.Error = why
 	}
 	if !json.Valid(raw.Data) {
 		o.Task = nil

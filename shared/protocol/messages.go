@@ -69,6 +69,11 @@ const (
 	// OutcomeLost: the dispatcher found the attempt unanswered at its
 	// deadline (node died or hung); counts as a timeout for the model.
 	OutcomeLost OutcomeStatus = "lost"
+	// OutcomeNodeLost: the attempt's node left the registry (its
+	// heartbeat expired) with the attempt unanswered: failed over at once,
+	// not at its deadline, and not counted against the model (a node's
+	// death is not the model's fault).
+	OutcomeNodeLost OutcomeStatus = "node_lost"
 )
 
 // Failed reports whether the outcome counts against the model.
@@ -78,8 +83,13 @@ func (s OutcomeStatus) Failed() bool {
 
 // Retryable reports whether another attempt may fix it.
 func (s OutcomeStatus) Retryable() bool {
-	return s == OutcomeModelError || s == OutcomeTimeout || s == OutcomeLost || s == OutcomeExpired
+	return s == OutcomeModelError || s == OutcomeTimeout || s == OutcomeLost || s == OutcomeExpired || s == OutcomeNodeLost
 }
+
+// IsLost reports whether the dispatcher, not a worker, ended the attempt
+// as unanswered (lost at its deadline, or its node gone): the attempt is
+// superseded, and a late answer of it is refused.
+func (s OutcomeStatus) IsLost() bool { return s == OutcomeLost || s == OutcomeNodeLost }
 
 // Outcome is what a worker publishes to mlsched.outcomes.<node> after an
 // attempt. The dispatch headers are echoed back on the outcome message, so

@@ -104,11 +104,11 @@ type Decision struct {
 // Settle decides what an attempt's outcome does to its task.
 func Settle(r Rules, d protocol.Dispatch, o protocol.Outcome, s State) Decision {
 	dec := Decision{Record: !s.Redelivered, Kind: KindOf(o.Status)}
-	if s.Cancelled || (s.Superseded && o.Status != protocol.OutcomeLost) {
+	if s.Cancelled || (s.Superseded && !o.Status.IsLost()) {
 		dec.Action = Late
 		return dec
 	}
-	dec.Supersede = o.Status == protocol.OutcomeLost
+	dec.Supersede = o.Status.IsLost()
 	switch o.Status {
 	case protocol.OutcomeSuccess:
 		dec.Action, dec.Status = Finish, protocol.StatusSucceeded
@@ -153,7 +153,7 @@ func KindOf(s protocol.OutcomeStatus) stats.Kind {
 		return stats.KindSuccess
 	case protocol.OutcomeTaskError:
 		return stats.KindTaskError
-	case protocol.OutcomeExpired:
+	case protocol.OutcomeExpired, protocol.OutcomeNodeLost: // neither the model's success nor its failure
 		return stats.KindExpired
 	case protocol.OutcomeTimeout, protocol.OutcomeLost:
 		return stats.KindTimeout

@@ -666,7 +666,7 @@ func TestComposeDocker(t *testing.T) {
 		maxLatency = max(maxLatency, r.LatencyMs)
 		budget := 0.0
 		for _, a := range r.History {
-			if a.Status == protocol.OutcomeLost {
+			if a.Status.IsLost() {
 				lostAttempts++
 			}
 			budget += 30000 + 5000 // an attempt's timeout (the default) and its slack

@@ -202,7 +202,7 @@ func runPipeline(t *testing.T, policy string, cluster, auth bool) {
 				mr.Timeouts++
 			case protocol.OutcomeTaskError:
 				mr.TaskErrors++
-			case protocol.OutcomeExpired:
+			case protocol.OutcomeExpired, protocol.OutcomeNodeLost: // neither counts against the model
 				mr.Expired++
 			}
 			if i >= pipelineWarmup {

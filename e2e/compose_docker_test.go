@@ -25,7 +25,6 @@ import (
 	"github.com/mlsched/mlsched/dispatcher/authconf"
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/natsconn"
-	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 	"github.com/mlsched/mlsched/worker"
 )
@@ -666,7 +665,7 @@ func TestComposeDocker(t *testing.T) {
 		maxLatency = max(maxLatency, r.LatencyMs)
 		budget := 0.0
 		for _, a := range r.History {
-			if a.Status.IsLost() {
+			if a.Status.IsLost() { // protocol.OutcomeLost or protocol.OutcomeNodeLost
 				lostAttempts++
 			}
 			budget += 30000 + 5000 // an attempt's timeout (the default) and its slack

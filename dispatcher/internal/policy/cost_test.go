@@ -1,0 +1,242 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/mlsched/mlsched/dispatcher/stats"
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// pricedHB is a heartbeat of a node hosting models of type "t" at the
+// given costs per task (0: no cost declared).
+func pricedHB(node string, capacity int, costs map[string]float64) protocol.Heartbeat {
+	h := protocol.Heartbeat{Node: node, Capacity: capacity, SentAt: t0}
+	for m, c := range costs {
+		h.Models = append(h.Models, protocol.ModelInfo{Name: m, Types: []string{"t"}, CostPerTask: c})
+	}
+	return h
+}
+
+// costWorld: cheap is 97% reliable, mid 99.8%, premium 99.95%, all well
+// measured; costs 1 : 4 : 15.
+func costWorld() (*stats.Snapshot, []protocol.Heartbeat) {
+	snap := snapshot(map[string]stats.Series{
+		"cheap":   series(9700, 300, 20*time.Millisecond, time.Millisecond),
+		"mid":     series(9980, 20, 20*time.Millisecond, time.Millisecond),
+		"premium": series(9995, 5, 20*time.Millisecond, time.Millisecond),
+	})
+	return snap, []protocol.Heartbeat{pricedHB("n1", 64, map[string]float64{"cheap": 1, "mid": 4, "premium": 15})}
+}
+
+// The cheapest model that clears the bar is bought; the bar decides which.
+func TestCostBuysCheapestAboveBar(t *testing.T) {
+	t.Parallel()
+	snap, hbs := costWorld()
+	tab := NewTable(snap, hbs, t0)
+	for _, c := range []struct {
+		bar  float64
+		want string
+	}{{0.95, "cheap"}, {0.99, "mid"}, {0.999, "premium"}} {
+		e := engine(t, Config{Default: Cost, ExploreShare: -1, MinSuccess: map[string]float64{"t": c.bar}})
+		if got := counts(t, e, tab, &Request{Type: "t"}, 200); got[c.want] != 200 {
+			t.Errorf("bar %g: chose %v, want %s every time", c.bar, got, c.want)
+		}
+	}
+	// "*" sets the bar of the types not named; the default is 0.99
+	e := engine(t, Config{Default: Cost, ExploreShare: -1, MinSuccess: map[string]float64{"*": 0.95}})
+	if got := counts(t, e, tab, &Request{Type: "t"}, 100); got["cheap"] != 100 {
+		t.Errorf("bar * = 0.95: chose %v, want cheap", got)
+	}
+	if e := engine(t, Config{Default: Cost}); e.MinSuccessFor("t") != DefaultMinSuccess {
+		t.Errorf("default bar %g, want %g", e.MinSuccessFor("t"), DefaultMinSuccess)
+	}
+}
+
+// Above every model's bound, the cost policy is reliability: the most
+// reliable model.
+func TestCostFallsBackToReliability(t *testing.T) {
+	t.Parallel()
+	snap, hbs := costWorld()
+	tab := NewTable(snap, hbs, t0)
+	e := engine(t, Config{Default: Cost, ExploreShare: -1, MinSuccess: map[string]float64{"t": 0.9999}})
+	if got := counts(t, e, tab, &Request{Type: "t"}, 200); got["premium"] != 200 {
+		t.Fatalf("chose %v, want premium (reliability's choice) every time", got)
+	}
+}
+
+// A task's min_success_rate is its bar (and, as for every policy, a
+// constraint on the smoothed rate).
+func TestCostTaskBar(t *testing.T) {
+	t.Parallel()
+	snap, hbs := costWorld()
+	tab := NewTable(snap, hbs, t0)
+	e := engine(t, Config{Default: Cost, ExploreShare: -1, MinSuccess: map[string]float64{"t": 0.95}})
+	if got := counts(t, e, tab, &Request{Type: "t", MinSuccessRate: 0.999}, 200); got["premium"] != 200 {
+		t.Fatalf("chose %v for a task asking 0.999, want premium", got)
+	}
+}
+
+// The price is per task plus per unit of the task's size: a large task
+// makes the per-unit model dearer than a flat one.
+func TestCostWeighsSize(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"flat":    series(9990, 10, 20*time.Millisecond, time.Millisecond),
+		"metered": series(9990, 10, 20*time.Millisecond, time.Millisecond),
+	})
+	hbs := []protocol.Heartbeat{{Node: "n1", Capacity: 8, SentAt: t0, Models: []protocol.ModelInfo{
+		{Name: "flat", Types: []string{"t"}, CostPerTask: 5},
+		{Name: "metered", Types: []string{"t"}, CostPerTask: 1, CostPerUnit: 0.01},
+	}}}
+	tab := NewTable(snap, hbs, t0)
+	e := engine(t, Config{Default: Cost, ExploreShare: -1})
+	if got := counts(t, e, tab, &Request{Type: "t", Size: 100}, 100); got["metered"] != 100 {
+		t.Errorf("size 100 (metered costs 2, flat 5): %v", got)
+	}
+	if got := counts(t, e, tab, &Request{Type: "t", Size: 1000}, 100); got["flat"] != 100 {
+		t.Errorf("size 1000 (metered costs 11, flat 5): %v", got)
+	}
+}
+
+// Without any declared cost the cost policy decides exactly as
+// reliability: the same choices for the same seed.
+func TestCostWithoutPricesIsReliability(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"a": series(970, 30, 20*time.Millisecond, time.Millisecond),
+		"b": series(5, 0, 20*time.Millisecond, 0),
+		"c": series(990, 10, 40*time.Millisecond, time.Millisecond),
+	})
+	hbs := []protocol.Heartbeat{hb("n1", "t", 8, "a", "b", "c"), hb("n2", "t", 8, "a", "c")}
+	tab := NewTable(snap, hbs, t0)
+	rel := engine(t, Config{Default: Reliability, Seed: 7})
+	cst := engine(t, Config{Default: Cost, Seed: 7})
+	for i := range 2000 {
+		req := &Request{Type: "t"}
+		if i%3 == 0 {
+			req.Tried = []protocol.Attempt{{Model: "c", Node: "n1"}}
+		}
+		d1, err1 := rel.Decide(tab, req)
+		d2, err2 := cst.Decide(tab, req)
+		if d1 != d2 || !errors.Is(err1, err2) {
+			t.Fatalf("decision %d: reliability %+v (%v), cost %+v (%v)", i, d1, err1, d2, err2)
+		}
+	}
+}
+
+// A retry goes to the most reliable model left, not the cheapest.
+func TestCostRetryBuysReliability(t *testing.T) {
+	t.Parallel()
+	snap, hbs := costWorld()
+	tab := NewTable(snap, hbs, t0)
+	e := engine(t, Config{Default: Cost, MinSuccess: map[string]float64{"t": 0.95}})
+	req := &Request{Type: "t", Tried: []protocol.Attempt{{Model: "cheap", Node: "n1", Status: protocol.OutcomeModelError}}}
+	if got := counts(t, e, tab, req, 200); got["premium"] != 200 {
+		t.Fatalf("retry after cheap failed: %v, want premium every time", got)
+	}
+}
+
+// An unmeasured cheap model gets at most the exploration share while a
+// proven model clears the bar.
+func TestCostExploresUnprovenCheapModelLittle(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"mid":     series(9980, 20, 20*time.Millisecond, time.Millisecond),
+		"premium": series(9995, 5, 20*time.Millisecond, time.Millisecond),
+		"cheap":   series(30, 0, 20*time.Millisecond, 0),
+	})
+	tab := NewTable(snap, []protocol.Heartbeat{pricedHB("n1", 64, map[string]float64{"cheap": 1, "mid": 4, "premium": 15})}, t0)
+	e := engine(t, Config{Default: Cost})
+	const n = 10000
+	got := counts(t, e, tab, &Request{Type: "t"}, n)
+	if got["cheap"] == 0 || got["cheap"] > n*7/100 {
+		t.Fatalf("cheap and unproven got %d of %d, want some but at most about the 5%% share: %v", got["cheap"], n, got)
+	}
+	if got["mid"] < n*93/100 {
+		t.Fatalf("the cheapest proven model got %d of %d: %v", got["mid"], n, got)
+	}
+}
+
+func TestCostConfigErrors(t *testing.T) {
+	t.Parallel()
+	for _, bar := range []float64{0, 1, -0.5, 1.2} {
+		_, err := NewEngine(Config{Default: Cost, MinSuccess: map[string]float64{"t": bar}})
+		if !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("bar %g: %v, want ErrInvalidConfig", bar, err)
+		}
+	}
+	if e, err := NewEngine(Config{PerType: map[string]string{"chat": Cost}}); err != nil || e.PolicyFor("chat") != Cost || e.PolicyFor("x") != Reliability {
+		t.Errorf("per type: %v", err)
+	}
+}
+
+// closedLoop runs n first attempts through a real store at 100 tasks a
+// simulated second, rebuilding the table every 250 ms as the dispatcher
+// does, with each model failing at its true rate; it returns each model's
+// first attempts after warm (and their total).
+func closedLoop(t *testing.T, e *Engine, hbs []protocol.Heartbeat, truth map[string]float64, n, warm int) (map[string]int, int) {
+	t.Helper()
+	ctx := context.Background()
+	now := t0
+	st := stats.NewMemory(stats.Window{Size: 5 * time.Minute, Bucket: 10 * time.Second}, stats.WithClock(func() time.Time { return now }))
+	defer st.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tab *Table
+	got, total := map[string]int{}, 0
+	for i := range n {
+		if i%25 == 0 {
+			snap, err := st.Snapshot(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tab = NewTable(snap, hbs, now)
+		}
+		d, err := e.Decide(tab, &Request{Type: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= warm {
+			got[d.Model]++
+			total++
+		}
+		k := stats.KindSuccess
+		if rng.Float64() >= truth[d.Model] {
+			k = stats.KindModelError
+		}
+		if err := st.Record(ctx, []stats.Event{{Model: d.Model, Node: d.Node, Kind: stats.KindDispatched, At: now},
+			{Model: d.Model, Node: d.Node, Kind: k, Latency: 20 * time.Millisecond, At: now}}); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(10 * time.Millisecond)
+	}
+	return got, total
+}
+
+// With the bar above the cheap model's true success, the cheap model gets
+// at most 2% of first attempts after warm-up: it is not bought when it is
+// not good enough. With the bar below it, it takes nearly all of them.
+func TestCostClosedLoopCheapModelShare(t *testing.T) {
+	t.Parallel()
+	hbs := []protocol.Heartbeat{pricedHB("n1", 1000, map[string]float64{"cheap": 1, "mid": 4, "premium": 15})}
+	truth := map[string]float64{"cheap": 0.97, "mid": 0.998, "premium": 0.9995}
+	const n, warm = 60000, 12000 // 10 minutes, 2 of warm-up
+	for _, c := range []struct {
+		bar      float64
+		min, max float64 // cheap's share
+	}{{0.99, 0, 0.02}, {0.95, 0.9, 1}} {
+		e := engine(t, Config{Default: Cost, MinSuccess: map[string]float64{"t": c.bar}})
+		got, total := closedLoop(t, e, hbs, truth, n, warm)
+		share := float64(got["cheap"]) / float64(total)
+		t.Logf("bar %g: %v (cheap %.2f%%)", c.bar, got, share*100)
+		if share < c.min || share > c.max {
+			t.Errorf("bar %g: cheap got %.2f%% of first attempts after warm-up, want %g..%g%%: %v", c.bar, share*100, c.min*100, c.max*100, got)
+		}
+		if c.bar == 0.99 && float64(got["mid"])/float64(total) < 0.9 {
+			t.Errorf("bar 0.99: the cheapest model above it (mid) got %v", got)
+		}
+	}
+}

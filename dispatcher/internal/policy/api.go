@@ -47,7 +47,14 @@ type Config struct {
 	// key "*" sets the bar of the types not named (default
 	// DefaultMinSuccess, 0.99). Values in (0, 1).
 	MinSuccess map[string]float64
-	Breaker    BreakerConfig
+	// CostExploreCap caps what the cost policy's exploration gives a model
+	// that is cheaper than its choice and not proven to clear the bar: at
+	// most this share of the type's judged outcomes in the window
+	// (default 0.015; negative: such a model is never explored, only
+	// bought once proven). The idea of a rollout's cap: an unproven cheap
+	// model never takes much traffic, whatever its price.
+	CostExploreCap float64
+	Breaker        BreakerConfig
 	// Timeout is the attempt timeout when a Request gives none (default
 	// 30s, the dispatcher's default), and Deadline the time from a
 	// dispatch to its deadline (default 40s: that timeout plus the

@@ -16,6 +16,7 @@ type cost struct {
 	rel        explore
 	minSamples int64
 	share      float64
+	cap        float64 // Config.CostExploreCap
 }
 
 func (cost) Name() string { return Cost }
@@ -39,9 +40,10 @@ type costChoice struct {
 // outcomes (so that the fallbacks stay measured: when the cheap model
 // fails, the next one is known at once) or that are cheaper than the
 // choice and not yet proven, while their upper bound still lets them clear
-// the bar. So an unproven cheap model never takes more than that share,
-// and one measured below the bar stops being tried once its upper bound
-// falls under it.
+// the bar and they hold less than CostExploreCap (1.5%) of the type's
+// judged outcomes in the window. So an unproven cheap model never takes
+// more than about that cap, and one measured below the bar stops being
+// tried once its upper bound falls under it.
 func (p *costChoice) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	priced := false
 	for _, c := range cands {
@@ -68,6 +70,11 @@ func (p *costChoice) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 		return p.rel.Choose(r, cands, q)
 	}
 	if p.share > 0 && len(cands) > 1 && r.Float64() < p.share {
+		var total int64
+		for _, c := range cands {
+			total += c.Samples()
+		}
+		limit := p.cap * float64(total)
 		i := leastMeasured(r, cands, func(i int) bool {
 			c := cands[i]
 			if i == best || q[i].Saturated {
@@ -76,7 +83,7 @@ func (p *costChoice) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 			if c.Samples() < p.minSamples {
 				return true
 			}
-			return c.Cost(p.size) < bestCost && c.Upper*q[i].InTime >= p.bar
+			return c.Cost(p.size) < bestCost && c.Upper*q[i].InTime >= p.bar && float64(c.Samples()) < limit
 		})
 		if i >= 0 {
 			return i

@@ -140,8 +140,8 @@ func TestCostRetryBuysReliability(t *testing.T) {
 	}
 }
 
-// An unmeasured cheap model gets at most the exploration share while a
-// proven model clears the bar.
+// An unproven cheap model gets at most the exploration share of the
+// decisions while a proven model clears the bar.
 func TestCostExploresUnprovenCheapModelLittle(t *testing.T) {
 	t.Parallel()
 	snap := snapshot(map[string]stats.Series{
@@ -161,6 +161,35 @@ func TestCostExploresUnprovenCheapModelLittle(t *testing.T) {
 	}
 }
 
+// An unproven cheaper model that already holds CostExploreCap of the
+// type's outcomes in the window is not explored further: it is bought once
+// its bound clears the bar, or not at all.
+func TestCostExplorationCap(t *testing.T) {
+	t.Parallel()
+	world := func(cheapOK int64) *Table {
+		snap := snapshot(map[string]stats.Series{
+			"mid":     series(2990, 10, 20*time.Millisecond, time.Millisecond),
+			"premium": series(2000, 1, 20*time.Millisecond, time.Millisecond),
+			"cheap":   series(cheapOK, 0, 20*time.Millisecond, 0),
+		})
+		return NewTable(snap, []protocol.Heartbeat{pricedHB("n1", 64, map[string]float64{"cheap": 1, "mid": 4, "premium": 15})}, t0)
+	}
+	e := engine(t, Config{Default: Cost})
+	// 60 of about 5060 outcomes: under the 1.5% cap (76), explored
+	if got := counts(t, e, world(60), &Request{Type: "t"}, 4000); got["cheap"] < 100 || got["cheap"] > 300 {
+		t.Errorf("cheap under the cap: %v, want about 5%% of 4000", got)
+	}
+	// 100 of 5100: over the cap (76) and not proven (100/100 scores 0.984)
+	if got := counts(t, e, world(100), &Request{Type: "t"}, 4000); got["cheap"] != 0 || got["mid"] < 3900 {
+		t.Errorf("cheap over the cap: %v, want mid and never cheap", got)
+	}
+	// a negative cap: never explored
+	e = engine(t, Config{Default: Cost, CostExploreCap: -1})
+	if got := counts(t, e, world(60), &Request{Type: "t"}, 4000); got["cheap"] != 0 {
+		t.Errorf("cap disabled: %v, want cheap never", got)
+	}
+}
+
 func TestCostConfigErrors(t *testing.T) {
 	t.Parallel()
 	for _, bar := range []float64{0, 1, -0.5, 1.2} {
@@ -168,6 +197,9 @@ func TestCostConfigErrors(t *testing.T) {
 		if !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("bar %g: %v, want ErrInvalidConfig", bar, err)
 		}
+	}
+	if _, err := NewEngine(Config{CostExploreCap: 1.5}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("cap 1.5: %v, want ErrInvalidConfig", err)
 	}
 	if e, err := NewEngine(Config{PerType: map[string]string{"chat": Cost}}); err != nil || e.PolicyFor("chat") != Cost || e.PolicyFor("x") != Reliability {
 		t.Errorf("per type: %v", err)
@@ -218,25 +250,27 @@ func closedLoop(t *testing.T, e *Engine, hbs []protocol.Heartbeat, truth map[str
 
 // With the bar above the cheap model's true success, the cheap model gets
 // at most 2% of first attempts after warm-up: it is not bought when it is
-// not good enough. With the bar below it, it takes nearly all of them.
+// not good enough, even when it is so close to the bar (98.7% against
+// 99%) that its bound cannot tell within the window, where only the cap
+// bounds it. With the bar below it, it takes nearly all of them.
 func TestCostClosedLoopCheapModelShare(t *testing.T) {
 	t.Parallel()
 	hbs := []protocol.Heartbeat{pricedHB("n1", 1000, map[string]float64{"cheap": 1, "mid": 4, "premium": 15})}
-	truth := map[string]float64{"cheap": 0.97, "mid": 0.998, "premium": 0.9995}
 	const n, warm = 60000, 12000 // 10 minutes, 2 of warm-up
 	for _, c := range []struct {
-		bar      float64
-		min, max float64 // cheap's share
-	}{{0.99, 0, 0.02}, {0.95, 0.9, 1}} {
+		cheap, bar float64
+		min, max   float64 // cheap's share
+	}{{0.97, 0.99, 0, 0.02}, {0.987, 0.99, 0, 0.02}, {0.97, 0.95, 0.9, 1}} {
+		truth := map[string]float64{"cheap": c.cheap, "mid": 0.998, "premium": 0.9995}
 		e := engine(t, Config{Default: Cost, MinSuccess: map[string]float64{"t": c.bar}})
 		got, total := closedLoop(t, e, hbs, truth, n, warm)
 		share := float64(got["cheap"]) / float64(total)
-		t.Logf("bar %g: %v (cheap %.2f%%)", c.bar, got, share*100)
+		t.Logf("cheap %g, bar %g: %v (cheap %.2f%%)", c.cheap, c.bar, got, share*100)
 		if share < c.min || share > c.max {
-			t.Errorf("bar %g: cheap got %.2f%% of first attempts after warm-up, want %g..%g%%: %v", c.bar, share*100, c.min*100, c.max*100, got)
+			t.Errorf("cheap %g, bar %g: cheap got %.2f%% of first attempts after warm-up, want %g..%g%%: %v", c.cheap, c.bar, share*100, c.min*100, c.max*100, got)
 		}
-		if c.bar == 0.99 && float64(got["mid"])/float64(total) < 0.9 {
-			t.Errorf("bar 0.99: the cheapest model above it (mid) got %v", got)
+		if c.bar > c.cheap && float64(got["mid"])/float64(total) < 0.9 {
+			t.Errorf("cheap %g, bar %g: the cheapest model above the bar (mid) got %v", c.cheap, c.bar, got)
 		}
 	}
 }

@@ -27,11 +27,12 @@ var Names = []string{Reliability, Thompson, Latency, LeastLoaded, RoundRobin, Ra
 
 // DefaultConfig holds the defaults NewEngine applies to zero fields.
 var DefaultConfig = Config{
-	Default:      Reliability,
-	MinSamples:   20,
-	ExploreShare: 0.05,
-	Timeout:      30 * time.Second,
-	Deadline:     40 * time.Second,
+	Default:        Reliability,
+	MinSamples:     20,
+	ExploreShare:   0.05,
+	CostExploreCap: 0.015,
+	Timeout:        30 * time.Second,
+	Deadline:       40 * time.Second,
 	Breaker: BreakerConfig{
 		ConsecutiveFailures: 5,
 		FailureRate:         0.5,
@@ -52,6 +53,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ExploreShare == 0 {
 		c.ExploreShare = d.ExploreShare
+	}
+	if c.CostExploreCap == 0 {
+		c.CostExploreCap = d.CostExploreCap
 	}
 	if c.Deadline == 0 {
 		c.Deadline = d.Deadline
@@ -95,6 +99,9 @@ type Engine struct {
 // NewEngine validates cfg, fills its defaults and builds the policies.
 func NewEngine(cfg Config) (*Engine, error) {
 	cfg = cfg.WithDefaults()
+	if cfg.CostExploreCap > 1 {
+		return nil, fmt.Errorf("%w: cost explore cap %g (want <= 1, negative disables)", ErrInvalidConfig, cfg.CostExploreCap)
+	}
 	if cfg.ExploreShare > 1 || cfg.LatencyWeight < 0 || cfg.MinSamples < 0 || cfg.Deadline < 0 || cfg.Timeout < 0 {
 		return nil, fmt.Errorf("%w: explore share %g (want <= 1, negative disables), latency weight %g (want >= 0), min samples %d (want >= 0), deadline %v, timeout %v (want >= 0)",
 			ErrInvalidConfig, cfg.ExploreShare, cfg.LatencyWeight, cfg.MinSamples, cfg.Deadline, cfg.Timeout)
@@ -114,7 +121,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 		cfg: cfg,
 		policies: map[string]Policy{
 			Reliability: rel,
-			Cost:        cost{rel: rel, minSamples: int64(cfg.MinSamples), share: share},
+			Cost:        cost{rel: rel, minSamples: int64(cfg.MinSamples), share: share, cap: max(cfg.CostExploreCap, 0)},
 			Thompson:    thompson{latencyWeight: cfg.LatencyWeight},
 			Latency:     explore{Policy: latency{}, minSamples: int64(cfg.MinSamples), share: share},
 			LeastLoaded: leastLoaded{},

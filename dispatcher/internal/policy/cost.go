@@ -29,6 +29,10 @@ type costChoice struct {
 	cost
 	bar  float64 // the success the task must be bought
 	size float64 // the task's size, which prices each model
+	// the fallback's candidates that may still clear the bar (reused)
+	sub  []*Candidate
+	subq []Queue
+	idx  []int
 }
 
 // Choose returns the cheapest candidate that clears the bar (ties: the
@@ -36,14 +40,22 @@ type costChoice struct {
 // candidate declares a cost.
 //
 // Exploration: a share of the decisions (ExploreShare, 5% by default) goes
-// to the least measured of the candidates that have fewer than MinSamples
-// outcomes (so that the fallbacks stay measured: when the cheap model
-// fails, the next one is known at once) or that are cheaper than the
-// choice and not yet proven, while their upper bound still lets them clear
-// the bar and they hold less than CostExploreCap (1.5%) of the type's
-// judged outcomes in the window. So an unproven cheap model never takes
-// more than about that cap, and one measured below the bar stops being
-// tried once its upper bound falls under it.
+// to the least measured of
+//   - the candidates with fewer than MinSamples outcomes, whatever their
+//     price, so that every fallback is known a little;
+//   - the candidates cheaper than the choice and not proven yet (they may
+//     have become good enough);
+//   - the standby: the next dearer candidate, while it is not proven and
+//     has fewer outcomes than proving the bar takes (proof). When the
+//     choice fails (an incident of the cheap model), the standby clears the
+//     bar at once and is bought, instead of reliability's choice, which is
+//     usually the dearest.
+//
+// The last two only while their upper bound still lets them clear the
+// bar and they hold less than CostExploreCap (1.5%) of the type's judged
+// outcomes in the window. So an unproven cheap model never takes more than
+// about that cap, and one measured below the bar stops being tried once
+// its upper bound falls under it.
 func (p *costChoice) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	priced := false
 	for _, c := range cands {
@@ -67,12 +79,19 @@ func (p *costChoice) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 		}
 	}
 	if best < 0 {
-		return p.rel.Choose(r, cands, q)
+		return p.fallback(r, cands, q)
 	}
 	if p.share > 0 && len(cands) > 1 && r.Float64() < p.share {
 		var total int64
-		for _, c := range cands {
+		standby := -1 // the next dearer candidate, unless it is proven
+		for i, c := range cands {
 			total += c.Samples()
+			if cc := c.Cost(p.size); cc > bestCost && (standby < 0 || cc < cands[standby].Cost(p.size)) {
+				standby = i
+			}
+		}
+		if standby >= 0 && p.clears(cands[standby], &q[standby]) {
+			standby = -1
 		}
 		limit := p.cap * float64(total)
 		i := leastMeasured(r, cands, func(i int) bool {
@@ -83,7 +102,10 @@ func (p *costChoice) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 			if c.Samples() < p.minSamples {
 				return true
 			}
-			return c.Cost(p.size) < bestCost && c.Upper*q[i].InTime >= p.bar && float64(c.Samples()) < limit
+			if c.Upper*q[i].InTime < p.bar || float64(c.Samples()) >= limit {
+				return false
+			}
+			return c.Cost(p.size) < bestCost || i == standby && float64(c.Samples()) < p.proof()
 		})
 		if i >= 0 {
 			return i
@@ -91,6 +113,31 @@ func (p *costChoice) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	}
 	return best
 }
+
+// fallback is reliability's choice among the candidates that may still
+// clear the bar (their upper bound, times their chance to finish in time,
+// reaches it), or among all of them when none may. A model measured below
+// the bar is thus not bought while another may still be good enough: when
+// the bar lies between two close models (99.7% and 99.9% against 99.8%),
+// reliability alone cannot tell them apart for long and keeps buying the
+// cheaper, which the bar excludes.
+func (p *costChoice) fallback(r *Rand, cands []*Candidate, q []Queue) int {
+	p.sub, p.subq, p.idx = p.sub[:0], p.subq[:0], p.idx[:0]
+	for i, c := range cands {
+		if c.Upper*q[i].InTime >= p.bar {
+			p.sub, p.subq, p.idx = append(p.sub, c), append(p.subq, q[i]), append(p.idx, i)
+		}
+	}
+	if len(p.sub) == 0 || len(p.sub) == len(cands) {
+		return p.rel.Choose(r, cands, q)
+	}
+	return p.idx[p.rel.Choose(r, p.sub, p.subq)]
+}
+
+// proof is about how many judged outcomes a model must have to show that
+// it clears the bar: twice those a model without failures needs for its
+// bound (at Score's z) to reach it, z²·bar/(1-bar) (about 330 at 0.99).
+func (p *costChoice) proof() float64 { return 2 * scoreZ * scoreZ * p.bar / (1 - p.bar) }
 
 // clears reports whether a candidate is reliable enough for the task: the
 // Wilson lower bound reliability ranks by, times the load model's chance

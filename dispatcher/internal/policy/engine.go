@@ -210,7 +210,7 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	pol := e.policyFor(req.Type)
 	if cp, ok := pol.(cost); ok {
 		// the cost policy ranks for this task: its bar and its size
-		s.cost = costChoice{cost: cp, bar: e.barFor(req), size: req.Size}
+		s.cost.cost, s.cost.bar, s.cost.size = cp, e.barFor(req), req.Size
 		pol = &s.cost
 	}
 	budget := e.budgetOf(req)

@@ -274,3 +274,54 @@ func TestCostClosedLoopCheapModelShare(t *testing.T) {
 		}
 	}
 }
+
+// When no model clears the bar, the fallback is reliability among the
+// models that may still clear it: a model measured below the bar (its
+// upper bound under it) is not bought, although reliability alone ranks
+// it first because it is better measured.
+func TestCostFallbackSkipsModelsBelowBar(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"small": series(19940, 60, 20*time.Millisecond, time.Millisecond), // 99.7%: upper bound 99.77%
+		"large": series(299, 1, 20*time.Millisecond, time.Millisecond),    // may be 99.9%: not proven at 99.8%
+	})
+	hbs := []protocol.Heartbeat{pricedHB("n1", 64, map[string]float64{"small": 1, "large": 15})}
+	tab := NewTable(snap, hbs, t0)
+	if got := counts(t, engine(t, Config{Default: Reliability, ExploreShare: -1}), tab, &Request{Type: "t"}, 100); got["small"] != 100 {
+		t.Fatalf("test setup: reliability chose %v, want small", got)
+	}
+	e := engine(t, Config{Default: Cost, ExploreShare: -1, MinSuccess: map[string]float64{"t": 0.998}})
+	if got := counts(t, e, tab, &Request{Type: "t"}, 100); got["large"] != 100 {
+		t.Errorf("bar 0.998: chose %v, want large (small is measured below the bar)", got)
+	}
+	// no model may clear the bar: reliability among all
+	e = engine(t, Config{Default: Cost, ExploreShare: -1, MinSuccess: map[string]float64{"t": 0.9999}})
+	if got := counts(t, e, tab, &Request{Type: "t"}, 100); got["small"] != 100 {
+		t.Errorf("bar 0.9999: chose %v, want reliability's choice (small)", got)
+	}
+}
+
+// The next dearer model is kept proven: explored while it is not, up to
+// what proving the bar takes, so that it is bought at once when the
+// choice fails, instead of reliability's (dearest) choice.
+func TestCostKeepsStandbyProven(t *testing.T) {
+	t.Parallel()
+	world := func(midOK int64) *Table {
+		snap := snapshot(map[string]stats.Series{
+			"cheap":   series(29950, 50, 20*time.Millisecond, time.Millisecond),
+			"mid":     series(midOK, 0, 20*time.Millisecond, 0),
+			"premium": series(5000, 0, 20*time.Millisecond, 0),
+		})
+		return NewTable(snap, []protocol.Heartbeat{pricedHB("n1", 64, map[string]float64{"cheap": 1, "mid": 4, "premium": 15})}, t0)
+	}
+	e := engine(t, Config{Default: Cost})
+	const n = 4000
+	// 60 outcomes: not proven (score 0.974), explored at about the share
+	if got := counts(t, e, world(60), &Request{Type: "t"}, n); got["mid"] < n*3/100 || got["mid"] > n*7/100 || got["premium"] != 0 {
+		t.Errorf("unproven standby: %v, want mid about 5%%, premium never", got)
+	}
+	// 400 outcomes without failure: proven (score 0.996), not explored
+	if got := counts(t, e, world(400), &Request{Type: "t"}, n); got["mid"] != 0 || got["cheap"] != n {
+		t.Errorf("proven standby: %v, want cheap every time", got)
+	}
+}

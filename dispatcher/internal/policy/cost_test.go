@@ -325,3 +325,24 @@ func TestCostKeepsStandbyProven(t *testing.T) {
 		t.Errorf("proven standby: %v, want cheap every time", got)
 	}
 }
+
+// The cost policy allocates nothing per decision either, in each of its
+// paths: the cheapest above the bar, exploration, the fallback.
+func TestCostDecideAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
+	snap, hbs := costWorld()
+	tab := NewTable(snap, hbs, t0)
+	for _, bar := range []float64{0.99, 0.9999} {
+		e := engine(t, Config{Default: Cost, MinSuccess: map[string]float64{"t": bar}})
+		req := &Request{Type: "t", Size: 10}
+		if n := testing.AllocsPerRun(500, func() {
+			if _, err := e.Decide(tab, req); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("bar %g: %v allocations per decision", bar, n)
+		}
+	}
+}

@@ -48,9 +48,14 @@ type Config struct {
 	Name string `envconfig:"DISPATCHER_NAME" desc:"replica name (default hostname)"`
 
 	// Policy is the default policy (default reliability).
-	Policy string `envconfig:"POLICY" default:"reliability" desc:"default policy: reliability, thompson, latency, least-loaded, round-robin, random"`
+	Policy string `envconfig:"POLICY" default:"reliability" desc:"default policy: reliability, thompson, latency, least-loaded, round-robin, random, cost"`
 	// PolicyByType overrides the policy per task type: "type:policy,...".
 	PolicyByType map[string]string `envconfig:"POLICY_BY_TYPE" desc:"per-type policies, e.g. fraud:thompson,ocr:latency"`
+	// MinSuccess is the cost policy's success bar (default 0.99), and
+	// MinSuccessByType overrides it per task type; a task's own
+	// min_success_rate overrides both (docs/policies.md).
+	MinSuccess       float64            `envconfig:"MIN_SUCCESS" default:"0.99" desc:"cost policy: the success a model must clear to be bought, in (0, 1)"`
+	MinSuccessByType map[string]float64 `envconfig:"MIN_SUCCESS_BY_TYPE" desc:"cost policy: per-type success bars, e.g. chat:0.995,tag:0.97"`
 	// MinSamples below which a model is explored (default 20).
 	MinSamples int `envconfig:"MIN_SAMPLES" default:"20" desc:"judged outcomes below which a model is explored, not excluded"`
 	// ExploreShare of decisions spent on under-sampled models (default 0.05).
@@ -267,6 +272,8 @@ func (c Config) Validate() error {
 		return bad("STATS_BUFFER", c.StatsBuffer, "must be at least 1")
 	case c.ExploreShare < 0 || c.ExploreShare > 1:
 		return bad("EXPLORE_SHARE", c.ExploreShare, "must be in 0..1")
+	case c.MinSuccess != 0 && !(c.MinSuccess > 0 && c.MinSuccess < 1): // NaN too
+		return bad("MIN_SUCCESS", c.MinSuccess, "must be a share in (0, 1), e.g. 0.99")
 	case c.MinSamples < 0:
 		return bad("MIN_SAMPLES", c.MinSamples, "must not be negative")
 	case c.LatencyWeight < 0:
@@ -291,7 +298,7 @@ func (c Config) Validate() error {
 		return err
 	}
 	if _, err := policy.NewEngine(c.PolicyConfig()); err != nil {
-		return fmt.Errorf("invalid %s_POLICY or %s_POLICY_BY_TYPE: %w", config.Prefix, config.Prefix, err)
+		return fmt.Errorf("invalid %s_POLICY, %s_POLICY_BY_TYPE, %s_MIN_SUCCESS or %s_MIN_SUCCESS_BY_TYPE: %w", config.Prefix, config.Prefix, config.Prefix, config.Prefix, err)
 	}
 	return nil
 }
@@ -302,8 +309,15 @@ func (c *Config) PolicyConfig() policy.Config {
 	for k, v := range c.PolicyByType {
 		per[strings.TrimSpace(k)] = strings.TrimSpace(v)
 	}
+	bars := map[string]float64{}
+	if c.MinSuccess != 0 {
+		bars["*"] = c.MinSuccess
+	}
+	for k, v := range c.MinSuccessByType {
+		bars[strings.TrimSpace(k)] = v
+	}
 	return policy.Config{
-		Default: c.Policy, PerType: per, MinSamples: c.MinSamples, ExploreShare: c.ExploreShare,
+		Default: c.Policy, PerType: per, MinSamples: c.MinSamples, ExploreShare: c.ExploreShare, MinSuccess: bars,
 		LatencyWeight: c.LatencyWeight, QueueTarget: c.QueueTarget.policy(),
 		Timeout: c.TaskTimeout, Deadline: c.TaskTimeout + c.DeadlineSlack,
 		Breaker: policy.BreakerConfig{

@@ -90,3 +90,38 @@ func TestModelMaxConcurrency(t *testing.T) {
 		t.Errorf("peak %d tasks of big at once, want %d", p, limit)
 	}
 }
+
+// A model's declared cost reaches the dispatcher in the node's heartbeat,
+// which the dispatcher validates as it does every heartbeat; a model
+// without a cost announces none.
+func TestHeartbeatAnnouncesCost(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-cost")
+	priced := goModel("priced", "echo")
+	priced.Cost = &ModelCost{PerTask: 0.25, PerUnit: 0.001}
+	h.start(h.config(), WithHandler("echo", func(context.Context, Task) (any, error) { return "ok", nil }),
+		WithModels([]ModelSpec{priced, goModel("free", "echo")}))
+	var got protocol.Heartbeat
+	waitFor(t, 10*time.Second, "both models announced", func() bool {
+		hb, ok := h.heartbeatOf()
+		got = hb
+		return ok && len(hb.Models) == 2
+	})
+	if err := got.Validate(h.node); err != nil {
+		t.Fatalf("the dispatcher would refuse the heartbeat: %v", err)
+	}
+	for _, m := range got.Models {
+		switch m.Name {
+		case "priced":
+			if m.CostPerTask != 0.25 || m.CostPerUnit != 0.001 {
+				t.Errorf("priced announces cost %g per task, %g per unit; want 0.25, 0.001", m.CostPerTask, m.CostPerUnit)
+			}
+		case "free":
+			if m.CostPerTask != 0 || m.CostPerUnit != 0 {
+				t.Errorf("free announces a cost: %+v", m)
+			}
+		default:
+			t.Errorf("unexpected model %q", m.Name)
+		}
+	}
+}

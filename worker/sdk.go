@@ -20,3 +20,7 @@ type ModelSpec = model.Spec
 // ErrTaskError marks a handler error caused by the task's input: reported as
 // task_error, never counted against the model, never retried.
 var ErrTaskError = executor.ErrTaskError
+
+// ModelCost is a model's declared price (ModelSpec.Cost), announced in the
+// node's heartbeat for the dispatcher's cost policy.
+type ModelCost = model.CostSpec

@@ -79,11 +79,42 @@ type Spec struct {
 	// (default: no limit of its own, only the node's concurrency). The
 	// worker enforces it and announces it; the dispatcher counts it as the
 	// model's slots on the node. Zero or negative is refused.
-	MaxConcurrency *int      `yaml:"max_concurrency,omitempty"`
-	Go             *GoSpec   `yaml:"go,omitempty"`
-	Exec           *ExecSpec `yaml:"exec,omitempty"`
-	HTTP           *HTTPSpec `yaml:"http,omitempty"`
-	Sim            *SimSpec  `yaml:"sim,omitempty"`
+	MaxConcurrency *int `yaml:"max_concurrency,omitempty"`
+	// Cost is what one attempt of the model costs (default none: the
+	// model declares no cost). The worker announces it in its heartbeat;
+	// the dispatcher's cost policy buys the cheapest model that clears
+	// the success bar (docs/policies.md, docs/models.md).
+	Cost *CostSpec `yaml:"cost,omitempty"`
+	Go   *GoSpec   `yaml:"go,omitempty"`
+	Exec *ExecSpec `yaml:"exec,omitempty"`
+	HTTP *HTTPSpec `yaml:"http,omitempty"`
+	Sim  *SimSpec  `yaml:"sim,omitempty"`
+}
+
+// CostSpec is a model's price in the operator's own unit (cents,
+// credits): PerTask for every attempt plus PerUnit for each unit of the
+// task's size (tokens, pixels: the task's "size" field).
+type CostSpec struct {
+	PerTask float64 `yaml:"per_task,omitempty"`
+	PerUnit float64 `yaml:"per_unit,omitempty"`
+}
+
+// validate checks both prices are numbers in 0..protocol.MaxCost, the
+// range a heartbeat accepts: a file the worker loads never yields a
+// heartbeat the dispatcher refuses.
+func (c *CostSpec) validate() error {
+	if c == nil {
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"cost.per_task", c.PerTask}, {"cost.per_unit", c.PerUnit}} {
+		if !(f.v >= 0 && f.v <= protocol.MaxCost) { // also refuses NaN
+			return fmt.Errorf("%s: %g must be a number in 0..%g", f.name, f.v, protocol.MaxCost)
+		}
+	}
+	return nil
 }
 
 // GoSpec selects an in-process handler registered with the worker SDK.
@@ -346,6 +377,9 @@ func (s Spec) Validate() error {
 	if s.MaxConcurrency != nil && *s.MaxConcurrency <= 0 {
 		return fmt.Errorf("max_concurrency: %d must be a positive number of tasks (omit it for no limit of its own)", *s.MaxConcurrency)
 	}
+	if err := s.Cost.validate(); err != nil {
+		return err
+	}
 	for _, t := range s.Types {
 		if err := protocol.ValidToken(t, 64); err != nil {
 			return fmt.Errorf("types: %q %v", t, err)
@@ -560,6 +594,10 @@ func (s Spec) Info(defTimeout time.Duration) protocol.ModelInfo {
 	if t <= 0 {
 		t = defTimeout
 	}
-	return protocol.ModelInfo{Name: s.ID(), Types: append([]string(nil), s.Types...), TimeoutMs: t.Milliseconds(),
+	info := protocol.ModelInfo{Name: s.ID(), Types: append([]string(nil), s.Types...), TimeoutMs: t.Milliseconds(),
 		MaxConcurrency: s.Limit(), Version: s.Version, Replaces: s.Replaces}
+	if s.Cost != nil {
+		info.CostPerTask, info.CostPerUnit = s.Cost.PerTask, s.Cost.PerUnit
+	}
+	return info
 }

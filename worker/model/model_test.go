@@ -95,6 +95,11 @@ func TestValidationErrorsNameModelAndField(t *testing.T) {
 		{"schedule order", "models: [{name: a, types: [t], executor: sim, sim: {schedule: [{after: 2s}, {after: 1s}]}}]", `sim.schedule[1].after`},
 		{"zero max_concurrency", "models: [{name: a, types: [t], executor: sim}, {name: big, types: [t], executor: sim, max_concurrency: 0}]", `model "big": max_concurrency: 0 must be a positive`},
 		{"negative max_concurrency", "models: [{name: big, types: [t], executor: sim, max_concurrency: -2}]", `model "big": max_concurrency: -2`},
+		{"negative cost", "models: [{name: a, types: [t], executor: sim}, {name: cheap, types: [t], executor: sim, cost: {per_task: -1}}]", `model "cheap": cost.per_task: -1 must be a number in 0..`},
+		{"huge unit cost", "models: [{name: big, types: [t], executor: sim, cost: {per_unit: 2e9}}]", `model "big": cost.per_unit: 2e+09`},
+		{"nan cost", "models: [{name: big, types: [t], executor: sim, cost: {per_task: .nan}}]", `model "big": cost.per_task: NaN`},
+		{"cost not a number", "models: [{name: big, types: [t], executor: sim, cost: {per_task: cheap}}]", `cheap`},
+		{"cost unknown field", "models: [{name: big, types: [t], executor: sim, cost: {per_token: 1}}]", `field per_token not found`},
 		{"schedule rate", "models: [{name: a, types: [t], executor: sim, sim: {schedule: [{after: 1s, timeout_rate: -1}]}}]", `sim.schedule[0].timeout_rate`},
 	}
 	for _, c := range cases {
@@ -171,5 +176,43 @@ func TestVersionedModels(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err %v, want %q", yaml, err, want)
 		}
+	}
+}
+
+// A model's cost is parsed, validated and announced as it is declared; a
+// model without one announces none (0 and 0).
+func TestCostAnnounced(t *testing.T) {
+	t.Parallel()
+	specs, err := Parse([]byte(`models:
+  - {name: small, version: "2", types: [t], executor: sim, cost: {per_task: 0.5, per_unit: 0.002}}
+  - {name: flat, types: [t], executor: sim, cost: {per_task: 3}}
+  - {name: free, types: [t], executor: sim}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, flat, free := specs[0].Info(time.Second), specs[1].Info(time.Second), specs[2].Info(time.Second)
+	if small.Name != "small@2" || small.CostPerTask != 0.5 || small.CostPerUnit != 0.002 {
+		t.Errorf("small announces %+v", small)
+	}
+	if got := small.Cost(1000); got != 2.5 {
+		t.Errorf("small costs %g for size 1000, want 0.5 + 0.002 x 1000 = 2.5", got)
+	}
+	if flat.CostPerTask != 3 || flat.CostPerUnit != 0 {
+		t.Errorf("flat announces %+v", flat)
+	}
+	if free.CostPerTask != 0 || free.CostPerUnit != 0 {
+		t.Errorf("free announces %+v", free)
+	}
+}
+
+func TestExampleDeclaresCost(t *testing.T) {
+	t.Parallel()
+	specs, err := LoadFile(repoFile("deployments/models/example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := specs[3].Cost; c == nil || c.PerTask != 0.2 || c.PerUnit != 0.001 {
+		t.Errorf("remote's cost %+v, want 0.2 per task, 0.001 per unit", c)
 	}
 }

@@ -31,7 +31,7 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("mlsched simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	scenario := fs.String("scenario", "stationary", "built-in scenario name ("+strings.Join(simulate.Builtin(), ", ")+") or a scenario JSON file")
-	pol := fs.String("policy", "all", "policy to run: "+strings.Join(simulate.Policies(), ", ")+", a comma-separated list, or all (the oracle always runs)")
+	pol := fs.String("policy", "all", "policy to run: "+strings.Join(simulate.Policies(), ", ")+", "+strings.Join(simulate.CostPolicies(), ", ")+", a comma-separated list, or all (the oracle always runs; all adds "+strings.Join(simulate.CostPolicies(), " and ")+" when a model declares a cost)")
 	tasks := fs.Int("tasks", 0, "number of tasks (default: the scenario's)")
 	seed := fs.Uint64("seed", 1, "seed of every random stream; the same seed gives the same output")
 	runs := fs.Int("runs", 1, "average over this many seeds (seed, seed+1, ...); recovery is their median")
@@ -42,6 +42,7 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	minSamples := fs.Int("min-samples", 0, "policy MinSamples: outcomes below which a model is explored (default: the policy default, 20)")
 	explore := fs.Float64("explore-share", 0, "policy ExploreShare: share of decisions given to under-sampled models (default: the policy default, 0.05)")
 	latWeight := fs.Float64("latency-weight", 0, "policy LatencyWeight of thompson (default 0)")
+	minSuccess := fs.Float64("min-success", 0, "cost policy: the success bar of every type, in (0, 1) (default: the scenario's min_success, else 0.99)")
 	ownBlocks := fs.Bool("own-deadline-blocks", false, "flow control: a held task saturated only by its own deadline holds back its type for the rest of the hold's pass (the dispatcher's rule before issue 20's fix, to measure it; default: as the dispatcher does now)")
 	byFinish := fs.Bool("fair-by-finish-tag", false, "flow control: inside a priority the hold serves the smallest finish tag first (the dispatcher's order before issue 20's fix, to measure it; default: the smallest start tag, as the dispatcher does now)")
 	window := fs.Duration("window", 0, "statistics window (default: the scenario's); -window 5m -bucket 10s is the dispatcher's default")
@@ -113,8 +114,8 @@ Flags:
 	if *pol != "all" {
 		for _, p := range strings.Split(*pol, ",") {
 			p = strings.TrimSpace(p)
-			if !slices.Contains(simulate.Policies(), p) {
-				return bad("unknown policy %q (want %s or all)", p, strings.Join(simulate.Policies(), ", "))
+			if known := append(simulate.Policies(), simulate.CostPolicies()...); !slices.Contains(known, p) {
+				return bad("unknown policy %q (want %s or all)", p, strings.Join(known, ", "))
 			}
 			policies = append(policies, p)
 		}
@@ -135,6 +136,9 @@ Flags:
 	}
 	opt := simulate.Options{Tasks: *tasks, Seed: *seed, Runs: *runs, Policies: policies, OwnDeadlineBlocks: *ownBlocks, FairByFinishTag: *byFinish,
 		Engine: policy.Config{MinSamples: *minSamples, ExploreShare: *explore, LatencyWeight: *latWeight}}
+	if *minSuccess != 0 {
+		opt.Engine.MinSuccess = map[string]float64{"*": *minSuccess}
+	}
 	if _, err := policy.NewEngine(opt.Engine); err != nil {
 		return bad("%v", err)
 	}

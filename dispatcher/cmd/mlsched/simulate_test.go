@@ -72,8 +72,22 @@ func TestSimulateScenarioFileAndListing(t *testing.T) {
 		t.Fatalf("file scenario: %v\n%s", err, out)
 	}
 	list, _, err := simulateCLI(t, "-list")
-	if err != nil || strings.Count(list, "\n") != 14 || !strings.Contains(list, "priority-overload") || !strings.Contains(list, "rollout-bad") || !strings.Contains(list, "node-crash") || !strings.Contains(list, "overload") {
+	if err != nil || strings.Count(list, "\n") != 15 || !strings.Contains(list, "cost-tradeoff") || !strings.Contains(list, "priority-overload") || !strings.Contains(list, "rollout-bad") || !strings.Contains(list, "node-crash") || !strings.Contains(list, "overload") {
 		t.Fatalf("list: %v\n%s", err, list)
+	}
+}
+
+// The cost policies run by name on any scenario, and -min-success sets
+// the cost policy's bar.
+func TestSimulateCostPolicies(t *testing.T) {
+	t.Parallel()
+	out, _, err := simulateCLI(t, "-scenario", "cost-tradeoff", "-policy", "cost,cheapest-fallback", "-tasks", "3000", "-min-success", "0.95")
+	if err != nil || !strings.Contains(out, "cheapest-fallback") || !strings.Contains(out, "cost/success") {
+		t.Fatalf("cost-tradeoff: %v\n%s", err, out)
+	}
+	out, _, err = simulateCLI(t, "-scenario", "stationary", "-policy", "cost", "-tasks", "1000")
+	if err != nil || !strings.Contains(out, " cost ") || strings.Contains(out, "cost/success") {
+		t.Fatalf("stationary (no costs): %v\n%s", err, out)
 	}
 }
 
@@ -93,6 +107,7 @@ func TestSimulateBadInput(t *testing.T) {
 		{[]string{"-scenario", broken}, "arrival.rate"},
 		{[]string{"-tasks", "-5"}, "negative"},
 		{[]string{"-explore-share", "2"}, "invalid policy config"},
+		{[]string{"-min-success", "1.5"}, `min success 1.5`},
 		{[]string{"-window", "1ms"}, "at least 10ms"},
 		{[]string{"-runs", "0"}, "outside 1..1000"},
 		{[]string{"-tasks", "20000000"}, "at most 10000000"},

@@ -15,7 +15,15 @@ const (
 	LeastLoaded = "least-loaded"
 	RoundRobin  = "round-robin"
 	Random      = "random"
+	// Cost buys the cheapest model whose success clears the type's bar
+	// (Config.MinSuccess), and falls back to reliability when none does
+	// (cost.go, docs/policies.md).
+	Cost = "cost"
 )
+
+// DefaultMinSuccess is the cost policy's success bar for a type that
+// Config.MinSuccess does not name.
+const DefaultMinSuccess = 0.99
 
 // Config configures an Engine. Zero fields take the defaults shown.
 type Config struct {
@@ -32,7 +40,21 @@ type Config struct {
 	// LatencyWeight makes thompson prefer faster models among similar ones
 	// (default 0: success only).
 	LatencyWeight float64
-	Breaker       BreakerConfig
+	// MinSuccess is the cost policy's success bar per task type: a model
+	// is bought only while the Wilson lower bound reliability ranks by
+	// (Candidate.Score), times its chance to finish in time, is at least
+	// the bar. A task's own min_success_rate, when set, is its bar. The
+	// key "*" sets the bar of the types not named (default
+	// DefaultMinSuccess, 0.99). Values in (0, 1).
+	MinSuccess map[string]float64
+	// CostExploreCap caps what the cost policy's exploration gives a model
+	// that is cheaper than its choice and not proven to clear the bar: at
+	// most this share of the type's judged outcomes in the window
+	// (default 0.015; negative: such a model is never explored, only
+	// bought once proven). The idea of a rollout's cap: an unproven cheap
+	// model never takes much traffic, whatever its price.
+	CostExploreCap float64
+	Breaker        BreakerConfig
 	// Timeout is the attempt timeout when a Request gives none (default
 	// 30s, the dispatcher's default), and Deadline the time from a
 	// dispatch to its deadline (default 40s: that timeout plus the
@@ -75,6 +97,10 @@ type Request struct {
 	Models         []string // allow-list, empty = any
 	MaxLatencyMs   int64
 	MinSuccessRate float64
+	// Size is the task's size in its type's own unit (tokens, pixels;
+	// protocol.Task.Size, 0 when it gives none): the cost policy prices
+	// each model for it (protocol.ModelInfo.Cost).
+	Size float64
 	// Tried are the task's earlier attempts: failover prefers a model not
 	// tried yet, then a node not tried yet.
 	Tried []protocol.Attempt

@@ -23,15 +23,16 @@ var ErrUnknownPolicy = errors.New("unknown policy")
 var ErrInvalidConfig = errors.New("invalid policy config")
 
 // Names lists every policy name.
-var Names = []string{Reliability, Thompson, Latency, LeastLoaded, RoundRobin, Random}
+var Names = []string{Reliability, Thompson, Latency, LeastLoaded, RoundRobin, Random, Cost}
 
 // DefaultConfig holds the defaults NewEngine applies to zero fields.
 var DefaultConfig = Config{
-	Default:      Reliability,
-	MinSamples:   20,
-	ExploreShare: 0.05,
-	Timeout:      30 * time.Second,
-	Deadline:     40 * time.Second,
+	Default:        Reliability,
+	MinSamples:     20,
+	ExploreShare:   0.05,
+	CostExploreCap: 0.015,
+	Timeout:        30 * time.Second,
+	Deadline:       40 * time.Second,
 	Breaker: BreakerConfig{
 		ConsecutiveFailures: 5,
 		FailureRate:         0.5,
@@ -52,6 +53,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ExploreShare == 0 {
 		c.ExploreShare = d.ExploreShare
+	}
+	if c.CostExploreCap == 0 {
+		c.CostExploreCap = d.CostExploreCap
 	}
 	if c.Deadline == 0 {
 		c.Deadline = d.Deadline
@@ -95,19 +99,29 @@ type Engine struct {
 // NewEngine validates cfg, fills its defaults and builds the policies.
 func NewEngine(cfg Config) (*Engine, error) {
 	cfg = cfg.WithDefaults()
+	if cfg.CostExploreCap > 1 {
+		return nil, fmt.Errorf("%w: cost explore cap %g (want <= 1, negative disables)", ErrInvalidConfig, cfg.CostExploreCap)
+	}
 	if cfg.ExploreShare > 1 || cfg.LatencyWeight < 0 || cfg.MinSamples < 0 || cfg.Deadline < 0 || cfg.Timeout < 0 {
 		return nil, fmt.Errorf("%w: explore share %g (want <= 1, negative disables), latency weight %g (want >= 0), min samples %d (want >= 0), deadline %v, timeout %v (want >= 0)",
 			ErrInvalidConfig, cfg.ExploreShare, cfg.LatencyWeight, cfg.MinSamples, cfg.Deadline, cfg.Timeout)
+	}
+	for typ, bar := range cfg.MinSuccess {
+		if !(bar > 0 && bar < 1) { // also refuses NaN
+			return nil, fmt.Errorf("%w: min success %g for task type %q: want a share in (0, 1), e.g. 0.99", ErrInvalidConfig, bar, typ)
+		}
 	}
 	b := cfg.Breaker
 	if b.ConsecutiveFailures < 0 || b.FailureRate < 0 || b.FailureRate > 1 || b.MinRequests < 0 || b.Cooldown < 0 || b.HalfOpenProbes < 0 {
 		return nil, fmt.Errorf("%w: breaker %+v", ErrInvalidConfig, b)
 	}
 	share := max(cfg.ExploreShare, 0)
+	rel := explore{Policy: reliability{}, minSamples: int64(cfg.MinSamples), share: share, optimistic: true}
 	e := &Engine{
 		cfg: cfg,
 		policies: map[string]Policy{
-			Reliability: explore{Policy: reliability{}, minSamples: int64(cfg.MinSamples), share: share, optimistic: true},
+			Reliability: rel,
+			Cost:        cost{rel: rel, minSamples: int64(cfg.MinSamples), share: share, cap: max(cfg.CostExploreCap, 0)},
 			Thompson:    thompson{latencyWeight: cfg.LatencyWeight},
 			Latency:     explore{Policy: latency{}, minSamples: int64(cfg.MinSamples), share: share},
 			LeastLoaded: leastLoaded{},
@@ -161,6 +175,8 @@ type scratch struct {
 	pairs []*pairState
 	// capped are the candidates a split keeps from this task (split.go)
 	capped []*typeCand
+	// cost is the cost policy bound to this decision's task (cost.go)
+	cost costChoice
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -192,6 +208,11 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	defer scratchPool.Put(s)
 	s.rng.Seed(e.seed())
 	pol := e.policyFor(req.Type)
+	if cp, ok := pol.(cost); ok {
+		// the cost policy ranks for this task: its bar and its size
+		s.cost.cost, s.cost.bar, s.cost.size = cp, e.barFor(req), req.Size
+		pol = &s.cost
+	}
 	budget := e.budgetOf(req)
 	saturated := false
 	if t.full.Load() == 0 && te.uniform {
@@ -398,6 +419,10 @@ func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Requ
 	if len(req.Tried) > 0 {
 		if ex, ok := pol.(explore); ok {
 			pol = ex.Policy
+		}
+		if _, ok := pol.(*costChoice); ok {
+			// a retry buys reliability, not savings (docs/policies.md)
+			pol = reliability{}
 		}
 		s.sel = s.sel[:0]
 		for _, tc := range pool {

@@ -54,10 +54,21 @@ type Candidate struct {
 	ExpectedUs float64
 	// Capacity is the summed capacity of the live nodes hosting the model.
 	Capacity int
+	// CostPerTask and CostPerUnit are the model's declared price
+	// (protocol.ModelInfo): the highest any live node announces, so that
+	// an inconsistent models file never makes a model look cheaper than
+	// it may be. 0 and 0: no declared cost.
+	CostPerTask, CostPerUnit float64
 
 	inFlight int64        // from the snapshot
 	local    atomic.Int64 // dispatched minus completed by this process since the table was built
 }
+
+// Cost is what one attempt of the model costs for a task of the given size.
+func (c *Candidate) Cost(size float64) float64 { return c.CostPerTask + c.CostPerUnit*max(size, 0) }
+
+// Priced reports whether the model declares a cost.
+func (c *Candidate) Priced() bool { return c.CostPerTask > 0 || c.CostPerUnit > 0 }
 
 // Samples is the number of judged outcomes in the window.
 func (c *Candidate) Samples() int64 { return c.Successes + c.Failures }
@@ -224,6 +235,9 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 				m = newModelState(mi.Name, ms(mi.Name), t.nodes)
 				t.models[mi.Name] = m
 			}
+			if validCost(mi.CostPerTask) && validCost(mi.CostPerUnit) {
+				m.CostPerTask, m.CostPerUnit = max(m.CostPerTask, mi.CostPerTask), max(m.CostPerUnit, mi.CostPerUnit)
+			}
 			p := m.pair(ns)
 			if p == nil {
 				p = newPairState(m, ns, ms(mi.Name))
@@ -311,6 +325,10 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 	}
 	return t
 }
+
+// validCost is a cost a heartbeat may carry (the dispatcher validates
+// heartbeats; tables built by tests and the simulator are held to it too).
+func validCost(c float64) bool { return c >= 0 && c <= protocol.MaxCost }
 
 func (m *modelState) pair(n *nodeState) *pairState {
 	for _, p := range m.pairs {

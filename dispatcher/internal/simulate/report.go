@@ -77,6 +77,15 @@ type Result struct {
 	// scenario with arrival.flows (flow.go); inversions and late starts
 	// are summed over the runs, the rest averaged.
 	FlowControl *FlowSummary `json:"flow_control,omitempty"`
+	// CostPerSuccess (scenarios where a model declares a cost) is what
+	// every attempt that started cost, failed ones included, per task
+	// that succeeded in the end.
+	CostPerSuccess *float64 `json:"cost_per_success,omitempty"`
+	// FirstShares (scenarios where a model declares a cost) is each
+	// model's share of the first attempts of the tasks submitted after
+	// warm-up: one statistics window, or the first tenth of the tasks if
+	// that is shorter.
+	FirstShares map[string]float64 `json:"first_attempt_shares,omitempty"`
 }
 
 // Segment is the figures of the tasks submitted in [FromS, ToS).
@@ -107,8 +116,8 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 	}
 	names := slices.Clone(opt.Policies)
 	for _, p := range names {
-		if !slices.Contains(Policies(), p) {
-			return nil, fmt.Errorf("%w %q (want one of %v or all)", ErrUnknownPolicy, p, Policies())
+		if !knownPolicy(p) {
+			return nil, fmt.Errorf("%w %q (want one of %v or all)", ErrUnknownPolicy, p, append(Policies(), CostPolicies()...))
 		}
 	}
 	if !slices.Contains(names, Oracle) {
@@ -203,6 +212,18 @@ func aggregate(rs []Result) Result {
 		if r.RecoveryTasks != nil {
 			out.Recoveries = append(out.Recoveries, *r.RecoveryTasks)
 		}
+		if r.CostPerSuccess != nil {
+			if out.CostPerSuccess == nil {
+				out.CostPerSuccess = new(float64)
+			}
+			*out.CostPerSuccess += *r.CostPerSuccess / n
+		}
+		for m, v := range r.FirstShares {
+			if out.FirstShares == nil {
+				out.FirstShares = map[string]float64{}
+			}
+			out.FirstShares[m] += v / n
+		}
 	}
 	out.FailedFirst, out.ExtraFailedFirst = int(math.Round(failed)), int(math.Round(extra))
 	out.QueueFailedFirst = int(math.Round(qfailed))
@@ -268,6 +289,11 @@ func summarize(name string, ts []taskResult, sc *Scenario, opt Options) Result {
 	}
 	r.Curve = curve(ts)
 	r.Timeline = timeline(ts, opt.Segment)
+	if sc.costed() {
+		c := costPerSuccess(ts)
+		r.CostPerSuccess = &c
+		r.FirstShares = firstShares(ts, sc.Window.Size.D())
+	}
 	return r
 }
 
@@ -398,16 +424,28 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintln(tw)
 	}
+	costed := r.costed()
+	if costed {
+		cols = append(cols, "cost/success")
+	}
 	line(cols)
 	for i := range r.Results {
 		row := r.Results[i].row(2)
 		if r.ChangeAtS == nil {
 			row[len(row)-1] = "-"
 		}
+		if costed {
+			row = append(row, r.Results[i].costCell(3))
+		}
 		line(row)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if costed {
+		if err := r.writeShares(w); err != nil {
+			return err
+		}
 	}
 	for i := range r.Results {
 		for _, ro := range r.Results[i].Rollouts {
@@ -422,11 +460,20 @@ func (r *Report) WriteTable(w io.Writer) error {
 // WriteCSV writes one row per policy with a header row.
 func (r *Report) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	if err := cw.Write(append([]string{"scenario", "seed", "tasks"}, header...)); err != nil {
+	costed := r.costed()
+	head := append([]string{"scenario", "seed", "tasks"}, header...)
+	if costed {
+		head = append(head, "cost_per_success")
+	}
+	if err := cw.Write(head); err != nil {
 		return err
 	}
 	for i := range r.Results {
-		if err := cw.Write(append([]string{r.Scenario, strconv.FormatUint(r.Seed, 10), strconv.Itoa(r.Tasks)}, r.Results[i].row(4)...)); err != nil {
+		rec := append([]string{r.Scenario, strconv.FormatUint(r.Seed, 10), strconv.Itoa(r.Tasks)}, r.Results[i].row(4)...)
+		if costed {
+			rec = append(rec, r.Results[i].costCell(6))
+		}
+		if err := cw.Write(rec); err != nil {
 			return err
 		}
 	}

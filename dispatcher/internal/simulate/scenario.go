@@ -163,10 +163,14 @@ type Scenario struct {
 	// beyond its running ones and starts them highest priority first,
 	// tenants in turn, oldest first (nodequeue.go); the rest wait in its
 	// stream in arrival order.
-	Prefetch int     `json:"prefetch,omitempty"`
-	Models   []Model `json:"models"`
-	Nodes    []Node  `json:"nodes"`
-	Events   []Event `json:"events,omitempty"`
+	Prefetch int `json:"prefetch,omitempty"`
+	// MinSuccess is the cost policy's success bar per task type ("*":
+	// every type not named; default 0.99, the dispatcher's
+	// MLSCHED_MIN_SUCCESS and _BY_TYPE).
+	MinSuccess map[string]float64 `json:"min_success,omitempty"`
+	Models     []Model            `json:"models"`
+	Nodes      []Node             `json:"nodes"`
+	Events     []Event            `json:"events,omitempty"`
 }
 
 // WindowSpec configures the statistics window.
@@ -229,6 +233,9 @@ type Model struct {
 	// its At until the next step. The first step must be at 0 and give
 	// both fields; later steps inherit what they omit.
 	Profile []Step `json:"profile"`
+	// Cost is the model's price (optional, cost.go): reports then give
+	// the cost per successful task, and the cost policies run.
+	Cost *ModelCost `json:"cost,omitempty"`
 }
 
 // Step is a model's behaviour from At on.
@@ -613,6 +620,9 @@ func (sc *Scenario) validate() error {
 		}
 	}
 	if err := sc.validateFlows(); err != nil {
+		return err
+	}
+	if err := sc.validateCosts(); err != nil {
 		return err
 	}
 	if sc.Rollout != nil {

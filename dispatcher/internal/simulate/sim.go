@@ -43,8 +43,9 @@ type Options struct {
 	// Runs repeats the simulation with seeds Seed, Seed+1, ... and averages
 	// the figures (default 1).
 	Runs int
-	// Policies to run, in order (default: all of Policies()). The oracle is
-	// always run as well, since regret is measured against it.
+	// Policies to run, in order (default: all of Policies(), and
+	// CostPolicies() before the oracle when the scenario declares a cost).
+	// The oracle is always run as well, since regret is measured against it.
 	Policies []string
 	// Engine is the policy configuration; its Default is set to the policy
 	// under test (default: the zero Config, i.e. the policy defaults).
@@ -85,6 +86,9 @@ func (o Options) withDefaults(sc *Scenario) Options {
 	}
 	if len(o.Policies) == 0 {
 		o.Policies = Policies()
+		if sc.costed() {
+			o.Policies = slices.Insert(o.Policies, len(o.Policies)-1, CostPolicies()...)
+		}
 	}
 	if o.RecoveryWindow <= 0 {
 		o.RecoveryWindow = 50
@@ -264,6 +268,10 @@ type taskResult struct {
 	flow        int
 	end         endKind
 	startedLate bool
+	// cost is what the task's attempts that started cost, firstModel the
+	// model of its first attempt that started (cost.go).
+	cost       float64
+	firstModel string
 }
 
 func (s *sim) clock() time.Time { return epoch.Add(s.now) }
@@ -336,8 +344,15 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 		s.dec = &oracle{s: s}
 		return s, nil
 	}
+	if name == CheapestFallback {
+		s.dec = newCheapest(s)
+		return s, nil
+	}
 	cfg := opt.Engine
 	cfg.Default = name
+	if cfg.MinSuccess == nil && sc.MinSuccess != nil {
+		cfg.MinSuccess = sc.MinSuccess
+	}
 	if sc.QueueTarget != 0 {
 		cfg.QueueTarget = sc.QueueTarget.D()
 	}
@@ -552,7 +567,11 @@ func (s *sim) heartbeats() []protocol.Heartbeat {
 		}
 		for _, m := range n.spec.Models {
 			if s.joined[m] {
-				hb.Models = append(hb.Models, protocol.ModelInfo{Name: m, Types: s.models[m].Types, TimeoutMs: s.sc.Timeout.D().Milliseconds()})
+				mi := protocol.ModelInfo{Name: m, Types: s.models[m].Types, TimeoutMs: s.sc.Timeout.D().Milliseconds()}
+				if c := s.models[m].Cost; c != nil {
+					mi.CostPerTask, mi.CostPerUnit = c.PerTask, c.PerUnit
+				}
+				hb.Models = append(hb.Models, mi)
 			}
 		}
 		if len(hb.Models) > 0 {
@@ -699,6 +718,7 @@ func (s *sim) start(a *attempt) {
 	}
 	a.state = stRunning
 	a.node.running++
+	s.charge(a)
 	s.pcg.Seed(s.opt.Seed^0x9e3779b97f4a7c15, uint64(a.t.idx)<<8|uint64(a.n))
 	uFail, uLat := s.draw.Float64(), s.draw.Float64()
 	st := s.models[a.model].step(s.now)

@@ -44,7 +44,7 @@ func run(t *testing.T, name string, opt Options) *Report {
 
 func TestBuiltinScenariosParse(t *testing.T) {
 	t.Parallel()
-	want := []string{"burst", "bursty", "cold-start", "drift", "heavy-tail", "node-crash", "overload", "priority-overload", "rollout-bad", "rollout-good", "slow-node", "stationary", "tenant-flood", "tenant-weights"}
+	want := []string{"burst", "bursty", "cold-start", "cost-tradeoff", "drift", "heavy-tail", "node-crash", "overload", "priority-overload", "rollout-bad", "rollout-good", "slow-node", "stationary", "tenant-flood", "tenant-weights"}
 	if got := Builtin(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("Builtin() = %v, want %v", got, want)
 	}
@@ -66,7 +66,8 @@ func TestOracleIsAtLeastAsGoodAsEveryPolicy(t *testing.T) {
 	for _, name := range Builtin() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			if sc, err := Load(name); err != nil || len(sc.Arrival.Flows) > 0 {
+			sc, err := Load(name)
+			if err != nil || len(sc.Arrival.Flows) > 0 {
 				// Under flow control the hold decides which tasks run; the
 				// oracle's stricter in-time rule queues less, and where a
 				// held task about to expire blocks its type (the
@@ -76,7 +77,11 @@ func TestOracleIsAtLeastAsGoodAsEveryPolicy(t *testing.T) {
 			}
 			rep := run(t, name, Options{Tasks: tasksFor(t, 8000), Seed: 7})
 			or := rep.Get(Oracle)
-			if len(rep.Results) != len(Policies()) || or == nil {
+			want := len(Policies())
+			if sc.costed() { // the cost policy and its baseline run too
+				want += len(CostPolicies())
+			}
+			if len(rep.Results) != want || or == nil {
 				t.Fatalf("got %d results, oracle %v", len(rep.Results), or)
 			}
 			for _, r := range rep.Results {

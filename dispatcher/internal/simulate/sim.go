@@ -145,6 +145,7 @@ func (q *eventQueue) Pop() any {
 type task struct {
 	idx      int
 	typ      string
+	size     float64 // from the trace's size column (trace.go); 0 without
 	submit   time.Duration
 	history  []protocol.Attempt
 	waitFrom time.Duration // when it started waiting for a candidate, -1 if not
@@ -383,9 +384,14 @@ func (s *sim) run(ctx context.Context, n int) error {
 				}
 			}
 		case evArrival:
-			t := &task{idx: s.arrived, typ: s.pickType(), submit: s.now, waitFrom: -1, flow: -1}
-			if s.fc != nil {
-				s.pickFlow(t)
+			t := &task{idx: s.arrived, submit: s.now, waitFrom: -1, flow: -1}
+			if s.sc.trace != nil {
+				s.traceTask(t)
+			} else {
+				t.typ = s.pickType()
+				if s.fc != nil {
+					s.pickFlow(t)
+				}
 			}
 			s.arrived++
 			if s.arrived < n {
@@ -436,6 +442,9 @@ func (s *sim) run(ctx context.Context, n int) error {
 // constant rate) Poisson process: a draw that crosses a rate step restarts
 // there at the new rate, which memorylessness makes exact.
 func (s *sim) interarrival() time.Duration {
+	if s.sc.trace != nil {
+		return s.sc.trace.arrivalAt(s.arrived) - s.now
+	}
 	at := s.now
 	for {
 		rate, next := s.rateAt(at)

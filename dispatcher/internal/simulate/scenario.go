@@ -264,6 +264,29 @@ type Step struct {
 	At          Duration `json:"at"`
 	FailureProb *float64 `json:"failure_prob,omitempty"`
 	Latency     *Dist    `json:"latency,omitempty"`
+	// LatencyPerUnit is added to the drawn latency for each unit of the
+	// task's size (default 0): a request of 4,000 tokens takes longer than
+	// one of 100, so a trace's sizes shape its service times.
+	LatencyPerUnit *Duration `json:"latency_per_unit,omitempty"`
+}
+
+// sizePart is the latency a task of this size adds on this step.
+func (s *Step) sizePart(size float64) time.Duration {
+	if s.LatencyPerUnit == nil || *s.LatencyPerUnit <= 0 || size <= 0 {
+		return 0
+	}
+	return time.Duration(min(float64(*s.LatencyPerUnit)*size, float64(100*time.Hour)))
+}
+
+// exceed is P(latency > t) for a task of this size.
+func (s *Step) exceed(t time.Duration, size float64) float64 {
+	if p := s.sizePart(size); p > 0 {
+		if p >= t {
+			return 1
+		}
+		t -= p
+	}
+	return s.Latency.exceed(t)
 }
 
 // Node is a simulated worker node.
@@ -558,12 +581,18 @@ func (sc *Scenario) validate(open opener) error {
 				if s.Latency == nil {
 					s.Latency = m.Profile[j-1].Latency
 				}
+				if s.LatencyPerUnit == nil {
+					s.LatencyPerUnit = m.Profile[j-1].LatencyPerUnit
+				}
 			}
 			if err := validProb(sf+".failure_prob", *s.FailureProb); err != nil {
 				return err
 			}
 			if err := s.Latency.validate(sf + ".latency"); err != nil {
 				return err
+			}
+			if s.LatencyPerUnit != nil && (*s.LatencyPerUnit < 0 || s.LatencyPerUnit.D() > time.Hour) {
+				return invalid(sf+".latency_per_unit", "%v is outside 0..1h", s.LatencyPerUnit.D())
 			}
 		}
 	}

@@ -240,7 +240,10 @@ type sim struct {
 	held []*task
 	// fc is the flow control of a scenario with flows (flow.go); nil
 	// without, and the run is exactly what it was before flow control.
-	fc   *flowControl
+	fc *flowControl
+	// size is the size of the task being decided, for the oracle's true
+	// failure probability (a model's latency may grow with it)
+	size float64
 	free []*event       // processed events, for reuse
 	rec  [1]stats.Event // Record's batch, reused
 }
@@ -582,7 +585,7 @@ func (s *sim) failProb(m string) float64 {
 			p = math.Max(p, b.FailureProb)
 		}
 	}
-	slow := st.Latency.exceed(s.sc.Timeout.D())
+	slow := st.exceed(s.sc.Timeout.D(), s.size)
 	return 1 - (1-p)*(1-slow)
 }
 
@@ -603,7 +606,7 @@ func (s *sim) attemptFailProb(m string, n *node) float64 {
 			p = math.Max(p, b.FailureProb)
 		}
 	}
-	slow := st.Latency.exceed(time.Duration(float64(s.sc.Timeout.D()) / n.spec.Slowdown))
+	slow := st.exceed(time.Duration(float64(s.sc.Timeout.D())/n.spec.Slowdown), s.size)
 	return 1 - (1-p)*(1-slow)
 }
 
@@ -635,6 +638,7 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 	}
 	n := len(t.history) + 1
 	req := &policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: s.deadline()}
+	s.size = t.size
 	d, err := s.dec.decide(req)
 	nd := s.byNode[d.Node]
 	if err == nil && (nd == nil || !slices.Contains(nd.spec.Models, d.Model)) {
@@ -719,6 +723,9 @@ func (s *sim) start(a *attempt) {
 	}
 	a.fail = uFail < p
 	a.latency = time.Duration(float64(st.Latency.quantile(uLat)) * a.node.spec.Slowdown)
+	if st.LatencyPerUnit != nil && *st.LatencyPerUnit > 0 && a.t.size > 0 {
+		a.latency = time.Duration(float64(st.Latency.quantile(uLat)+st.sizePart(a.t.size)) * a.node.spec.Slowdown)
+	}
 	// The worker stops an attempt at its timeout or at the dispatch
 	// deadline, whichever comes first: one that started late in a queue
 	// may miss the deadline.

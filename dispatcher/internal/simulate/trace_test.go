@@ -184,3 +184,43 @@ func TestTraceErrors(t *testing.T) {
 		t.Errorf("missing trace file: %v", err)
 	}
 }
+
+// A model's latency grows with the task's size by latency_per_unit (on top
+// of the drawn part, times the node's slowdown), and later profile steps
+// inherit it; an attempt whose size alone passes the timeout times out,
+// and the oracle knows it will.
+func TestLatencyPerUnit(t *testing.T) {
+	t.Parallel()
+	trace := "t,ContextTokens\n0,0\n1,100\n2,300\n3,2000\n"
+	p := writeTraceScenario(t, trace, `, "time_column": "t"`)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := strings.Replace(string(b), `"value": "10ms"}}]`, `"value": "10ms"}, "latency_per_unit": "2ms"}, {"at": "1h", "failure_prob": 0}]`, 1)
+	src = strings.Replace(src, `"models": ["m"]}`, `"models": ["m"], "slowdown": 2}`, 1)
+	src = strings.Replace(src, `"timeout": "1s"`, `"timeout": "2s", "max_attempts": 1`, 1)
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sc.Models[0].Profile[1].LatencyPerUnit; got == nil || got.D() != 2*time.Millisecond {
+		t.Fatalf("later step's latency_per_unit %v, want it inherited (2ms)", got)
+	}
+	s := runTrace(t, sc, 4)
+	for i, want := range []time.Duration{20 * time.Millisecond, 420 * time.Millisecond, 1220 * time.Millisecond} {
+		if r := s.tasks[i]; r.latency != want || !r.firstOK || r.pFirst != 0 {
+			t.Errorf("task %d: latency %v ok %v pFirst %g, want (10ms + size x 2ms) x 2 = %v, a success the oracle foresaw", i, r.latency, r.firstOK, r.pFirst, want)
+		}
+	}
+	if r := s.tasks[3]; r.firstOK || r.pFirst != 1 {
+		t.Errorf("size 2000 (8s of work against a 2s timeout): ok %v pFirst %g, want a timeout the oracle foresaw", r.firstOK, r.pFirst)
+	}
+	if _, err := ParseScenario([]byte(strings.Replace(minimal, `"value": "10ms"}`, `"value": "10ms"}, "latency_per_unit": "-1ms"`, 1))); err == nil ||
+		!strings.Contains(err.Error(), "latency_per_unit") {
+		t.Errorf("negative latency_per_unit: %v", err)
+	}
+}

@@ -244,6 +244,8 @@ type sim struct {
 	// size is the size of the task being decided, for the oracle's true
 	// failure probability (a model's latency may grow with it)
 	size float64
+	// log is the request log being written (log.go); nil: none
+	log  *runLog
 	free []*event       // processed events, for reuse
 	rec  [1]stats.Event // Record's batch, reused
 }
@@ -780,6 +782,9 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	s.rec[0] = stats.Event{Model: a.model, Node: a.node.spec.Name, Kind: dec.Kind, Latency: lat, At: s.clock()}
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record outcome: %w", err)
+	}
+	if s.log != nil {
+		s.log.attempt(t, a, st, lat)
 	}
 	t.history = append(t.history, protocol.Attempt{Attempt: a.n, Model: a.model, Node: a.node.spec.Name, Status: st, LatencyMs: float64(lat) / float64(time.Millisecond)})
 	s.dec.completed(a.model, a.node.spec.Name)

@@ -224,3 +224,27 @@ func TestLatencyPerUnit(t *testing.T) {
 		t.Errorf("negative latency_per_unit: %v", err)
 	}
 }
+
+// The Azure built-ins replay their embedded traces: every row once, at its
+// own time, sized by its tokens.
+func TestAzureBuiltins(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		rows    int
+		meanMin float64
+	}{{"azure-code", 8819, 2000}, {"azure-conv", 19366, 200}} {
+		sc, err := Load(c.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum float64
+		for _, v := range sc.trace.size {
+			sum += v
+		}
+		if sc.Tasks != c.rows || len(sc.trace.at) != c.rows || sum/float64(c.rows) < c.meanMin || sc.trace.span < 55*time.Minute {
+			t.Errorf("%s: %d tasks, %d arrivals over %v, mean size %.0f; want the trace's %d rows over its hour, mean size above %g",
+				c.name, sc.Tasks, len(sc.trace.at), sc.trace.span, sum/float64(c.rows), c.rows, c.meanMin)
+		}
+	}
+}

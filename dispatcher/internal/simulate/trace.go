@@ -222,26 +222,8 @@ func parseTrace(b []byte, a *Arrival) (*traceData, error) {
 		if err != nil {
 			return nil, err
 		}
-		if v, perr := strconv.ParseFloat(ts, 64); perr == nil {
-			if math.IsNaN(v) || math.IsInf(v, 0) || math.Abs(v) > MaxDuration.Seconds()*1e3 {
-				return nil, fmt.Errorf("row %d: time %q is out of range", line, ts)
-			}
-			rw.t = v
-		} else {
-			var t time.Time
-			var terr error
-			for _, l := range traceTimeLayouts {
-				if t, terr = time.Parse(l, ts); terr == nil {
-					break
-				}
-			}
-			if terr != nil {
-				return nil, fmt.Errorf("row %d: time %q is neither seconds nor a timestamp such as 2023-11-16 18:17:03.98", line, ts)
-			}
-			if origin.IsZero() {
-				origin = t
-			}
-			rw.t = t.Sub(origin).Seconds()
+		if rw.t, err = traceSeconds(ts, &origin); err != nil {
+			return nil, fmt.Errorf("row %d: %w", line, err)
 		}
 		if si >= 0 {
 			s, err := get(si)

@@ -303,7 +303,9 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 		size  []float64
 		types map[string]bool
 		nodes map[string]bool
-		toLat []float64
+		// the timeouts' latencies (0: not in the log, the timeout) and
+		// sizes: latencies known only to exceed these
+		cens, censSize []float64
 	}
 	models := map[string]*acc{}
 	var names []string
@@ -337,7 +339,11 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 			a.fit.Timeouts++
 			if rw.latOK {
 				toLat = append(toLat, rw.lat)
+				a.cens = append(a.cens, rw.lat)
+			} else {
+				a.cens = append(a.cens, 0)
 			}
+			a.censSize = append(a.censSize, rw.size)
 		}
 	}
 	sort.Strings(names)
@@ -378,9 +384,23 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 					fixed[i] = max(a.lat[i]-per*a.size[i], float64(minLatency))
 				}
 			}
+			// The timeouts are latencies known only to exceed their
+			// censoring point (less their size part): fitting the
+			// successes alone would fit a distribution cut at the
+			// timeout, its median too low.
+			var cens []float64
+			for i, c := range a.cens {
+				if c <= 0 {
+					c = float64(timeout)
+				}
+				cens = append(cens, max(c-float64(f.PerUnit)*a.censSize[i], float64(minLatency)))
+			}
 			mu, sigma := lognormalFit(fixed)
+			if len(cens) > 0 {
+				mu, sigma = censoredLognormalFit(fixed, cens, mu, sigma)
+			}
 			f.Median, f.Sigma = time.Duration(math.Exp(mu)).Round(time.Microsecond), sigma
-			f.KS = ksLognormal(fixed, mu, sigma)
+			f.KS = ksLognormal(fixed, mu, sigma, cens)
 			f.KSCritical = 1.36 / math.Sqrt(float64(len(fixed)))
 			dist = Dist{Dist: DistLognormal, Median: Duration(max(f.Median, time.Microsecond)), Sigma: math.Round(sigma*1e4) / 1e4}
 		}
@@ -603,21 +623,66 @@ func lognormalFit(xs []float64) (mu, sigma float64) {
 	return mu, math.Sqrt(sigma / float64(len(xs)))
 }
 
+// censoredLognormalFit is the maximum-likelihood lognormal of the
+// observed xs and of values known only to exceed each of cens, by
+// expectation-maximisation on the logs from (mu, sigma).
+func censoredLognormalFit(xs, cens []float64, mu, sigma float64) (float64, float64) {
+	var sy, syy float64
+	for _, x := range xs {
+		y := math.Log(x)
+		sy += y
+		syy += y * y
+	}
+	n := float64(len(xs) + len(cens))
+	for range 500 {
+		if sigma <= 0 {
+			sigma = 1e-6
+		}
+		ey, eyy := sy, syy
+		for _, c := range cens {
+			a := (math.Log(c) - mu) / sigma
+			tail := 0.5 * math.Erfc(a/math.Sqrt2)
+			lambda := a // the limit of the inverse Mills ratio far in the tail
+			if tail > 1e-300 {
+				lambda = math.Exp(-a*a/2) / math.Sqrt(2*math.Pi) / tail
+			}
+			ey += mu + sigma*lambda
+			eyy += sigma*sigma*(1+a*lambda) + 2*mu*sigma*lambda + mu*mu
+		}
+		nmu := ey / n
+		nsigma := math.Sqrt(max(eyy/n-nmu*nmu, 0))
+		done := math.Abs(nmu-mu) < 1e-9 && math.Abs(nsigma-sigma) < 1e-9
+		mu, sigma = nmu, nsigma
+		if done {
+			break
+		}
+	}
+	return mu, sigma
+}
+
 // ksLognormal is the Kolmogorov-Smirnov distance between the sample and
-// the lognormal(mu, sigma).
-func ksLognormal(xs []float64, mu, sigma float64) float64 {
+// the lognormal(mu, sigma), cut at the median of cens when there are
+// censored values (the sample is then what fell below them).
+func ksLognormal(xs []float64, mu, sigma float64, cens []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	n := float64(len(s))
-	var d float64
-	for i, x := range s {
-		var f float64
+	cdf := func(x float64) float64 {
 		switch {
 		case sigma > 0:
-			f = 0.5 * math.Erfc(-(math.Log(x)-mu)/(sigma*math.Sqrt2))
+			return 0.5 * math.Erfc(-(math.Log(x)-mu)/(sigma*math.Sqrt2))
 		case math.Log(x) >= mu:
-			f = 1
+			return 1
 		}
+		return 0
+	}
+	cut := 1.0
+	if len(cens) > 0 {
+		cut = max(cdf(median(cens)), 1e-12)
+	}
+	var d float64
+	for i, x := range s {
+		f := min(cdf(x)/cut, 1)
 		d = max(d, math.Abs(f-float64(i)/n), math.Abs(float64(i+1)/n-f))
 	}
 	return d

@@ -307,6 +307,13 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 		// sizes: latencies known only to exceed these
 		cens, censSize []float64
 	}
+	slow := map[string]float64{}
+	if di >= 0 && opt.Nodes == 0 {
+		slow = nodeSlowdowns(rows)
+		for _, n := range sortedKeys(slow) {
+			res.Notes = append(res.Notes, fmt.Sprintf("node %s runs the models %.2fx slower than the fastest node: slowdown %.2f, its latencies divided by it", n, slow[n], slow[n]))
+		}
+	}
 	models := map[string]*acc{}
 	var names []string
 	maxAttempt := 1
@@ -325,6 +332,9 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 			a.nodes[rw.node] = true
 		}
 		maxAttempt = max(maxAttempt, rw.attempt)
+		if f := slow[rw.node]; f > 0 && rw.latOK {
+			rw.lat /= f
+		}
 		switch rw.status {
 		case "success":
 			a.fit.Successes++
@@ -427,7 +437,7 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 			}
 		}
 		for _, n := range sortedKeys(hostsSet(hosts)) {
-			sc.Nodes = append(sc.Nodes, Node{Name: n, Capacity: opt.Slots, Models: hosts[n]})
+			sc.Nodes = append(sc.Nodes, Node{Name: n, Capacity: opt.Slots, Models: hosts[n], Slowdown: math.Round(slow[n]*100) / 100})
 		}
 		for _, name := range names {
 			if len(models[name].nodes) == 0 { // rows without a node: hosted everywhere
@@ -529,6 +539,48 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 		return nil, fmt.Errorf("%w: the fitted scenario does not load: %v", ErrFit, err)
 	}
 	return res, nil
+}
+
+// nodeSlowdowns finds the nodes that run every model slower: a node's
+// factor is the median, over the models with at least 20 successes on it,
+// of the model's median latency there over its median everywhere, and its
+// slowdown that factor over the fastest node's. Only slowdowns of 1.15 or
+// more are kept (below, the spread of the medians), so that a log of equal
+// nodes gives equal nodes.
+func nodeSlowdowns(rows []fitRow) map[string]float64 {
+	type key struct{ model, node string }
+	pair := map[key][]float64{}
+	all := map[string][]float64{}
+	for i := range rows {
+		rw := &rows[i]
+		if rw.status == "success" && rw.latOK && rw.node != "" {
+			pair[key{rw.model, rw.node}] = append(pair[key{rw.model, rw.node}], rw.lat)
+			all[rw.model] = append(all[rw.model], rw.lat)
+		}
+	}
+	meds := map[string]float64{}
+	for m, xs := range all {
+		meds[m] = median(xs)
+	}
+	ratios := map[string][]float64{}
+	for k, xs := range pair {
+		if len(xs) >= 20 && meds[k.model] > 0 {
+			ratios[k.node] = append(ratios[k.node], median(xs)/meds[k.model])
+		}
+	}
+	factor := map[string]float64{}
+	fastest := math.Inf(1)
+	for n, rs := range ratios {
+		factor[n] = median(rs)
+		fastest = min(fastest, factor[n])
+	}
+	out := map[string]float64{}
+	for n, f := range factor {
+		if s := f / fastest; s >= 1.15 && fastest > 0 {
+			out[n] = s
+		}
+	}
+	return out
 }
 
 func hostsSet(m map[string][]string) map[string]bool {

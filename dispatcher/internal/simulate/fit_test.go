@@ -218,3 +218,40 @@ func TestFitCensoredByTimeouts(t *testing.T) {
 		t.Errorf("scenario timeout: want the log's timeouts' 2s\n%s", res.Scenario)
 	}
 }
+
+// A node that runs every model slower is found from the log (slow-node's
+// n2, 5x) and its latencies divided by its slowdown before the models are
+// fitted, so the model's median is its own; equal nodes stay equal.
+func TestFitNodeSlowdown(t *testing.T) {
+	t.Parallel()
+	sc, err := Load("slow-node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	if _, err := WriteLog(context.Background(), sc, Options{Seed: 7, Tasks: 8000}, "round-robin", &log); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Fit(&log, FitOptions{Slots: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fitted, err := parseScenario(res.Scenario, func(string) ([]byte, error) { return res.Trace, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range fitted.Nodes {
+		want := 1.0
+		if n.Name == "n2" {
+			want = 5
+		}
+		if math.Abs(n.Slowdown/want-1) > 0.1 {
+			t.Errorf("node %s: slowdown %g, want %g", n.Name, n.Slowdown, want)
+		}
+	}
+	for _, m := range res.Models {
+		if m.Model == "best" && math.Abs(float64(m.Median)/float64(200*time.Millisecond)-1) > 0.1 {
+			t.Errorf("best: median %v, want 200ms within 10%% (its slow node's latencies divided by 5)", m.Median)
+		}
+	}
+}

@@ -47,13 +47,18 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	byFinish := fs.Bool("fair-by-finish-tag", false, "flow control: inside a priority the hold serves the smallest finish tag first (the dispatcher's order before issue 20's fix, to measure it; default: the smallest start tag, as the dispatcher does now)")
 	window := fs.Duration("window", 0, "statistics window (default: the scenario's); -window 5m -bucket 10s is the dispatcher's default")
 	bucket := fs.Duration("bucket", 0, "bucket of the statistics window set by -window (default: a tenth of it)")
+	logTo := fs.String("log", "", "also write the request log (one CSV row per attempt, the columns -fit reads) of the first policy's run at -seed to this file")
+	ff := addFitFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S] [-runs N]
-                        [-format table|csv|json] [-svg FILE] [-list] [-show]
+                        [-format table|csv|json] [-svg FILE] [-log FILE] [-list] [-show]
+       mlsched simulate -fit LOG.csv [-o SCENARIO.json] [-col-time NAME ...] [-nodes N] [-slots S]
 
 Replays a scenario on a simulated clock against the real policy engine and
 in-memory statistics store, once per policy, and compares each with an oracle
-that knows the true failure probabilities. See docs/simulator.md.
+that knows the true failure probabilities. With -fit, writes a scenario (and
+its arrivals' trace beside it) fitted to a request log instead. See
+docs/simulator.md.
 
 Flags:
 `)
@@ -68,6 +73,9 @@ Flags:
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "mlsched simulate: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
+	}
+	if ff.log != "" {
+		return runFit(fs, ff, stdout, stderr)
 	}
 	bad := func(format string, a ...any) error {
 		fmt.Fprintf(stderr, "mlsched simulate: "+format+"\n", a...)
@@ -141,6 +149,11 @@ Flags:
 	}
 	if _, err := policy.NewEngine(opt.Engine); err != nil {
 		return bad("%v", err)
+	}
+	if *logTo != "" {
+		if err := writeRunLog(ctx, sc, opt, *logTo, stderr); err != nil {
+			return err
+		}
 	}
 	start := time.Now()
 	rep, err := simulate.Run(ctx, sc, opt)

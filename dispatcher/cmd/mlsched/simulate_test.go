@@ -72,7 +72,7 @@ func TestSimulateScenarioFileAndListing(t *testing.T) {
 		t.Fatalf("file scenario: %v\n%s", err, out)
 	}
 	list, _, err := simulateCLI(t, "-list")
-	if err != nil || strings.Count(list, "\n") != 15 || !strings.Contains(list, "cost-tradeoff") || !strings.Contains(list, "priority-overload") || !strings.Contains(list, "rollout-bad") || !strings.Contains(list, "node-crash") || !strings.Contains(list, "overload") {
+	if err != nil || strings.Count(list, "\n") != 18 || !strings.Contains(list, "azure-code") || !strings.Contains(list, "flapping") || !strings.Contains(list, "cost-tradeoff") || !strings.Contains(list, "priority-overload") || !strings.Contains(list, "rollout-bad") || !strings.Contains(list, "node-crash") || !strings.Contains(list, "overload") {
 		t.Fatalf("list: %v\n%s", err, list)
 	}
 }

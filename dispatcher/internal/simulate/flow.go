@@ -394,6 +394,7 @@ func (s *sim) retryHeldFlow(context.Context) error {
 // flowRequest is the engine's request for the task: the deadline is the
 // time left, and the queue target when set (full: without it).
 func (s *sim) flowRequest(t *task, full bool) policy.Request {
+	s.size = t.size // the oracle's true failure probability depends on it
 	deadline := s.deadline()
 	if t.expiry > 0 {
 		deadline = max(0, min(deadline, t.expiry-s.now))
@@ -582,7 +583,7 @@ func (s *sim) passTask(ctx context.Context, t *task, rate float64, ahead int, sa
 			// holding back the younger tasks of its type (hold.go's
 			// ownDeadlineOnly).
 			own := req
-			own.Deadline = s.flowRequest(&task{typ: t.typ, history: t.history}, false).Deadline
+			own.Deadline = s.flowRequest(&task{typ: t.typ, history: t.history, size: t.size}, false).Deadline
 			if d2, err2 := s.dec.peek(&own); err2 == nil && !d2.Saturated {
 				return true, nil
 			}

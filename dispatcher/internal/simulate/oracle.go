@@ -57,7 +57,7 @@ func (o *oracle) decide(req *policy.Request) (policy.Decision, error) {
 		if !s.joined[m.Name] || !slices.Contains(m.Types, req.Type) || !protocol.AllowedBy(req.Models, m.Name) {
 			continue
 		}
-		lat := m.step(s.now).Latency.mean()
+		lat := m.step(s.now).Latency.mean() + m.step(s.now).sizePart(s.size)
 		for _, n := range s.nodes {
 			if n.alive && slices.Contains(n.spec.Models, m.Name) {
 				o.order = append(o.order, rankedPair{m.Name, n, s.attemptFailProb(m.Name, n),
@@ -117,13 +117,15 @@ func (s *sim) queueWait(n *node) time.Duration {
 	if ahead <= 0 {
 		return 0
 	}
-	mean := func(m string) float64 {
-		return min(float64(s.models[m].step(s.now).Latency.mean())*n.spec.Slowdown, float64(s.sc.Timeout.D()))
+	meanOf := func(m string, size float64) float64 {
+		st := s.models[m].step(s.now)
+		return min(float64(st.Latency.mean()+st.sizePart(size))*n.spec.Slowdown, float64(s.sc.Timeout.D()))
 	}
+	mean := func(m string) float64 { return meanOf(m, 0) }
 	var t float64
 	for _, q := range [][]*attempt{n.waiting, n.stream} {
 		for _, a := range q {
-			t += mean(a.model)
+			t += meanOf(a.model, a.t.size)
 		}
 	}
 	t /= float64(max(n.queued(), 1))

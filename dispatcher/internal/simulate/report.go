@@ -110,9 +110,13 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 		return nil, fmt.Errorf("%w: %d tasks (at most %d), %d runs (at most 1000)", ErrInvalidOptions, opt.Tasks, MaxTasks, opt.Runs)
 	}
 	// Table rebuilds dominate a sparse run: bound them.
-	if refreshes := float64(opt.Tasks) / sc.Arrival.Rate / sc.Refresh.D().Seconds(); refreshes > maxRefreshes {
+	rate := sc.Arrival.Rate
+	if sc.trace != nil { // the trace's mean rate over the run
+		rate = float64(opt.Tasks) / max(sc.trace.arrivalAt(opt.Tasks-1).Seconds(), 1e-3)
+	}
+	if refreshes := float64(opt.Tasks) / rate / sc.Refresh.D().Seconds(); refreshes > maxRefreshes {
 		return nil, fmt.Errorf("%w: %d tasks at %g/s would rebuild the table about %.3g times every %v (at most %g): raise refresh or the rate, or run fewer tasks",
-			ErrInvalidOptions, opt.Tasks, sc.Arrival.Rate, refreshes, sc.Refresh.D(), float64(maxRefreshes))
+			ErrInvalidOptions, opt.Tasks, rate, refreshes, sc.Refresh.D(), float64(maxRefreshes))
 	}
 	names := slices.Clone(opt.Policies)
 	for _, p := range names {

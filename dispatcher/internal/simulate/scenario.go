@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -17,7 +18,7 @@ import (
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
-//go:embed scenarios/*.json
+//go:embed scenarios/*.json traces/*.csv
 var builtinFS embed.FS
 
 // ErrInvalidScenario is wrapped by every scenario parsing or validation
@@ -171,6 +172,9 @@ type Scenario struct {
 	Models     []Model            `json:"models"`
 	Nodes      []Node             `json:"nodes"`
 	Events     []Event            `json:"events,omitempty"`
+
+	// trace is the loaded arrival trace (trace.go); nil: Poisson arrivals.
+	trace *traceData
 }
 
 // WindowSpec configures the statistics window.
@@ -185,10 +189,34 @@ type WindowSpec struct {
 	Recent Duration `json:"recent,omitempty"`
 }
 
-// Arrival is a Poisson arrival process.
+// Arrival is a Poisson arrival process, or the replay of a trace's.
 type Arrival struct {
-	// Rate in tasks per simulated second (required).
-	Rate float64 `json:"rate"`
+	// Rate in tasks per simulated second (required without a trace; must
+	// be absent with one).
+	Rate float64 `json:"rate,omitempty"`
+	// Trace replays the arrivals of a CSV file (trace.go), one per row at
+	// its own time, instead of the Poisson process: a path relative to the
+	// scenario file's directory. The task count defaults to its rows, and
+	// a longer run replays it again.
+	Trace string `json:"trace,omitempty"`
+	// TimeColumn holds each row's time: a timestamp or seconds (default
+	// TIMESTAMP, or else the first column).
+	TimeColumn string `json:"time_column,omitempty"`
+	// SizeColumn holds each row's task size (default: none, size 0).
+	SizeColumn string `json:"size_column,omitempty"`
+	// TypeColumn holds each row's task type, which must be in Types
+	// (default: drawn by Types' weights).
+	TypeColumn string `json:"type_column,omitempty"`
+	// TenantColumn holds each row's tenant: the task takes the first flow
+	// of that tenant (default: flows drawn by share).
+	TenantColumn string `json:"tenant_column,omitempty"`
+	// TimeScale multiplies the trace's times (default 1; 0.05 replays it
+	// 20 times faster).
+	TimeScale float64 `json:"time_scale,omitempty"`
+	// RateMultiplier scales the number of arrivals (default 1): 0.5 keeps
+	// every other row, 2 replays each row twice, the copy halfway to the
+	// next row.
+	RateMultiplier float64 `json:"rate_multiplier,omitempty"`
 	// Types maps task types to relative weights (required).
 	Types map[string]float64 `json:"types"`
 	// Profile changes the rate over time: each step applies from its At
@@ -243,6 +271,29 @@ type Step struct {
 	At          Duration `json:"at"`
 	FailureProb *float64 `json:"failure_prob,omitempty"`
 	Latency     *Dist    `json:"latency,omitempty"`
+	// LatencyPerUnit is added to the drawn latency for each unit of the
+	// task's size (default 0): a request of 4,000 tokens takes longer than
+	// one of 100, so a trace's sizes shape its service times.
+	LatencyPerUnit *Duration `json:"latency_per_unit,omitempty"`
+}
+
+// sizePart is the latency a task of this size adds on this step.
+func (s *Step) sizePart(size float64) time.Duration {
+	if s.LatencyPerUnit == nil || *s.LatencyPerUnit <= 0 || size <= 0 {
+		return 0
+	}
+	return time.Duration(min(float64(*s.LatencyPerUnit)*size, float64(100*time.Hour)))
+}
+
+// exceed is P(latency > t) for a task of this size.
+func (s *Step) exceed(t time.Duration, size float64) float64 {
+	if p := s.sizePart(size); p > 0 {
+		if p >= t {
+			return 1
+		}
+		t -= p
+	}
+	return s.Latency.exceed(t)
 }
 
 // Node is a simulated worker node.
@@ -308,7 +359,7 @@ func BuiltinJSON(name string) ([]byte, error) {
 // nameOrPath.
 func Load(nameOrPath string) (*Scenario, error) {
 	if b, err := BuiltinJSON(nameOrPath); err == nil {
-		return ParseScenario(b)
+		return parseScenario(b, builtinOpener)
 	}
 	f, err := os.Open(nameOrPath)
 	if err != nil {
@@ -322,7 +373,7 @@ func Load(nameOrPath string) (*Scenario, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read scenario %s: %w", nameOrPath, err)
 	}
-	sc, err := ParseScenario(b)
+	sc, err := parseScenario(b, dirOpener(filepath.Dir(nameOrPath)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", nameOrPath, err)
 	}
@@ -336,7 +387,14 @@ func Load(nameOrPath string) (*Scenario, error) {
 // Unknown fields are errors, so that a typo does not silently change a run.
 // Every error wraps ErrInvalidScenario and is a *ScenarioError naming the
 // field.
+//
+// A trace the arrival names (trace.go) is read relative to the working
+// directory; Load reads it relative to the scenario file's.
 func ParseScenario(data []byte) (*Scenario, error) {
+	return parseScenario(data, dirOpener(""))
+}
+
+func parseScenario(data []byte, open opener) (*Scenario, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var sc Scenario
@@ -357,7 +415,7 @@ func ParseScenario(data []byte) (*Scenario, error) {
 	if dec.More() {
 		return nil, invalid("", "trailing data after the scenario object")
 	}
-	if err := sc.validate(); err != nil {
+	if err := sc.validate(open); err != nil {
 		return nil, err
 	}
 	return &sc, nil
@@ -383,9 +441,12 @@ func validProb(field string, p float64) error {
 	return nil
 }
 
-func (sc *Scenario) validate() error {
+func (sc *Scenario) validate(open opener) error {
 	if sc.Tasks < 0 || sc.Tasks > MaxTasks {
 		return invalid("tasks", "%d is outside 0..%d", sc.Tasks, MaxTasks)
+	}
+	if err := sc.validateTrace(open); err != nil {
+		return err
 	}
 	if sc.Tasks == 0 {
 		sc.Tasks = 20000
@@ -437,7 +498,7 @@ func (sc *Scenario) validate() error {
 	if sc.ChangeAt != nil && (*sc.ChangeAt < 0 || sc.ChangeAt.D() > MaxDuration) {
 		return invalid("change_at", "%v is outside 0..%v", sc.ChangeAt.D(), MaxDuration)
 	}
-	if math.IsNaN(sc.Arrival.Rate) || sc.Arrival.Rate < minRate || sc.Arrival.Rate > maxRate {
+	if sc.trace == nil && (math.IsNaN(sc.Arrival.Rate) || sc.Arrival.Rate < minRate || sc.Arrival.Rate > maxRate) {
 		return invalid("arrival.rate", "%g: want tasks per second > 0, in %g..%g", sc.Arrival.Rate, minRate, maxRate)
 	}
 	for i, st := range sc.Arrival.Profile {
@@ -527,12 +588,18 @@ func (sc *Scenario) validate() error {
 				if s.Latency == nil {
 					s.Latency = m.Profile[j-1].Latency
 				}
+				if s.LatencyPerUnit == nil {
+					s.LatencyPerUnit = m.Profile[j-1].LatencyPerUnit
+				}
 			}
 			if err := validProb(sf+".failure_prob", *s.FailureProb); err != nil {
 				return err
 			}
 			if err := s.Latency.validate(sf + ".latency"); err != nil {
 				return err
+			}
+			if s.LatencyPerUnit != nil && (*s.LatencyPerUnit < 0 || s.LatencyPerUnit.D() > time.Hour) {
+				return invalid(sf+".latency_per_unit", "%v is outside 0..1h", s.LatencyPerUnit.D())
 			}
 		}
 	}

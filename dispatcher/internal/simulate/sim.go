@@ -149,6 +149,7 @@ func (q *eventQueue) Pop() any {
 type task struct {
 	idx      int
 	typ      string
+	size     float64 // from the trace's size column (trace.go); 0 without
 	submit   time.Duration
 	history  []protocol.Attempt
 	waitFrom time.Duration // when it started waiting for a candidate, -1 if not
@@ -243,7 +244,12 @@ type sim struct {
 	held []*task
 	// fc is the flow control of a scenario with flows (flow.go); nil
 	// without, and the run is exactly what it was before flow control.
-	fc   *flowControl
+	fc *flowControl
+	// size is the size of the task being decided, for the oracle's true
+	// failure probability (a model's latency may grow with it)
+	size float64
+	// log is the request log being written (log.go); nil: none
+	log  *runLog
 	free []*event       // processed events, for reuse
 	rec  [1]stats.Event // Record's batch, reused
 }
@@ -398,9 +404,14 @@ func (s *sim) run(ctx context.Context, n int) error {
 				}
 			}
 		case evArrival:
-			t := &task{idx: s.arrived, typ: s.pickType(), submit: s.now, waitFrom: -1, flow: -1}
-			if s.fc != nil {
-				s.pickFlow(t)
+			t := &task{idx: s.arrived, submit: s.now, waitFrom: -1, flow: -1}
+			if s.sc.trace != nil {
+				s.traceTask(t)
+			} else {
+				t.typ = s.pickType()
+				if s.fc != nil {
+					s.pickFlow(t)
+				}
 			}
 			s.arrived++
 			if s.arrived < n {
@@ -451,6 +462,9 @@ func (s *sim) run(ctx context.Context, n int) error {
 // constant rate) Poisson process: a draw that crosses a rate step restarts
 // there at the new rate, which memorylessness makes exact.
 func (s *sim) interarrival() time.Duration {
+	if s.sc.trace != nil {
+		return s.sc.trace.arrivalAt(s.arrived) - s.now
+	}
 	at := s.now
 	for {
 		rate, next := s.rateAt(at)
@@ -592,7 +606,7 @@ func (s *sim) failProb(m string) float64 {
 			p = math.Max(p, b.FailureProb)
 		}
 	}
-	slow := st.Latency.exceed(s.sc.Timeout.D())
+	slow := st.exceed(s.sc.Timeout.D(), s.size)
 	return 1 - (1-p)*(1-slow)
 }
 
@@ -613,7 +627,7 @@ func (s *sim) attemptFailProb(m string, n *node) float64 {
 			p = math.Max(p, b.FailureProb)
 		}
 	}
-	slow := st.Latency.exceed(time.Duration(float64(s.sc.Timeout.D()) / n.spec.Slowdown))
+	slow := st.exceed(time.Duration(float64(s.sc.Timeout.D())/n.spec.Slowdown), s.size)
 	return 1 - (1-p)*(1-slow)
 }
 
@@ -645,6 +659,7 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 	}
 	n := len(t.history) + 1
 	req := &policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: s.deadline()}
+	s.size = t.size
 	d, err := s.dec.decide(req)
 	nd := s.byNode[d.Node]
 	if err == nil && (nd == nil || !slices.Contains(nd.spec.Models, d.Model)) {
@@ -730,6 +745,9 @@ func (s *sim) start(a *attempt) {
 	}
 	a.fail = uFail < p
 	a.latency = time.Duration(float64(st.Latency.quantile(uLat)) * a.node.spec.Slowdown)
+	if st.LatencyPerUnit != nil && *st.LatencyPerUnit > 0 && a.t.size > 0 {
+		a.latency = time.Duration(float64(st.Latency.quantile(uLat)+st.sizePart(a.t.size)) * a.node.spec.Slowdown)
+	}
 	// The worker stops an attempt at its timeout or at the dispatch
 	// deadline, whichever comes first: one that started late in a queue
 	// may miss the deadline.
@@ -784,6 +802,9 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	s.rec[0] = stats.Event{Model: a.model, Node: a.node.spec.Name, Kind: dec.Kind, Latency: lat, At: s.clock()}
 	if err := s.store.Record(ctx, s.rec[:]); err != nil {
 		return fmt.Errorf("record outcome: %w", err)
+	}
+	if s.log != nil {
+		s.log.attempt(t, a, st, lat)
 	}
 	t.history = append(t.history, protocol.Attempt{Attempt: a.n, Model: a.model, Node: a.node.spec.Name, Status: st, LatencyMs: float64(lat) / float64(time.Millisecond)})
 	s.dec.completed(a.model, a.node.spec.Name)

@@ -44,7 +44,7 @@ func run(t *testing.T, name string, opt Options) *Report {
 
 func TestBuiltinScenariosParse(t *testing.T) {
 	t.Parallel()
-	want := []string{"burst", "bursty", "cold-start", "cost-tradeoff", "drift", "heavy-tail", "node-crash", "overload", "priority-overload", "rollout-bad", "rollout-good", "slow-node", "stationary", "tenant-flood", "tenant-weights"}
+	want := []string{"azure-code", "azure-conv", "burst", "bursty", "cold-start", "cost-tradeoff", "drift", "flapping", "heavy-tail", "node-crash", "overload", "priority-overload", "rollout-bad", "rollout-good", "slow-node", "stationary", "tenant-flood", "tenant-weights"}
 	if got := Builtin(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("Builtin() = %v, want %v", got, want)
 	}

@@ -264,7 +264,9 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 				if err != nil || math.IsNaN(x) || x < 0 || x*float64(opt.LatencyUnit) > float64(MaxDuration) {
 					return nil, fmt.Errorf("%w: row %d: latency %q is not a number >= 0", ErrFit, line, v)
 				}
-				rw.lat, rw.latOK = x*float64(opt.LatencyUnit), true
+				// a latency below the simulator's least (0 in a log of
+				// rounded milliseconds) is that least: its log is finite
+				rw.lat, rw.latOK = max(x*float64(opt.LatencyUnit), float64(minLatency)), true
 			}
 		}
 		if zi >= 0 {
@@ -409,10 +411,13 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 			if len(cens) > 0 {
 				mu, sigma = censoredLognormalFit(fixed, cens, mu, sigma)
 			}
-			f.Median, f.Sigma = time.Duration(math.Exp(mu)).Round(time.Microsecond), sigma
+			if math.IsNaN(mu) || math.IsNaN(sigma) || math.IsInf(mu, 0) || math.IsInf(sigma, 0) {
+				return nil, fmt.Errorf("%w: model %s: the latencies give no finite lognormal", ErrFit, name)
+			}
+			f.Median, f.Sigma = time.Duration(math.Exp(mu)).Round(time.Microsecond), min(sigma, 20)
 			f.KS = ksLognormal(fixed, mu, sigma, cens)
 			f.KSCritical = 1.36 / math.Sqrt(float64(len(fixed)))
-			dist = Dist{Dist: DistLognormal, Median: Duration(max(f.Median, time.Microsecond)), Sigma: math.Round(sigma*1e4) / 1e4}
+			dist = Dist{Dist: DistLognormal, Median: Duration(max(f.Median, time.Microsecond)), Sigma: math.Round(f.Sigma*1e4) / 1e4}
 		}
 		p := math.Round(f.FailureProb*1e6) / 1e6
 		m := Model{Name: name, Types: sortedKeys(a.types), Profile: []Step{{FailureProb: &p, Latency: &dist}}}

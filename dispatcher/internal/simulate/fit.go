@@ -113,6 +113,21 @@ type FitResult struct {
 	Rows, Arrivals int
 	// Notes say what was assumed for what the log lacks.
 	Notes []string
+	// Flows describe the arrivals per type and tenant (with a time column).
+	Flows []ArrivalFit
+}
+
+// ArrivalFit describes one type's (and tenant's) arrivals in the log: how
+// bursty they are is what a Poisson rate would hide.
+type ArrivalFit struct {
+	Type, Tenant string
+	Count        int
+	// MeanRate is arrivals per second over the log's span; PeakRate the
+	// most in one second.
+	MeanRate, PeakRate float64
+	// CV is the coefficient of variation of the inter-arrival times (1 for
+	// Poisson arrivals).
+	CV float64
 }
 
 // ErrFit is wrapped by every error about the log's content.
@@ -264,7 +279,9 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 				if err != nil || math.IsNaN(x) || x < 0 || x*float64(opt.LatencyUnit) > float64(MaxDuration) {
 					return nil, fmt.Errorf("%w: row %d: latency %q is not a number >= 0", ErrFit, line, v)
 				}
-				rw.lat, rw.latOK = x*float64(opt.LatencyUnit), true
+				// a latency below the simulator's least (0 in a log of
+				// rounded milliseconds) is that least: its log is finite
+				rw.lat, rw.latOK = max(x*float64(opt.LatencyUnit), float64(minLatency)), true
 			}
 		}
 		if zi >= 0 {
@@ -409,10 +426,13 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 			if len(cens) > 0 {
 				mu, sigma = censoredLognormalFit(fixed, cens, mu, sigma)
 			}
-			f.Median, f.Sigma = time.Duration(math.Exp(mu)).Round(time.Microsecond), sigma
+			if math.IsNaN(mu) || math.IsNaN(sigma) || math.IsInf(mu, 0) || math.IsInf(sigma, 0) {
+				return nil, fmt.Errorf("%w: model %s: the latencies give no finite lognormal", ErrFit, name)
+			}
+			f.Median, f.Sigma = time.Duration(math.Exp(mu)).Round(time.Microsecond), min(sigma, 20)
 			f.KS = ksLognormal(fixed, mu, sigma, cens)
 			f.KSCritical = 1.36 / math.Sqrt(float64(len(fixed)))
-			dist = Dist{Dist: DistLognormal, Median: Duration(max(f.Median, time.Microsecond)), Sigma: math.Round(sigma*1e4) / 1e4}
+			dist = Dist{Dist: DistLognormal, Median: Duration(max(f.Median, time.Microsecond)), Sigma: math.Round(f.Sigma*1e4) / 1e4}
 		}
 		p := math.Round(f.FailureProb*1e6) / 1e6
 		m := Model{Name: name, Types: sortedKeys(a.types), Profile: []Step{{FailureProb: &p, Latency: &dist}}}
@@ -481,6 +501,7 @@ func Fit(r io.Reader, opt FitOptions) (*FitResult, error) {
 		sc.Tasks = len(first)
 	} else {
 		sort.SliceStable(first, func(i, j int) bool { return first[i].t < first[j].t })
+		res.Flows = describeArrivals(first)
 		var b bytes.Buffer
 		w := csv.NewWriter(&b)
 		head := []string{"time", "type"}
@@ -579,6 +600,50 @@ func nodeSlowdowns(rows []fitRow) map[string]float64 {
 		if s := f / fastest; s >= 1.15 && fastest > 0 {
 			out[n] = s
 		}
+	}
+	return out
+}
+
+// describeArrivals summarises the arrivals (in time order) per type and
+// tenant.
+func describeArrivals(first []*fitRow) []ArrivalFit {
+	type key struct{ typ, tenant string }
+	groups := map[key][]float64{}
+	var keys []key
+	for _, r := range first {
+		k := key{r.typ, r.tenant}
+		if groups[k] == nil {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], r.t)
+	}
+	slices.SortFunc(keys, func(a, b key) int { return strings.Compare(a.typ+"\x00"+a.tenant, b.typ+"\x00"+b.tenant) })
+	span := max(first[len(first)-1].t-first[0].t, 1)
+	var out []ArrivalFit
+	for _, k := range keys {
+		ts := groups[k]
+		f := ArrivalFit{Type: k.typ, Tenant: k.tenant, Count: len(ts), MeanRate: float64(len(ts)) / span}
+		for i, j := 0, 0; i < len(ts); i++ { // the most in a second from an arrival on
+			for j < len(ts) && ts[j] < ts[i]+1 {
+				j++
+			}
+			f.PeakRate = max(f.PeakRate, float64(j-i))
+		}
+		if len(ts) > 2 {
+			var m, v float64
+			for i := 1; i < len(ts); i++ {
+				m += ts[i] - ts[i-1]
+			}
+			m /= float64(len(ts) - 1)
+			for i := 1; i < len(ts); i++ {
+				d := ts[i] - ts[i-1] - m
+				v += d * d
+			}
+			if m > 0 {
+				f.CV = math.Sqrt(v/float64(len(ts)-1)) / m
+			}
+		}
+		out = append(out, f)
 	}
 	return out
 }
@@ -753,6 +818,12 @@ func (r *FitResult) WriteFitTable(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "%-16s %8d %8d %8d %7.4f [%.4f,%.4f] %9.4f %10v %7.3f %10s %7.4f %7.4f\n", m.Model, m.Successes, m.Failures, m.Timeouts,
 			m.FailureProb, m.FailureLow, m.FailureHigh, m.TimeoutProb, m.Median.Round(time.Microsecond), m.Sigma, per, m.KS, m.KSCritical)
+	}
+	if len(r.Flows) > 0 {
+		fmt.Fprintf(&b, "%-16s %-16s %8s %9s %9s %7s\n", "type", "tenant", "arrivals", "mean/s", "peak/s", "CV")
+		for _, f := range r.Flows {
+			fmt.Fprintf(&b, "%-16s %-16s %8d %9.3f %9.0f %7.2f\n", f.Type, f.Tenant, f.Count, f.MeanRate, f.PeakRate, f.CV)
+		}
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)

@@ -147,6 +147,10 @@ func TestFitColumnsAndTenants(t *testing.T) {
 	if got := string(res.Trace); got != "time,type,tenant\n0.000000,task,acme\n0.500000,task,acme\n1.000000,task,zeta\n3.000000,task,zeta\n" {
 		t.Errorf("trace:\n%s", got)
 	}
+	if len(res.Flows) != 2 || res.Flows[0].Tenant != "acme" || res.Flows[0].Count != 2 || res.Flows[0].PeakRate != 2 || res.Flows[1].Tenant != "zeta" ||
+		math.Abs(res.Flows[1].MeanRate-2.0/3) > 1e-9 {
+		t.Errorf("arrivals per type and tenant: %+v, want acme's 2 within a second and zeta's 2 over the log's 3s", res.Flows)
+	}
 	big := res.Models[0]
 	if big.Model != "big" || big.Failures != 1 || big.Successes != 1 || big.FailureProb != 0.5 || big.Median != 1500*time.Millisecond {
 		t.Errorf("big: %+v", big)

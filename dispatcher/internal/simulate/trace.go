@@ -156,6 +156,7 @@ func parseTrace(b []byte, a *Arrival) (*traceData, error) {
 	if err != nil {
 		return nil, fmt.Errorf("no header row: %w", err)
 	}
+	head = slices.Clone(head) // the reader reuses its record
 	col := map[string]int{}
 	for i, h := range head {
 		col[strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))] = i
@@ -176,6 +177,9 @@ func parseTrace(b []byte, a *Arrival) (*traceData, error) {
 		if _, ok := col[timeName]; !ok {
 			timeName = strings.TrimSpace(head[0])
 		}
+	}
+	if timeName == "" {
+		return nil, invalid("arrival.time_column", "the first column of %s has no name: name the time column", a.Trace)
 	}
 	ti, err := find("time_column", timeName)
 	if err != nil {

@@ -36,6 +36,9 @@ type env struct {
 	prefetch int
 	// compactNodes: the nodes started next read compact dispatches.
 	compactNodes bool
+	// prices: the nodes started next announce these models at these
+	// costs (per task, per unit).
+	prices map[string][2]float64
 
 	mu        sync.Mutex
 	published map[string]int // result messages seen per task id
@@ -255,7 +258,9 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	}
 	hb := protocol.Heartbeat{Node: id, Capacity: 8, Prefetch: e.prefetch, StartedAt: time.Now(), CompactDispatch: e.compactNodes}
 	for name := range models {
-		hb.Models = append(hb.Models, protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000})
+		mi := protocol.ModelInfo{Name: name, Types: types, TimeoutMs: 1000}
+		mi.CostPerTask, mi.CostPerUnit = e.prices[name][0], e.prices[name][1]
+		hb.Models = append(hb.Models, mi)
 	}
 	var beatMu sync.Mutex // the ticker and a test may beat at once
 	beat := func() {

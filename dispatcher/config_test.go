@@ -12,25 +12,22 @@ import (
 // An invalid value stops start-up with a message naming the variable.
 func TestInvalidConfigurationNamesTheVariable(t *testing.T) {
 	cases := map[string]string{
-		"MLSCHED_STATS_WINDOW":        "banana",
-		"MLSCHED_MAX_ATTEMPTS":        "0",
-		"MLSCHED_POLICY":              "fastest",
-		"MLSCHED_STORAGE":             "tape",
-		"MLSCHED_STATS_BUCKET":        "10m",
-		"MLSCHED_EXPLORE_SHARE":       "2",
-		"MLSCHED_STREAM_REPLICAS":     "0",
-		"MLSCHED_LOG_FORMAT":          "xml",
-		"MLSCHED_MAX_IN_FLIGHT":       "abc",
-		"MLSCHED_ACK_WAIT":            "-1s",
-		"MLSCHED_NO_NODE_WAIT":        "-1s",
-		"MLSCHED_SWEEP_INTERVAL":      "0s",
-		"MLSCHED_TENANT_CONCURRENCY":  "a:0",
-		"MLSCHED_QUEUE_TARGET":        "-1s",
-		"MLSCHED_MIN_SUCCESS":         "1.5",
-		"MLSCHED_MIN_SUCCESS_BY_TYPE": "chat:0",
-		"MLSCHED_POLICY_BY_TYPE":      "chat:cheapest",
-		"MLSCHED_TENANT_BUDGETS":      "a:100/week",
-		"MLSCHED_TYPE_BUDGETS":        "x:-1/hour",
+		"MLSCHED_STATS_WINDOW":       "banana",
+		"MLSCHED_MAX_ATTEMPTS":       "0",
+		"MLSCHED_POLICY":             "fastest",
+		"MLSCHED_STORAGE":            "tape",
+		"MLSCHED_STATS_BUCKET":       "10m",
+		"MLSCHED_EXPLORE_SHARE":      "2",
+		"MLSCHED_STREAM_REPLICAS":    "0",
+		"MLSCHED_LOG_FORMAT":         "xml",
+		"MLSCHED_MAX_IN_FLIGHT":      "abc",
+		"MLSCHED_ACK_WAIT":           "-1s",
+		"MLSCHED_NO_NODE_WAIT":       "-1s",
+		"MLSCHED_SWEEP_INTERVAL":     "0s",
+		"MLSCHED_TENANT_CONCURRENCY": "a:0",
+		"MLSCHED_QUEUE_TARGET":       "-1s",
+		"MLSCHED_TENANT_BUDGETS":     "a:100/week",
+		"MLSCHED_TYPE_BUDGETS":       "x:-1/hour",
 	}
 	for name, value := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -125,6 +122,22 @@ func TestQueueTargetSetting(t *testing.T) {
 	t.Setenv("MLSCHED_QUEUE_TARGET", "soon")
 	if _, err := dispatcher.LoadConfig(); err == nil || !strings.Contains(err.Error(), "MLSCHED_QUEUE_TARGET") {
 		t.Fatalf("soon: %v, want an error naming MLSCHED_QUEUE_TARGET", err)
+	}
+}
+
+// The cost policy's settings refuse bad values naming the variable.
+func TestCostPolicyConfigurationErrors(t *testing.T) {
+	for name, value := range map[string]string{
+		"MLSCHED_MIN_SUCCESS":         "1.5",
+		"MLSCHED_MIN_SUCCESS_BY_TYPE": "chat:0",
+		"MLSCHED_POLICY_BY_TYPE":      "chat:cheapest",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, value)
+			if _, err := dispatcher.LoadConfig(); err == nil || !strings.Contains(err.Error(), name) {
+				t.Fatalf("%s=%s: error %v, want one naming %s", name, value, err, name)
+			}
+		})
 	}
 }
 

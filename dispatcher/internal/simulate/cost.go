@@ -50,10 +50,9 @@ func (c *ModelCost) of(size float64) float64 {
 	return c.PerTask + c.PerUnit*size
 }
 
-// taskSize is the size a task is priced at. Tasks have no size in this
-// simulator yet (0: only per-task prices count); where the scenario gives
-// tasks a size, this returns it.
-func taskSize(*task) float64 { return 0 }
+// taskSize is the size a task is priced at: its trace's size column (0
+// without a trace: only per-task prices count).
+func taskSize(t *task) float64 { return t.size }
 
 // costed reports whether some model of the scenario declares a cost: only
 // then do reports show cost figures, so that every other scenario's output

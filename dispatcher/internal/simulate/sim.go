@@ -658,7 +658,7 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 		return s.dispatchFlow(ctx, t, false)
 	}
 	n := len(t.history) + 1
-	req := &policy.Request{Type: t.typ, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: s.deadline()}
+	req := &policy.Request{Type: t.typ, Size: t.size, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: s.deadline()}
 	s.size = t.size
 	d, err := s.dec.decide(req)
 	nd := s.byNode[d.Node]

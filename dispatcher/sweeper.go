@@ -46,7 +46,7 @@ type sweeper struct {
 
 	known map[string]bool // the nodes live at the last sweep
 	next  uint64          // first sequence not yet looked at
-	due  dueQueue // dispatches seen, by due time
+	due   dueQueue        // dispatches seen, by due time
 }
 
 // Start sweeps every interval until Stop.

@@ -75,21 +75,51 @@ func TestBudgetAcrossThreeReplicas(t *testing.T) {
 }
 
 // A budget that degrades sends its tasks on past the limit (charged, and
-// counted as over_budget) instead of refusing them.
-func TestBudgetDegradeGoesOn(t *testing.T) {
+// counted as over_budget) instead of refusing them, to the cheapest model
+// that clears the type's bar, whatever the type's own policy (reliability
+// here, which ranks the two proven models alike).
+func TestBudgetDegradeGoesToTheCheapest(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *dispatcher.Config) { c.TypeBudgets = map[string]string{"d": "2/hour/degrade"} })
-	e.costs = map[string][2]float64{"m": {1, 0}}
-	e.startNode("n1", []string{"d"}, map[string]behavior{"m": succeed})
-	for i := range 5 {
-		e.submit(protocol.Task{ID: fmt.Sprintf("d%d", i), Type: "d"})
-	}
-	for i := range 5 {
-		if res := e.result(fmt.Sprintf("d%d", i)); res.Status != protocol.StatusSucceeded {
-			t.Fatalf("d%d: %+v", i, res)
+	e := newEnv(t, func(c *dispatcher.Config) {
+		c.TypeBudgets = map[string]string{"d": "3/hour/degrade"}
+		c.MinSuccess = 0.5
+	})
+	e.costs = map[string][2]float64{"dear": {10, 0}, "cheap": {1, 0}}
+	n := e.startNode("n1", []string{"d"}, map[string]behavior{"dear": succeed, "cheap": succeed})
+	// warm-up: both proven (past MinSamples), through allow-lists
+	const warm = 25
+	for i := range warm {
+		for _, m := range []string{"dear", "cheap"} {
+			e.submit(protocol.Task{ID: fmt.Sprintf("w-%s-%d", m, i), Type: "d", Models: []string{m}})
 		}
 	}
-	if got := e.d.Counters().OverBudget.Load(); got < 2 {
-		t.Fatalf("over_budget %d, want the 3 tasks past the limit counted (at least 2 unless an hour turned)", got)
+	for i := range warm {
+		for _, m := range []string{"dear", "cheap"} {
+			if r := e.result(fmt.Sprintf("w-%s-%d", m, i)); r.Status != protocol.StatusSucceeded || r.Model != m {
+				t.Fatalf("warm-up: %+v", r)
+			}
+		}
+	}
+	var seen protocol.StatsReport
+	e.waitFor("a snapshot with the warm-up", func() bool {
+		seen = e.stats()
+		ok := 0
+		for _, m := range seen.Models {
+			if m.Successes >= warm {
+				ok++
+			}
+		}
+		return ok == 2
+	})
+	e.waitFor("the next snapshot", func() bool { return e.stats().SnapshotAt.After(seen.SnapshotAt) })
+	for i := range 10 {
+		id := fmt.Sprintf("d%d", i)
+		e.submit(protocol.Task{ID: id, Type: "d"})
+		if r := e.result(id); r.Status != protocol.StatusSucceeded || r.Model != "cheap" {
+			t.Errorf("%s past the budget: %s on %s, want succeeded on cheap (attempts: %v)", id, r.Status, r.Model, n.attempts())
+		}
+	}
+	if got := e.d.Counters().OverBudget.Load(); got < 10 {
+		t.Fatalf("over_budget %d, want every task past the limit counted", got)
 	}
 }

@@ -346,8 +346,27 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 		return // held or rejected over its tenant's concurrency cap
 	}
 	cost, priced := in.reg.Cost(dec.Node, dec.Model, t.Size)
-	if in.budgets.Limited(t.TenantName(), t.Type) && !in.spend(&a, msg, cost) {
-		return // refused over its tenant's or type's budget
+	if in.budgets.Limited(t.TenantName(), t.Type) {
+		goes, degrade := in.spend(&a, msg, cost)
+		if !goes {
+			return // refused over its tenant's or type's budget
+		}
+		if degrade {
+			// Over a budget that degrades: the cheapest model that clears
+			// the type's bar (the cost policy), charged past the limit.
+			creq := req
+			creq.Cheapest = true
+			if cheap, err := in.engine.Decide(table, &creq); err == nil && !cheap.Saturated && cheap.Model != dec.Model {
+				dec = cheap
+				timeout = in.attemptTimeout(t, dec.Model)
+				deadline = decided.Add(timeout + in.cfg.DeadlineSlack)
+				if !expiry.IsZero() && expiry.Before(deadline) {
+					deadline = expiry
+				}
+				cost, priced = in.reg.Cost(dec.Node, dec.Model, t.Size)
+			}
+			in.budgets.Charge(context.Background(), t.TenantName(), t.Type, cost, true)
+		}
 	}
 	if priced {
 		in.metrics.spent(t.Type, t.TenantName(), dec.Model, cost)
@@ -491,10 +510,11 @@ func (in *intake) acquire(a *attemptSpec, msg jsplumb.Msg, deadline, expiry time
 // CodeBudgetExceeded and retry_after_ms (the time left in the budget's
 // period): rejected on a first attempt, failed on a retry (the task ran
 // and failed, and there is no budget to try again). Over a budget that
-// degrades, the attempt goes on and is charged anyway (the decision already
-// took the cheapest model that clears the type's bar when the type's
-// policy is cost). It reports whether the attempt goes on.
-func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) bool {
+// degrades, the attempt goes on degraded, not charged yet: the caller
+// decides again with the cost policy (the cheapest model that clears the
+// type's bar) and charges that past the limit. It reports whether the
+// attempt goes on, and whether degraded.
+func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) (goes, degrade bool) {
 	t := &a.task
 	v := in.budgets.Charge(context.Background(), t.TenantName(), t.Type, cost, false)
 	if why := in.budgets.Degraded(); why != "" {
@@ -502,12 +522,11 @@ func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) bool {
 			"budgets degraded: charging this replica's share of each budget")
 	}
 	if v.OK {
-		return true
+		return true, false
 	}
 	in.counters.OverBudget.Add(1)
 	if v.Over.Action == budget.Degrade {
-		in.budgets.Charge(context.Background(), t.TenantName(), t.Type, cost, true)
-		return true
+		return true, true
 	}
 	err := protocol.Errorf(protocol.CodeBudgetExceeded, "%s %q has spent its budget of %g per %s (this attempt would cost %g); it renews in %s",
 		v.Over.Scope, v.Over.Name, v.Over.Limit, v.Over.Period, cost, v.RetryAfter.Round(time.Second))
@@ -518,7 +537,7 @@ func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) bool {
 	e := a.ends(msg, err, status)
 	e.retryAfter = max(v.RetryAfter, time.Millisecond)
 	in.fin.end(e)
-	return false
+	return false, false
 }
 
 func (in *intake) logQuotaDegraded() {

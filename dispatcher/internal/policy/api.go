@@ -97,6 +97,10 @@ type Request struct {
 	Models         []string // allow-list, empty = any
 	MaxLatencyMs   int64
 	MinSuccessRate float64
+	// Cheapest decides with the cost policy whatever the type's policy:
+	// the cheapest model that clears the type's success bar (a budget
+	// that degrades at its limit, dispatcher/internal/budget).
+	Cheapest bool
 	// Size is the task's size in its type's own unit (tokens, pixels;
 	// protocol.Task.Size, 0 when it gives none): the cost policy prices
 	// each model for it (protocol.ModelInfo.Cost).

@@ -208,6 +208,9 @@ func (e *Engine) Decide(t *Table, req *Request) (Decision, error) {
 	defer scratchPool.Put(s)
 	s.rng.Seed(e.seed())
 	pol := e.policyFor(req.Type)
+	if req.Cheapest {
+		pol = e.policies[Cost]
+	}
 	if cp, ok := pol.(cost); ok {
 		// the cost policy ranks for this task: its bar and its size
 		s.cost.cost, s.cost.bar, s.cost.size = cp, e.barFor(req), req.Size

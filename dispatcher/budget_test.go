@@ -86,32 +86,8 @@ func TestBudgetDegradeGoesToTheCheapest(t *testing.T) {
 	})
 	e.costs = map[string][2]float64{"dear": {10, 0}, "cheap": {1, 0}}
 	n := e.startNode("n1", []string{"d"}, map[string]behavior{"dear": succeed, "cheap": succeed})
-	// warm-up: both proven (past MinSamples), through allow-lists
-	const warm = 25
-	for i := range warm {
-		for _, m := range []string{"dear", "cheap"} {
-			e.submit(protocol.Task{ID: fmt.Sprintf("w-%s-%d", m, i), Type: "d", Models: []string{m}})
-		}
-	}
-	for i := range warm {
-		for _, m := range []string{"dear", "cheap"} {
-			if r := e.result(fmt.Sprintf("w-%s-%d", m, i)); r.Status != protocol.StatusSucceeded || r.Model != m {
-				t.Fatalf("warm-up: %+v", r)
-			}
-		}
-	}
-	var seen protocol.StatsReport
-	e.waitFor("a snapshot with the warm-up", func() bool {
-		seen = e.stats()
-		ok := 0
-		for _, m := range seen.Models {
-			if m.Successes >= warm {
-				ok++
-			}
-		}
-		return ok == 2
-	})
-	e.waitFor("the next snapshot", func() bool { return e.stats().SnapshotAt.After(seen.SnapshotAt) })
+	// warm-up: both proven (past MinSamples)
+	e.warmUp("d", []string{"dear", "cheap"}, 25)
 	for i := range 10 {
 		id := fmt.Sprintf("d%d", i)
 		e.submit(protocol.Task{ID: id, Type: "d"})

@@ -18,33 +18,7 @@ func TestCostPolicyPricesTheTaskSize(t *testing.T) {
 	e := newEnv(t, func(c *dispatcher.Config) { c.Policy, c.MinSuccess = "cost", 0.01 })
 	e.costs = map[string][2]float64{"flat": {5, 0}, "metered": {1, 0.01}}
 	n := e.startNode("n1", []string{"summarize"}, map[string]behavior{"flat": succeed, "metered": succeed})
-	// warm-up: MinSamples (20) and more successes of each, so that neither is explored
-	const warm = 25
-	for i := range warm {
-		for _, m := range []string{"flat", "metered"} {
-			e.submit(protocol.Task{ID: fmt.Sprintf("w-%s-%d", m, i), Type: "summarize", Models: []string{m}})
-		}
-	}
-	for i := range warm {
-		for _, m := range []string{"flat", "metered"} {
-			if r := e.result(fmt.Sprintf("w-%s-%d", m, i)); r.Status != protocol.StatusSucceeded || r.Model != m {
-				t.Fatalf("warm-up: %+v", r)
-			}
-		}
-	}
-	// the decisions' table is rebuilt from a snapshot holding them all
-	var seen protocol.StatsReport
-	e.waitFor("a snapshot with the warm-up", func() bool {
-		seen = e.stats()
-		ok := 0
-		for _, m := range seen.Models {
-			if m.Successes >= warm {
-				ok++
-			}
-		}
-		return ok == 2
-	})
-	e.waitFor("the next snapshot", func() bool { return e.stats().SnapshotAt.After(seen.SnapshotAt) })
+	e.warmUp("summarize", []string{"flat", "metered"}, 25)
 	for i, c := range []struct {
 		size float64
 		want string
@@ -57,4 +31,35 @@ func TestCostPolicyPricesTheTaskSize(t *testing.T) {
 			}
 		}
 	}
+}
+
+// warmUp proves each model with n successes of typ (through allow-lists),
+// past MinSamples so that none is explored, and waits until the decisions'
+// table is rebuilt from a snapshot holding them all.
+func (e *env) warmUp(typ string, models []string, n int) {
+	e.t.Helper()
+	for i := range n {
+		for _, m := range models {
+			e.submit(protocol.Task{ID: fmt.Sprintf("w-%s-%d", m, i), Type: typ, Models: []string{m}})
+		}
+	}
+	for i := range n {
+		for _, m := range models {
+			if r := e.result(fmt.Sprintf("w-%s-%d", m, i)); r.Status != protocol.StatusSucceeded || r.Model != m {
+				e.t.Fatalf("warm-up: %+v", r)
+			}
+		}
+	}
+	var seen protocol.StatsReport
+	e.waitFor("a snapshot with the warm-up", func() bool {
+		seen = e.stats()
+		ok := 0
+		for _, m := range seen.Models {
+			if m.Successes >= int64(n) {
+				ok++
+			}
+		}
+		return ok == len(models)
+	})
+	e.waitFor("the next snapshot", func() bool { return e.stats().SnapshotAt.After(seen.SnapshotAt) })
 }

@@ -53,7 +53,8 @@ func screenshotPath() string {
 // tasks flow. The operator's tools are driven as an operator would: a task
 // looked up by id shows its status and every attempt; cancelling a waiting
 // task is refused without the token (MLSCHED_HTTP_TOKEN_FILE) and done with
-// it; a dead letter is replayed from its row. It writes a screenshot.
+// it; a dead letter is replayed from its row. The costs panel shows a
+// budget being spent and the priced model's cost. It writes a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	browser := findBrowser()
@@ -73,6 +74,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		"MLSCHED_SNAPSHOT_INTERVAL": "100ms",
 		"MLSCHED_DASHBOARD_REFRESH": "250ms",
 		"MLSCHED_NO_NODE_WAIT":      "10m", // tasks no node serves stay in the backlog
+		"MLSCHED_TYPE_BUDGETS":      "classify:1000000/day",
 	}
 	d := c.StartDispatcher(harness.DispatcherOptions{Env: env})
 	c.StartDispatcher(harness.DispatcherOptions{Env: env})
@@ -234,6 +236,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	wait("the charts' legend", `document.querySelectorAll('#legend .legend-item').length === 5`)
 	wait("the charts' time axis", `document.querySelectorAll('#chart-p50 text.axis').length === 3`)
 	wait("the flow-control panel: the expired sheddable task", `!document.getElementById("flow-section").hidden && (document.querySelector('#flow-ended tr[data-band="low"][data-code="expired"] td.total')||{}).innerText === "1"`)
+	wait("the costs panel: the classify budget being spent", `!document.getElementById("costs-section").hidden && Number((document.querySelector('#budgets tr[data-budget="type:classify"] td.spent')||{}).innerText) > 0`)
+	wait("the priced model's cost", `Number((document.querySelector('#costs tr[data-cost="model:m-fail00"] td.cost')||{}).innerText) > 0`)
 	wait("the dead letter and its reason", `Array.from(document.querySelectorAll('#deadletters tr[data-seq] td.reason')).some(td => td.innerText.includes("JSON"))`)
 
 	// It updates as tasks flow: the results counter and a model's dispatched

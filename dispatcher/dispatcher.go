@@ -422,7 +422,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	resPub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
 	dlq := &deadLetters{js: js, log: d.log, count: &d.counters.DeadLettered,
 		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
-	sweep := &sweeper{js: js, dispatch: dispatchStream, results: resultsStream, dlq: dlq, live: reg.Live,
+	sweep := &sweeper{js: js, dispatch: dispatchStream, results: resultsStream, dlq: dlq, live: reg.Live, nodes: kv, ttl: d.cfg.NodeTTL,
 		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log}
 	// The stages. complete is publish-then-ack, the one place a consumed
 	// message is settled.

@@ -41,8 +41,15 @@ type sweeper struct {
 	every    time.Duration // between sweeps
 	slack    time.Duration // no dispatch younger than this is past its deadline
 	log      zerolog.Logger
-	// live are the nodes the registry sees now (nil: no node-loss check).
-	live func() []protocol.Heartbeat
+	// live are the nodes the registry sees now (nil: no node-loss check);
+	// nodes is the bucket they heartbeat into, and ttl their time to live:
+	// a node the registry dropped is failed over only when its entry, by
+	// the server's clock, is gone or older than the TTL (the registry
+	// expires by this replica's receive time, which a starved replica
+	// misjudges).
+	live  func() []protocol.Heartbeat
+	nodes jetstream.KeyValue
+	ttl   time.Duration
 
 	known map[string]bool // the nodes live at the last sweep
 	next  uint64          // first sequence not yet looked at
@@ -181,6 +188,10 @@ func (s *sweeper) sweepGone(ctx context.Context) (int, error) {
 	s.known = live
 	lost := 0
 	for _, node := range gone {
+		if s.stillBeating(ctx, node) {
+			s.known[node] = true // asked again at the next sweep
+			continue
+		}
 		subject := topology.DispatchSubject(node)
 		for seq := uint64(1); ; {
 			raw, err := s.dispatch.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
@@ -202,6 +213,24 @@ func (s *sweeper) sweepGone(ctx context.Context) (int, error) {
 		}
 	}
 	return lost, nil
+}
+
+// stillBeating reports whether node's entry in the nodes bucket was
+// written within the TTL (plus a second of clock skew) by the server's
+// clock: the registry dropped it, but the node is alive. An unreadable
+// bucket counts as alive: the deadlines stand.
+func (s *sweeper) stillBeating(ctx context.Context, node string) bool {
+	if s.nodes == nil {
+		return false
+	}
+	e, err := s.nodes.Get(ctx, node)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return false
+	case err != nil:
+		return true
+	}
+	return time.Since(e.Created()) < s.ttl+time.Second
 }
 
 func (s *sweeper) reportLost(ctx context.Context, raw *jetstream.RawStreamMsg) error {

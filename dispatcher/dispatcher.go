@@ -549,6 +549,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		// before the consumers (which hold tasks): stopping, it naks them
 		{"hold room", in.holdService()},
 		{"unserved room", in.unservedService()},
+		// after the rooms (a check's task may wait in one), before the
+		// consumers: stopping, it waits for the lookups under way
+		{"redelivery checks", in.redeliver.service()},
 		// before the task consumer: a dispatch's report finds a replica
 		{"direct reports", out.reportsService()},
 		// the parked tasks' consumers, stopped before the hold room

@@ -63,7 +63,12 @@ func testConfig(url string) dispatcher.Config {
 
 func newEnv(t *testing.T, mutate ...func(*dispatcher.Config)) *env {
 	t.Helper()
-	ns := natstest.New(t)
+	return newEnvOn(t, natstest.New(t), mutate...)
+}
+
+// newEnvOn is newEnv on a server the test started.
+func newEnvOn(t *testing.T, ns *natstest.Server, mutate ...func(*dispatcher.Config)) *env {
+	t.Helper()
 	cfg := testConfig(ns.URL)
 	for _, m := range mutate {
 		m(&cfg)

@@ -32,9 +32,10 @@ type intake struct {
 	intakeParams
 	held      *holdRoom
 	unserved  *unservedRoom
-	park      *parking  // nil: never park
-	quotaLog  sometimes // bounded-rate log of degraded quotas
-	budgetLog sometimes // and of degraded budgets
+	redeliver *redeliveries // result lookups of redelivered tasks
+	park      *parking      // nil: never park
+	quotaLog  sometimes     // bounded-rate log of degraded quotas
+	budgetLog sometimes     // and of degraded budgets
 }
 
 // intakeParams is what the intake stage needs.
@@ -64,7 +65,7 @@ type intakeParams struct {
 }
 
 func newIntake(p intakeParams) *intake {
-	in := &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}}
+	in := &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}, redeliver: newRedeliveries()}
 	in.quotaLog.every = 10 * time.Second
 	in.budgetLog.every = 10 * time.Second
 	return in
@@ -150,14 +151,20 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 		in.fin.end(a.endsStored(msg))
 		return
 	}
-	if (!o.first || o.parked) && in.fin.hasResult(task.ID) {
-		// Redelivered with its result stored: the ack of the task was lost
-		// (or the replica that would have kept it alive is gone).
-		in.fin.end(a.endsStored(msg))
+	if !o.first || o.parked {
+		// Delivered before: its result may be stored (the ack of the task
+		// was lost, or the replica that would have kept it alive is gone).
+		// Looked up off this goroutine (redelivered.go).
+		in.redelivered(msg, a, o)
 		return
 	}
-	if !o.parked && in.park.shouldPark(topology.BandOf(task.Priority), task.TenantName()) {
-		in.park.park(msg, &task, data, o)
+	in.enter(msg, a, o)
+}
+
+// enter parks a task of a flooding tenant, or dispatches it.
+func (in *intake) enter(msg jetstream.Msg, a attemptSpec, o taskOrigin) {
+	if !o.parked && in.park.shouldPark(topology.BandOf(a.task.Priority), a.task.TenantName()) {
+		in.park.park(msg, &a.task, a.data, o)
 		return
 	}
 	in.dispatch(a, msg)

@@ -291,9 +291,7 @@ func (f *finisher) reject(msg jsplumb.Msg, e ending) {
 // hasResult reports whether the task has a stored result (false when the
 // lookup fails: dispatching again is harmless, the second result is
 // refused).
-func (f *finisher) hasResult(id string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+func (f *finisher) hasResult(ctx context.Context, id string) bool {
 	_, found, _ := lookupResult(ctx, f.resultsStream, id)
 	return found
 }

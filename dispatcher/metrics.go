@@ -166,6 +166,9 @@ var (
 		[]string{"band", "code"}, nil)
 	descHeldBand = prometheus.NewDesc("mlsched_held_tasks",
 		"Tasks this replica holds, by priority band (high, normal, low) and tenant (the 20 holding most, the rest as other).", []string{"band", "tenant"}, nil)
+	descNodeOutage = prometheus.NewDesc("mlsched_node_outage",
+		"An outage of the nodes this replica sees, by cause: registry_silent (1 while no node has been heard from for half the node TTL although some are known: the bucket or its watch failing, not deaths) and types_without_nodes (the task types that had a live node within the no-node wait plus the node TTL and have none now). Their tasks wait for nodes instead of being rejected.",
+		[]string{"cause"}, nil)
 	descSnapshotAge = prometheus.NewDesc("mlsched_stats_snapshot_age_seconds",
 		"Age of the statistics snapshot decisions are made on.", nil, nil)
 	descRolloutShare = prometheus.NewDesc("mlsched_rollout_share",
@@ -187,7 +190,7 @@ var (
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSuccess, descBreaker, descModelInflight, descNodeInflight, descNodeCapacity,
-		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descQuotaDegraded, descBudgetSpent, descBudgetLimit, descHeldBand, descFlowEnded,
+		descNodes, descBacklog, descDegraded, descEvents, descSnapshotAge, descQuotaDegraded, descBudgetSpent, descBudgetLimit, descHeldBand, descFlowEnded, descNodeOutage,
 		descRolloutShare, descRolloutState, descRolloutStep, descRolloutTasks, descRolloutTransitions} {
 		ch <- d
 	}
@@ -265,6 +268,13 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	collectRollouts(p.rolls, gauge, ch)
+	silent := 0.0
+	if p.reg.Silent() {
+		silent = 1
+	}
+	gauge(descNodeOutage, silent, "registry_silent")
+	_, gone := p.intake.outage(time.Now())
+	gauge(descNodeOutage, float64(gone), "types_without_nodes")
 	nodes := p.reg.Live()
 	gauge(descNodes, float64(len(nodes)))
 	for _, n := range nodes {

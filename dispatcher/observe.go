@@ -101,6 +101,14 @@ func (p *parts) ready(ctx context.Context) opshttp.Status {
 	if reason := p.degradedReason(); reason != "" {
 		st.Degraded = reason + " (deciding on the last statistics snapshot)"
 	}
+	// An outage of the nodes leaves the replica ready (tasks are taken and
+	// wait for nodes), and says so.
+	if why, _ := p.intake.outage(time.Now()); why != "" {
+		if st.Degraded != "" {
+			st.Degraded += "; "
+		}
+		st.Degraded += "node outage: " + why
+	}
 	return st
 }
 

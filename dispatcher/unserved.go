@@ -2,6 +2,9 @@ package dispatcher
 
 import (
 	"context"
+	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,6 +86,53 @@ func (r *unservedRoom) outageLocked(in *intake, now time.Time) bool {
 	return none
 }
 
+// typeOutage reports whether a live node served typ a short while ago (the
+// no-node wait plus the node TTL): every node of the type gone at once, or
+// the registry unable to tell (registry.Silent), is an outage of what this
+// replica can see, not a type nobody serves. Its tasks wait without the
+// room's bound (the band consumer's MaxAckPending bounds them), and no
+// other type's task takes their place; a type not served for longer is
+// bounded as before.
+func (in *intake) typeOutage(typ string, now time.Time) bool {
+	served := in.reg.Served(typ)
+	return !served.IsZero() && now.Sub(served) < in.cfg.NoNodeWait+in.cfg.NodeTTL
+}
+
+// outage says what outage of the nodes this replica sees, "" when none:
+// the registry silent, or types whose every node went within the no-node
+// wait plus the node TTL (their tasks wait without the room's bound).
+func (in *intake) outage(now time.Time) (why string, types int) {
+	live := map[string]bool{}
+	for _, hb := range in.reg.Live() {
+		for _, m := range hb.Models {
+			for _, t := range m.Types {
+				live[t] = true
+			}
+		}
+	}
+	var gone []string
+	for t := range in.reg.ServedTypes() {
+		if !live[t] && in.typeOutage(t, now) {
+			gone = append(gone, t)
+		}
+	}
+	sort.Strings(gone)
+	switch {
+	case in.reg.Silent():
+		why = "the node registry is silent (no node heard from for half the node TTL): nodes are kept, tasks that find none wait"
+	case len(gone) > 0:
+		why = fmt.Sprintf("no live node serves %d type(s) served within the no-node wait (%s): their tasks wait for nodes", len(gone), strings.Join(firstN(gone, 5), ", "))
+	}
+	return why, len(gone)
+}
+
+func firstN(s []string, n int) []string {
+	if len(s) > n {
+		return append(s[:n:n], "…")
+	}
+	return s
+}
+
 // recoveringLocked: an outage was seen within the node TTL, or a
 // reconnection within twice that; nodes may still be announcing
 // themselves.
@@ -123,7 +173,8 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	now := time.Now()
 	// A retry's task stays in progress while it waits (taskack.go).
 	keepUntil := a.noNodeSince.Add(in.cfg.NoNodeWait + unservedRetry)
-	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || len(r.q)+r.inPass < in.cfg.unservedMax() {
+	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || in.typeOutage(a.task.Type, now) ||
+		r.boundedLocked(in, now) < in.cfg.unservedMax() {
 		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 		r.mu.Unlock()
 		in.keeper.keep(msg, a.taskAck, keepUntil)
@@ -131,7 +182,7 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	}
 	// Full: the type keeping the most gives way, if it keeps more than this
 	// task's type would after taking a place.
-	counts := waitingByType(r.q)
+	counts := in.boundedByType(r.q, now)
 	top := keptMost(counts)
 	if top == "" || counts[top] <= counts[a.task.Type]+1 {
 		r.mu.Unlock()
@@ -267,7 +318,7 @@ func (in *intake) retryUnserved() {
 	var over []*unservedTask
 	var why []error
 	if len(r.q) > in.cfg.unservedMax() && !r.outageLocked(in, now) && !r.recoveringLocked(in, now) {
-		over, why = r.trimLocked(in.cfg.unservedMax(), in)
+		over, why = r.trimLocked(in.cfg.unservedMax(), in, now)
 	}
 	r.mu.Unlock()
 	for i, w := range over {
@@ -279,9 +330,9 @@ func (in *intake) retryUnserved() {
 // trimLocked cuts the room back to max after an outage let it grow: the
 // type keeping the most gives way, newest first. It returns the tasks cut
 // and the error each is rejected with.
-func (r *unservedRoom) trimLocked(max int, in *intake) (cut []*unservedTask, errs []error) {
-	counts := waitingByType(r.q)
-	for len(r.q) > max {
+func (r *unservedRoom) trimLocked(max int, in *intake, now time.Time) (cut []*unservedTask, errs []error) {
+	counts := in.boundedByType(r.q, now)
+	for total := sum(counts); total > max; total-- {
 		top := keptMost(counts)
 		for i := len(r.q) - 1; i >= 0; i-- {
 			if w := r.q[i]; w.a.task.Type == top {
@@ -296,13 +347,37 @@ func (r *unservedRoom) trimLocked(max int, in *intake) (cut []*unservedTask, err
 	return cut, errs
 }
 
-// waitingByType counts the waiting tasks by type.
-func waitingByType(q []*unservedTask) map[string]int {
+// boundedByType counts the waiting tasks the room's bound applies to by
+// type: those of types not in an outage (typeOutage).
+func (in *intake) boundedByType(q []*unservedTask, now time.Time) map[string]int {
 	counts := map[string]int{}
+	outage := map[string]bool{}
 	for _, w := range q {
-		counts[w.a.task.Type]++
+		t := w.a.task.Type
+		o, ok := outage[t]
+		if !ok {
+			o = in.typeOutage(t, now)
+			outage[t] = o
+		}
+		if !o {
+			counts[t]++
+		}
 	}
 	return counts
+}
+
+// boundedLocked is how many waiting tasks count against the room's bound:
+// those of types not in an outage, and the tasks of the pass under way.
+func (r *unservedRoom) boundedLocked(in *intake, now time.Time) int {
+	return sum(in.boundedByType(r.q, now)) + r.inPass
+}
+
+func sum(counts map[string]int) int {
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n
 }
 
 // keptMost is the type keeping the most waiting tasks ("" for none); of

@@ -49,6 +49,15 @@ type Registry struct {
 	joined  chan struct{}
 	once    sync.Once
 
+	// served is when a live node last served each task type (under mu;
+	// served.Load a copy for readers): a type whose nodes have all gone
+	// within a short while is in an outage, not unserved.
+	served     map[string]time.Time
+	servedCopy atomic.Pointer[map[string]time.Time]
+	// silent: nodes are known but none has been heard from for half the
+	// TTL (the bucket or the watch is blind, see expire).
+	silent atomic.Bool
+
 	refused    atomic.Int64 // heartbeats that failed validation
 	nextWarn   time.Time    // bounded-rate logging of refused heartbeats (under mu)
 	suppressed int64
@@ -65,8 +74,10 @@ func New(kv jetstream.KeyValue, ttl time.Duration, log zerolog.Logger) *Registry
 	if ttl <= 0 {
 		ttl = 10 * time.Second
 	}
-	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, clamped: map[string]time.Time{}, ready: make(chan struct{}), joined: make(chan struct{}, 1)}
+	r := &Registry{kv: kv, ttl: ttl, log: log, now: time.Now, nodes: map[string]entry{}, clamped: map[string]time.Time{}, ready: make(chan struct{}), joined: make(chan struct{}, 1),
+		served: map[string]time.Time{}}
 	r.live.Store(&[]protocol.Heartbeat{})
+	r.servedCopy.Store(&map[string]time.Time{})
 	r.compact.Store(&map[string]bool{})
 	return r
 }
@@ -172,25 +183,81 @@ func (r *Registry) apply(e jetstream.KeyValueEntry) {
 	r.publishLocked()
 }
 
+// Served is when a live node last served typ (zero: never, as far as this
+// registry has seen).
+func (r *Registry) Served(typ string) time.Time { return (*r.servedCopy.Load())[typ] }
+
+// ServedTypes is when a live node last served each type it remembers (the
+// map must not be modified).
+func (r *Registry) ServedTypes() map[string]time.Time { return *r.servedCopy.Load() }
+
+// Silent reports whether the registry has heard from no node for half the
+// TTL although it knows some: every node silent at once is the bucket (or
+// this replica's view of it) failing, not every node dying.
+func (r *Registry) Silent() bool { return r.silent.Load() }
+
+// expire forgets the nodes not heard from within the TTL. Nodes beat every
+// second or so (far more often than the TTL), so when none at all has been
+// heard from for half the TTL, what went silent is the bucket, or this
+// replica's watch of it (its stream leader cut off, paused or restarting),
+// not every node: the registry is blind. Blind, it forgets nobody one by
+// one (their last heartbeats differ by up to an interval, and for that
+// while the types whose nodes were heard from first would look unserved
+// while others are not: the chaos-cluster failure of issue 39), and
+// forgets all of them at once when the last heard from is older than the
+// TTL. Then nobody is live: an outage, which the dispatcher waits out
+// (unserved.go).
 func (r *Registry) expire() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	cut := r.now().Add(-r.ttl)
+	now := r.now()
+	cut := r.cutLocked(now)
 	changed := false
 	for id, e := range r.nodes {
 		if e.seen.Before(cut) {
 			delete(r.nodes, id)
 			changed = true
-			r.log.Warn().Str("node", id).Msg("node expired: no heartbeat within the TTL")
+			r.log.Warn().Str("node", id).Bool("registry_silent", r.silent.Load()).Msg("node expired: no heartbeat within the TTL")
 		}
 	}
-	if changed {
-		r.publishLocked()
+	// published even when nobody expired: the served stamps and silence
+	_ = changed
+	r.publishLocked()
+}
+
+// cutLocked is the time before which a node's last heartbeat makes it
+// expired: the TTL ago, or while the registry is blind, all or none (see
+// expire).
+func (r *Registry) cutLocked(now time.Time) time.Time {
+	cut := now.Add(-r.ttl)
+	var newest time.Time
+	for _, e := range r.nodes {
+		if e.seen.After(newest) {
+			newest = e.seen
+		}
 	}
+	silent := len(r.nodes) > 0 && newest.Before(now.Add(-r.ttl/2))
+	if silent != r.silent.Load() {
+		r.silent.Store(silent)
+		if silent {
+			r.log.Warn().Int("nodes", len(r.nodes)).Dur("since", now.Sub(newest)).
+				Msg("node registry silent: no node heard from for half the TTL; nodes are kept, then forgotten together (an outage, not deaths)")
+		} else {
+			r.log.Info().Msg("node registry: heartbeats again")
+		}
+	}
+	if !silent {
+		return cut
+	}
+	if newest.Before(cut) {
+		return now.Add(time.Hour) // every one: the last heard from has expired too
+	}
+	return time.Time{} // none yet
 }
 
 func (r *Registry) publishLocked() {
-	cut := r.now().Add(-r.ttl)
+	now := r.now()
+	cut := r.cutLocked(now)
 	live := make([]protocol.Heartbeat, 0, len(r.nodes))
 	for _, e := range r.nodes {
 		if !e.seen.Before(cut) {
@@ -199,6 +266,7 @@ func (r *Registry) publishLocked() {
 	}
 	sort.Slice(live, func(i, j int) bool { return live[i].Node < live[j].Node })
 	r.live.Store(&live)
+	r.noteServedLocked(live, now)
 	compact := make(map[string]bool)
 	for _, hb := range live {
 		if hb.CompactDispatch {
@@ -230,6 +298,38 @@ func (r *Registry) publishLocked() {
 		}
 	}
 }
+
+// noteServedLocked stamps the types the live nodes serve. The copy readers
+// see is replaced when a type is new or its stamp is a second old, so a
+// heartbeat a second costs a map copy at most that often.
+func (r *Registry) noteServedLocked(live []protocol.Heartbeat, now time.Time) {
+	stale := false
+	for _, hb := range live {
+		for _, m := range hb.Models {
+			for _, t := range m.Types {
+				if last, ok := r.served[t]; !ok || now.Sub(last) >= time.Second {
+					stale = true
+				}
+				r.served[t] = now
+			}
+		}
+	}
+	if !stale {
+		return
+	}
+	cp := make(map[string]time.Time, len(r.served))
+	for t, at := range r.served {
+		if now.Sub(at) > servedMemory {
+			delete(r.served, t)
+			continue
+		}
+		cp[t] = at
+	}
+	r.servedCopy.Store(&cp)
+}
+
+// servedMemory is how long a type no node serves is remembered as served.
+const servedMemory = time.Hour
 
 // membership describes which node hosts which models for which types.
 func membership(live []protocol.Heartbeat) string {

@@ -103,6 +103,11 @@ type Options struct {
 	TraceTimeColumn string  `json:"trace_time_column,omitempty"`
 	TraceSizeColumn string  `json:"trace_size_column,omitempty"`
 	TraceTasks      int     `json:"trace_tasks,omitempty"`
+	// Deadlines, when its second figure is > 0, gives every task a
+	// deadline_ms drawn uniformly in [Deadlines[0], Deadlines[1]] (default
+	// none: the dispatcher's default deadline); failed counts the tasks
+	// that missed theirs.
+	Deadlines [2]int `json:"deadlines_ms,omitempty"`
 	// Dispatchers is how many dispatcher replicas mlsched runs (default 1).
 	Dispatchers int `json:"dispatchers,omitempty"`
 	// Progress receives one line per step (default: discarded).

@@ -103,4 +103,3 @@ func digitsPayload() (string, error) {
 	b, err := json.Marshal(map[string]any{"pixels": held[0].Pixels})
 	return string(b), err
 }
-

@@ -154,6 +154,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 	}
 
 	pub := newPublisher(r.pubJS, o.Payload)
+	pub.deadlineLo, pub.deadlineHi = o.Deadlines[0], o.Deadlines[1]
 	if isDigits(name) {
 		if pub.payload, err = digitsPayload(); err != nil {
 			return res, nil, err

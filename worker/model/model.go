@@ -89,9 +89,9 @@ type Spec struct {
 	// (default none: one task per call, as before). See BatchSpec.
 	Batch *BatchSpec `yaml:"batch,omitempty"`
 	Go    *GoSpec    `yaml:"go,omitempty"`
-	Exec *ExecSpec `yaml:"exec,omitempty"`
-	HTTP *HTTPSpec `yaml:"http,omitempty"`
-	Sim  *SimSpec  `yaml:"sim,omitempty"`
+	Exec  *ExecSpec  `yaml:"exec,omitempty"`
+	HTTP  *HTTPSpec  `yaml:"http,omitempty"`
+	Sim   *SimSpec   `yaml:"sim,omitempty"`
 }
 
 // CostSpec is a model's price in the operator's own unit (cents,

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -64,6 +65,7 @@ func benchMain(args []string) int {
 	fs.StringVar(&o.TraceSizeColumn, "trace-size-column", "ContextTokens", "-trace-file: the column each task's size comes from (empty: none)")
 	fs.IntVar(&o.TraceTasks, "trace-tasks", 0, "-trace-file: replay only the first so many rows (0: all)")
 	fs.IntVar(&o.Dispatchers, "dispatchers", 1, "dispatcher replicas mlsched runs")
+	deadlines := fs.String("deadlines", "", "give every task a deadline_ms drawn uniformly in LO,HI (e.g. 20,2000; empty: the default deadline)")
 	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
 	dir := fs.String("dir", "", "keep the servers' stores and process logs here (empty: a temporary directory, removed)")
 	if err := fs.Parse(args); err != nil {
@@ -71,6 +73,16 @@ func benchMain(args []string) int {
 	}
 	if !*profile {
 		o.ProfilePath = ""
+	}
+	if *deadlines != "" {
+		lo, hi, ok := strings.Cut(*deadlines, ",")
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if !ok || err1 != nil || err2 != nil || a < 1 || b < a {
+			fmt.Fprintf(os.Stderr, "mlsched-bench: -deadlines %q: want LO,HI milliseconds, 1 <= LO <= HI\n", *deadlines)
+			return 2
+		}
+		o.Deadlines = [2]int{a, b}
 	}
 	o.Scenarios = strings.Split(*scenarios, ",")
 	if *auth {

@@ -19,8 +19,9 @@ import (
 // section gets a batcher: the dispatches for it wait in the batcher, not
 // for a node slot each, and the batcher runs up to max_size of them in one
 // call on one node slot once the batch is full or its first task is due,
-// whichever comes first. A task is due when it has waited max_delay, or
-// earlier when its deadline cannot wait: its remaining time less the
+// whichever comes first; at once when the model's tasks arrive further
+// apart than max_delay (waiting would gather nobody). A task is due when
+// it has waited max_delay, or earlier when its deadline cannot wait: its remaining time less the
 // model's mean batch run (and a margin) is all it may be held. The node's
 // order decides who goes: the batch waits for a slot at the place of its
 // best waiting task (priority, then tenants in turn), and when it gets one
@@ -43,7 +44,19 @@ type batcher struct {
 	mu      sync.Mutex
 	pending []*batchItem
 	stopped bool
+	// last is the latest arrival and gap the moving mean of the gaps
+	// between arrivals (each capped at twice max_delay; 0 until a second
+	// arrival): a model whose tasks come further apart than max_delay
+	// would gather no company by waiting (sparse).
+	last time.Time
+	gap  time.Duration
 }
+
+// sparse reports whether, at the current arrival rate, a waiting batch is
+// not expected to gain another task before max_delay: it then goes when
+// a slot is free instead of waiting, so that light load does not pay the
+// delay for nothing. Under load the gaps shrink and batches wait to fill.
+func (b *batcher) sparseLocked() bool { return b.gap > b.delay }
 
 // batchItem is one dispatch waiting for, or running in, a batch.
 type batchItem struct {
@@ -92,6 +105,15 @@ func (b *batcher) submit(d dispatch, t slotTicket) batchResult {
 		return batchResult{shutdown: true}
 	}
 	b.pending = append(b.pending, it)
+	if !b.last.IsZero() {
+		g := min(it.arrived.Sub(b.last), 2*b.delay)
+		if b.gap == 0 {
+			b.gap = g
+		} else {
+			b.gap += (g - b.gap) / 8
+		}
+	}
+	b.last = it.arrived
 	b.mu.Unlock()
 	select {
 	case b.kick <- struct{}{}:
@@ -137,8 +159,9 @@ func (b *batcher) run(ctx context.Context) {
 				lead = it
 			}
 		}
+		sparse := b.sparseLocked()
 		b.mu.Unlock()
-		if n == 0 || (n < b.size && time.Now().Before(next)) {
+		if n == 0 || (n < b.size && time.Now().Before(next) && !sparse) {
 			wait := time.Hour
 			if n > 0 {
 				wait = time.Until(next)

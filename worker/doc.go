@@ -32,6 +32,14 @@
 // heartbeat announces the prefetch, and dispatchers send a task that goes
 // first past their queue target (docs/policies.md, "Flow control").
 //
+// Batching: a model with a batch section (docs/models.md, "Batching") has
+// a batcher (batch.go): its dispatches wait there instead of for a slot
+// each, and run max_size at a time as one executor call (executor.RunBatch)
+// on one slot, when the batch is full, its first task has waited
+// max_delay, a deadline cannot wait longer, or the model's tasks come too
+// far apart for waiting to gather any. Each task is still reported and
+// acked on its own goroutine.
+//
 // Readiness: a model whose executor can be unready (an http model server, an
 // exec process loading or restarting, a model cooling down after a 429 with
 // Retry-After) is announced only while ready; the node re-announces at once

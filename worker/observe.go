@@ -23,6 +23,9 @@ type metrics struct {
 	reg      *prometheus.Registry
 	execs    *opshttp.Children[opshttp.L2, prometheus.Counter] // model, outcome
 	duration *opshttp.Children[string, prometheus.Observer]    // model
+	// batches: a batching model's batch sizes and each task's wait for its batch.
+	batchSizes  *opshttp.Children[string, prometheus.Observer] // model
+	batchDelays *opshttp.Children[string, prometheus.Observer] // model
 }
 
 func newMetrics(w *Worker) *metrics {
@@ -37,8 +40,23 @@ func newMetrics(w *Worker) *metrics {
 		Help: "Tasks running on this node now."}, func() float64 { return float64(w.inFlight.Load()) })
 	capacity := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "mlsched_worker_capacity",
 		Help: "Tasks this node runs at once (MLSCHED_CONCURRENCY)."}, func() float64 { return float64(w.cfg.Concurrency) })
-	reg.MustRegister(execs, duration, inflight, capacity)
-	return &metrics{reg: reg, execs: opshttp.Counter2(execs), duration: opshttp.Observer1(duration)}
+	sizes := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mlsched_worker_batch_size",
+		Help:    "Tasks run in one call of a batching model, by model.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}}, []string{"model"})
+	delays := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mlsched_worker_batch_queue_delay_seconds",
+		Help:    "Time a task of a batching model waited for its batch to fill (or to become due), by model.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}, []string{"model"})
+	reg.MustRegister(execs, duration, inflight, capacity, sizes, delays)
+	return &metrics{reg: reg, execs: opshttp.Counter2(execs), duration: opshttp.Observer1(duration),
+		batchSizes: opshttp.Observer1(sizes), batchDelays: opshttp.Observer1(delays)}
+}
+
+// batchSize counts one call of a batching model and its size.
+func (m *metrics) batchSize(model string, n int) { m.batchSizes.Get(model).Observe(float64(n)) }
+
+// batchDelay records a task's wait for its batch.
+func (m *metrics) batchDelay(model string, d time.Duration) {
+	m.batchDelays.Get(model).Observe(d.Seconds())
 }
 
 // observe counts one handled dispatch.

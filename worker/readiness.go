@@ -59,6 +59,28 @@ func (g *gate) Run(ctx context.Context, t executor.Task) (json.RawMessage, error
 	return out, err
 }
 
+// RunBatch is Run for a batch: refused at once while unready, and a
+// failure that says readiness changed (for the whole call or any task)
+// checks it at once.
+func (g *gate) RunBatch(ctx context.Context, ts []executor.Task) ([]executor.Result, error) {
+	if !g.ready.Load() {
+		return nil, fmt.Errorf("%w: %s", executor.ErrNotReady, *g.why.Load())
+	}
+	rs, err := executor.RunBatch(ctx, g.Executor, ts)
+	signal := func(err error) bool {
+		var ce *executor.CooldownError
+		return errors.As(err, &ce) || errors.Is(err, executor.ErrProcessExited) || errors.Is(err, executor.ErrNotReady)
+	}
+	changed := signal(err)
+	for _, r := range rs {
+		changed = changed || signal(r.Err)
+	}
+	if changed {
+		g.changed()
+	}
+	return rs, err
+}
+
 // check probes the model and reports whether its readiness changed.
 func (g *gate) check(ctx context.Context, log zerolog.Logger) bool {
 	ctx, cancel := context.WithTimeout(ctx, readyProbeTimeout)

@@ -11,6 +11,12 @@ type Task = executor.Task
 // Handler is an in-process model; see executor.Handler.
 type Handler = executor.Handler
 
+// BatchHandler is the batch variant of a Handler; see executor.BatchHandler.
+type BatchHandler = executor.BatchHandler
+
+// Result is one task's answer from a BatchHandler.
+type Result = executor.Result
+
 // TaskError is a task (bad input) error with a message for the result.
 type TaskError = executor.TaskError
 

@@ -93,6 +93,10 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 		// is stored (report hands stop to the outcome publisher).
 		stop := progressTimer(w.complete, msg, w.cfg.AckWait/3)
 		m := w.models[d.Model]
+		if perr == nil && m != nil && m.batch != nil {
+			w.processBatched(msg, d, m, ticket, stop) // batch.go
+			return
+		}
 		w.enter(m, ticket)
 		defer w.leave(m)
 		w.process(msg, d, perr, stop)
@@ -103,16 +107,8 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 // reports its outcome, then acks. stopProgress ends the dispatch's
 // progress signals; the outcome publisher calls it once it owns msg.
 func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress func()) {
-	log := w.log.With().Str("task_id", d.TaskID).Str("model", d.Model).Int("attempt", d.Attempt).Logger()
-
-	reported := false
-	defer func() {
-		if !reported {
-			stopProgress()
-		}
-	}()
-
-	out := protocol.Outcome{TaskID: d.TaskID, Type: d.Type, Attempt: d.Attempt, Model: d.Model, Node: w.node}
+	log := w.taskLog(d)
+	out := w.outcomeOf(d)
 	m := w.models[d.Model]
 	ran := false
 	switch {
@@ -120,6 +116,34 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 		out.Status, out.Error = protocol.OutcomeModelError, perr.Error()
 	case m == nil:
 		out.Status, out.Error = protocol.OutcomeModelError, fmt.Sprintf("%v: %q on node %q", ErrModelNotHosted, d.Model, w.node)
+	case notStarted(m, d, &out):
+	default:
+		ran = true
+		if !w.run(m, d, &out) {
+			stopProgress()
+			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
+			w.complete.Retry(msg, 0)
+			return
+		}
+	}
+	w.finish(msg, d, out, ran, log, stopProgress)
+}
+
+// taskLog is the logger of one dispatch.
+func (w *Worker) taskLog(d dispatch) zerolog.Logger {
+	return w.log.With().Str("task_id", d.TaskID).Str("model", d.Model).Int("attempt", d.Attempt).Logger()
+}
+
+// outcomeOf is the outcome of d before it is decided.
+func (w *Worker) outcomeOf(d dispatch) protocol.Outcome {
+	return protocol.Outcome{TaskID: d.TaskID, Type: d.Type, Attempt: d.Attempt, Model: d.Model, Node: w.node}
+}
+
+// notStarted reports, filling out, whether d is too late to start on m:
+// its deadline has passed, or leaves less than the model's mean run here
+// (a batching model's: its batches' mean run).
+func notStarted(m *hosted, d dispatch, out *protocol.Outcome) bool {
+	switch {
 	case !time.Now().Before(d.Deadline):
 		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s passed before the task started", d.Deadline.UTC().Format(time.RFC3339Nano))
 	case time.Until(d.Deadline) < m.typicalRun():
@@ -131,13 +155,14 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 		out.Status, out.Error = protocol.OutcomeExpired, fmt.Sprintf("deadline %s leaves %v, less than the model's mean run of %v on this node: not started",
 			d.Deadline.UTC().Format(time.RFC3339Nano), time.Until(d.Deadline).Round(time.Millisecond), m.typicalRun().Round(time.Millisecond))
 	default:
-		ran = true
-		if !w.run(m, d, &out) {
-			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
-			w.complete.Retry(msg, 0)
-			return
-		}
+		return false
 	}
+	return true
+}
+
+// finish counts, logs and reports a decided outcome; the outcome
+// publisher acks msg once it is stored (else msg is nak'ed).
+func (w *Worker) finish(msg jetstream.Msg, d dispatch, out protocol.Outcome, ran bool, log zerolog.Logger, stopProgress func()) {
 	w.metrics.observe(&out, ran)
 	if out.Status != protocol.OutcomeSuccess {
 		if json.Valid(d.body) {
@@ -158,11 +183,10 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 
 	// The outcome publisher acks the dispatch once the outcome is stored.
 	if err := w.report(msg, d, out, log, stopProgress); err != nil {
+		stopProgress()
 		log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
 		w.complete.Settle(msg, err)
-		return
 	}
-	reported = true
 }
 
 // run executes the task and fills out's status, output, error and latency.
@@ -220,23 +244,31 @@ func (w *Worker) run(m *hosted, d dispatch, out *protocol.Outcome) bool {
 	if errors.Is(context.Cause(ctx), errShutdown) {
 		return false
 	}
+	timedOut := errors.Is(r.err, context.DeadlineExceeded) || (ctx.Err() != nil && errors.Is(r.err, context.Canceled))
+	settle(out, r.out, r.err, timedOut, timeout, deadline.Equal(d.Deadline))
+	return true
+}
+
+// settle fills out's status, output and error from what the model
+// answered: timedOut when it was cut at its deadline (atDispatchDeadline:
+// the dispatch's, else the timeout's).
+func settle(out *protocol.Outcome, output json.RawMessage, err error, timedOut bool, timeout time.Duration, atDispatchDeadline bool) {
 	switch {
-	case r.err == nil:
-		out.Status, out.Output = protocol.OutcomeSuccess, r.out
-		if !json.Valid(out.Output) {
-			out.Output, _ = json.Marshal(string(r.out))
-		}
-	case errors.Is(r.err, context.DeadlineExceeded) || (ctx.Err() != nil && errors.Is(r.err, context.Canceled)):
+	case timedOut:
 		out.Status, out.Error = protocol.OutcomeTimeout, fmt.Sprintf("no answer within %v", timeout.Round(time.Millisecond))
-		if deadline.Equal(d.Deadline) {
+		if atDispatchDeadline {
 			out.Error = fmt.Sprintf("no answer before the dispatch deadline (timeout %v)", timeout.Round(time.Millisecond))
 		}
-	case executor.IsTaskError(r.err):
-		out.Status, out.Error = protocol.OutcomeTaskError, r.err.Error()
+	case err == nil:
+		out.Status, out.Output = protocol.OutcomeSuccess, output
+		if !json.Valid(out.Output) {
+			out.Output, _ = json.Marshal(string(output))
+		}
+	case executor.IsTaskError(err):
+		out.Status, out.Error = protocol.OutcomeTaskError, err.Error()
 	default:
-		out.Status, out.Error = protocol.OutcomeModelError, r.err.Error()
+		out.Status, out.Error = protocol.OutcomeModelError, err.Error()
 	}
-	return true
 }
 
 // report hands the outcome, with every dispatch header echoed, to the

@@ -48,6 +48,14 @@ func WithHandler(name string, h Handler) Option {
 	return func(w *Worker) { w.handlers[name] = h }
 }
 
+// WithBatchHandler registers the batch variant of the Go handler name:
+// a batching model (batch: in its spec) with go.handler name runs each of
+// its batches in one call of h. Without one, a batching go model runs each
+// task of a batch on its handler.
+func WithBatchHandler(name string, h BatchHandler) Option {
+	return func(w *Worker) { w.batchHandlers[name] = h }
+}
+
 // WithLogger sets the logger (default: built from Config.Log).
 func WithLogger(l zerolog.Logger) Option { return func(w *Worker) { w.log = l; w.logSet = true } }
 
@@ -60,7 +68,9 @@ type Worker struct {
 	specs    []ModelSpec
 	specsSet bool
 	handlers map[string]Handler
-	nc       *nats.Conn
+	// batchHandlers are the batch variants of handlers, by the same names.
+	batchHandlers map[string]BatchHandler
+	nc            *nats.Conn
 
 	running  atomic.Bool
 	admit    sync.Mutex // orders tasks.Add before the shutdown's Wait
@@ -77,6 +87,7 @@ type Worker struct {
 	models    map[string]*hosted
 	tasks     sync.WaitGroup // each dispatch from delivery until its goroutine ends (task.go); its outcome then counts in outcomes
 	slots     *slots
+	batchers  sync.WaitGroup // each batching model's batcher.run
 	taskCtx   context.Context
 	cancelRun context.CancelCauseFunc
 
@@ -99,8 +110,11 @@ type hosted struct {
 	inFlight atomic.Int64
 	// meanRun is the moving mean of the model's successful runs here (ns;
 	// 0 until the first), by which a dispatch too close to its deadline is
-	// not started (task.go).
+	// not started (task.go). A batching model's is its batches' mean run.
 	meanRun atomic.Int64
+	// batch gathers the model's dispatches into batches (batch.go); nil
+	// when the model does not batch.
+	batch *batcher
 }
 
 // observeRun folds a successful run's duration into the mean (weight 1/8).
@@ -147,7 +161,7 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, node: cfg.NodeID, handlers: executor.Builtins()}
+	w := &Worker{cfg: cfg, node: cfg.NodeID, handlers: executor.Builtins(), batchHandlers: executor.BatchBuiltins()}
 	w.metrics = newMetrics(w)
 	var err error
 	if w.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-worker", Instance: cfg.NodeID}); err != nil {
@@ -300,7 +314,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		Failed: func(op string, err error) { w.log.Warn().Err(err).Str("op", op).Msg("settling a dispatch failed") }}
 	if err := start("outcome publisher", &lifecycle.Func{
 		OnStart: func(ctx context.Context) (err error) {
-			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.cfg.Concurrency+w.cfg.Prefetch, w.cfg.PublishTimeout,
+			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.pull(), w.cfg.PublishTimeout,
 				!w.cfg.StoredOutcomesOnly)
 			return err
 		},
@@ -341,9 +355,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		OnStart: func(context.Context) error {
 			w.taskCtx, w.cancelRun = context.WithCancelCause(context.WithoutCancel(ctx))
 			w.slots = newSlots(w.cfg.Concurrency)
+			for _, h := range w.models {
+				if h.batch != nil {
+					w.batchers.Go(func() { h.batch.run(w.taskCtx) })
+				}
+			}
 			return nil
 		},
-		OnStop: func() error { w.cancelRun(nil); return nil }}); err != nil {
+		OnStop: func() error { w.cancelRun(nil); w.batchers.Wait(); return nil }}); err != nil {
 		return err
 	}
 	if err := start("node", w.nodeService(js, kv, poke)); err != nil {
@@ -369,11 +388,29 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
+// pull is how many dispatches the node holds at once: its slots and its
+// prefetch, and room for every slot a batching model can use to hold a
+// full batch (max_size - 1 more tasks each), else its batches could never
+// fill past the prefetch.
+func (w *Worker) pull() int {
+	extra := 0
+	for _, s := range w.specs {
+		if b := s.BatchSize(); b > 1 {
+			slots := w.cfg.Concurrency
+			if l := s.Limit(); l > 0 && l < slots {
+				slots = l
+			}
+			extra = max(extra, slots*(b-1))
+		}
+	}
+	return w.cfg.Concurrency + w.cfg.Prefetch + extra
+}
+
 // openExecutors builds one executor per hosted model.
 func (w *Worker) openExecutors(pokeReadiness func()) error {
 	w.models = map[string]*hosted{}
 	for _, s := range w.specs {
-		ex, err := executor.New(s, executor.Options{Handlers: w.handlers, Seed: w.cfg.SimSeed, Log: w.log,
+		ex, err := executor.New(s, executor.Options{Handlers: w.handlers, BatchHandlers: w.batchHandlers, Seed: w.cfg.SimSeed, Log: w.log,
 			Concurrency: w.cfg.Concurrency, ReadinessChanged: pokeReadiness})
 		if err != nil {
 			w.closeExecutors()
@@ -387,6 +424,9 @@ func (w *Worker) openExecutors(pokeReadiness func()) error {
 		h := &hosted{spec: s, exec: ex, timeout: t}
 		if n := s.Limit(); n > 0 {
 			h.limit = make(chan struct{}, n)
+		}
+		if s.BatchSize() > 0 {
+			h.batch = newBatcher(w, h)
 		}
 		w.models[s.Name] = h
 	}
@@ -403,7 +443,7 @@ func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke
 			FilterSubject: topology.DispatchSubject(w.node),
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       w.cfg.AckWait,
-			MaxAckPending: w.cfg.Concurrency + w.cfg.Prefetch,
+			MaxAckPending: w.pull(),
 			MaxDeliver:    -1,
 			// A pool member's consumer belongs to an identity that dies
 			// with its process (natsconn/pool.go): the server deletes it an
@@ -412,7 +452,7 @@ func (w *Worker) nodeService(js jetstream.JetStream, kv jetstream.KeyValue, poke
 			InactiveThreshold: poolConsumerInactive(w.cfg.NATS.PoolKey != ""),
 		},
 		// It never has more than Concurrency + Prefetch messages outstanding.
-		Pull: w.cfg.Concurrency + w.cfg.Prefetch, Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,
+		Pull: w.pull(), Expiry: consumerExpiry, Heartbeat: consumerHeartbeat, Check: consumerCheck,
 		Log: w.log.With().Str("consumer", topology.NodeConsumer(w.node)).Logger(),
 		// A memory-backed dispatch stream is gone after a restart of a
 		// single server: re-create it (on a node key the server may refuse,

@@ -21,10 +21,12 @@ OIP v2 (HTTP, standard library http.server):
                {"inputs":[{"name":"pixels","shape":[1,64],"datatype":"FP32","data":[...]}]}
        output: "label" INT64 [N] and "probabilities" FP32 [N, 10]
 
-exec (--exec, one model): prints {"ready": true} once trained, then reads
-{"id", "payload"} lines on stdin and answers {"id", "output"} or
-{"id", "error", "task_error"}; payload {"pixels": [64 numbers]} or the 64
-numbers; output {"label": n, "probabilities": [10 numbers]}.
+exec (--exec, one model): prints {"ready": true, "batch": true} once
+trained, then reads {"id", "payload"} lines on stdin and answers {"id",
+"output"} or {"id", "error", "task_error"}; payload {"pixels": [64 numbers]}
+or the 64 numbers; output {"label": n, "probabilities": [10 numbers]}. A
+{"batch": [request, ...]} line is predicted in one call, each request
+answered on its own line (a bad input fails alone).
 
 Fault injection, to show routing around a failing model (both modes):
   --fail-rate R      answer R of requests with 500 (exec: a model error)
@@ -288,7 +290,47 @@ def serve_exec(models, faults, a):
         out.write(json.dumps(obj) + "\n")
         out.flush()
 
-    answer({"ready": True})
+    def pixels(payload):
+        data = payload.get("pixels") if isinstance(payload, dict) else payload
+        if data is None:
+            raise BadInput('want {"pixels": [64 numbers]} or the 64 numbers')
+        return rows(data)
+
+    def serve_batch(reqs):
+        """One predict call for every request of a batch; a bad input fails alone."""
+        fault = faults.next(name)
+        if a.latency_ms:
+            time.sleep(a.latency_ms / 1000.0)
+        if fault == "crash":
+            print("digits_server: exiting after %d requests (--crash-after)" % a.crash_after, file=sys.stderr, flush=True)
+            sys.exit(3)
+        good, x = [], []
+        for r in reqs:
+            rid = r.get("id", "") if isinstance(r, dict) else ""
+            if fault in ("fail", "throttle", "unready"):
+                answer({"id": rid, "error": "injected failure (%s)" % fault, "task_error": False})
+                continue
+            try:
+                xs = pixels(r.get("payload") if isinstance(r, dict) else None)
+            except BadInput as e:
+                answer({"id": rid, "error": str(e), "task_error": True})
+                continue
+            good.append((rid, len(xs)))
+            x.extend(xs)
+        if not good:
+            return
+        labels, probs = predict(clf, x)
+        i = 0
+        for rid, n in good:
+            if n == 1:
+                answer({"id": rid, "output": {"label": labels[i], "probabilities": probs[i]}})
+            else:
+                answer({"id": rid, "output": {"label": labels[i:i + n], "probabilities": probs[i:i + n]}})
+            i += n
+
+    # "batch": true: the worker may send {"batch": [request, ...]} lines
+    # (docs/models.md, exec protocol); each request is still answered alone.
+    answer({"ready": True, "batch": True})
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -296,6 +338,9 @@ def serve_exec(models, faults, a):
             req = json.loads(line)
         except ValueError as e:
             print("digits_server: bad request line: %s" % e, file=sys.stderr, flush=True)
+            continue
+        if isinstance(req, dict) and isinstance(req.get("batch"), list):
+            serve_batch(req["batch"])
             continue
         rid = req.get("id", "")
         fault = faults.next(name)

@@ -103,6 +103,11 @@ type Options struct {
 	TraceTimeColumn string  `json:"trace_time_column,omitempty"`
 	TraceSizeColumn string  `json:"trace_size_column,omitempty"`
 	TraceTasks      int     `json:"trace_tasks,omitempty"`
+	// Deadlines, when its second figure is > 0, gives every task a
+	// deadline_ms drawn uniformly in [Deadlines[0], Deadlines[1]] (default
+	// none: the dispatcher's default deadline); failed counts the tasks
+	// that missed theirs.
+	Deadlines [2]int `json:"deadlines_ms,omitempty"`
 	// Dispatchers is how many dispatcher replicas mlsched runs (default 1).
 	Dispatchers int `json:"dispatchers,omitempty"`
 	// Progress receives one line per step (default: discarded).
@@ -198,6 +203,9 @@ type Report struct {
 	// RiverRatio is mlsched's throughput over River's on Postgres, in
 	// the same run (issue 24: at least 1 in durable mode).
 	RiverRatio float64 `json:"river_throughput_ratio,omitempty"`
+	// BatchRatio is digits-batch's throughput over digits', in this run:
+	// what dynamic batching buys on a model with a fixed cost per call.
+	BatchRatio float64 `json:"batch_throughput_ratio,omitempty"`
 	// AuthCost compares relay-auth and mlsched-auth with relay and mlsched
 	// (when both of a pair ran): what authorization costs.
 	AuthCost []AuthCost `json:"auth_cost,omitempty"`
@@ -292,9 +300,11 @@ type Profile struct {
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o = o.withDefaults()
 	for _, s := range o.Scenarios {
-		if !slices.Contains([]string{ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver}, s) {
-			return nil, fmt.Errorf("%w %q (want %s, %s, %s, %s, %s or %s)", ErrUnknownScenario, s,
-				ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver)
+		if !slices.Contains([]string{ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver,
+			ScenarioDigits, ScenarioDigitsBatch}, s) {
+			return nil, fmt.Errorf("%w %q (want %s, %s, %s, %s, %s, %s, %s or %s)", ErrUnknownScenario, s,
+				ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver,
+				ScenarioDigits, ScenarioDigitsBatch)
 		}
 		if base, _ := authScenario(s); base == ScenarioRelay && len(o.RelayCommand) == 0 {
 			return nil, errors.New("bench: the relay scenario needs Options.RelayCommand")
@@ -364,6 +374,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	relay, mls := rep.Scenario(ScenarioRelay), rep.Scenario(ScenarioMlsched)
 	if rv := rep.Scenario(ScenarioRiver); rv != nil && mls != nil && rv.Throughput.Throughput > 0 {
 		rep.RiverRatio = mls.Throughput.Throughput / rv.Throughput.Throughput
+	}
+	if d, db := rep.Scenario(ScenarioDigits), rep.Scenario(ScenarioDigitsBatch); d != nil && db != nil && d.Throughput.Throughput > 0 {
+		rep.BatchRatio = db.Throughput.Throughput / d.Throughput.Throughput
 	}
 	if relay != nil && mls != nil {
 		if relay.Throughput.Throughput > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,9 @@ type publisher struct {
 	// (a trace replay), instead of a fixed rate; sizes their sizes.
 	at    []time.Duration
 	sizes []float64
+	// deadlineLo and deadlineHi, when hi > 0, give each task a deadline_ms
+	// drawn in that range (Options.Deadlines).
+	deadlineLo, deadlineHi int
 }
 
 // groupCommit makes p publish through a group commit on nc when the task
@@ -65,6 +69,14 @@ func newPublisher(js jetstream.JetStream, payloadBytes int) *publisher {
 }
 
 func (p *publisher) body(id string) []byte {
+	if p.deadlineHi > 0 {
+		// uniform in [lo, hi] ms, drawn from the id: the same task has the
+		// same deadline in every scenario of a run
+		h := fnv.New64a()
+		h.Write([]byte(id))
+		ms := p.deadlineLo + int(h.Sum64()%uint64(p.deadlineHi-p.deadlineLo+1))
+		return []byte(`{"id":"` + id + `","type":"` + taskType + `","deadline_ms":` + strconv.Itoa(ms) + `,"payload":` + p.payload + `}`)
+	}
 	return []byte(`{"id":"` + id + `","type":"` + taskType + `","payload":` + p.payload + `}`)
 }
 

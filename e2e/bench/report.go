@@ -98,6 +98,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if r.BatchRatio > 0 {
+		d, db := r.Scenario(ScenarioDigits), r.Scenario(ScenarioDigitsBatch)
+		fmt.Fprintf(w, "%s over %s (batch %s) in this run: throughput %.2fx (%.0f vs %.0f tasks/s); at %.0f/s p50 %.2f vs %.2f ms, p99 %.2f vs %.2f ms\n",
+			ScenarioDigitsBatch, ScenarioDigits, digitsBatch, r.BatchRatio, db.Throughput.Throughput, d.Throughput.Throughput,
+			db.Latency.OfferedRate, db.Latency.Latency.P50, d.Latency.Latency.P50, db.Latency.Latency.P99, d.Latency.Latency.P99)
+	}
 	if r.RiverRatio > 0 {
 		fmt.Fprintf(w, "%s over %s (River on Postgres, fsync on) in this run: throughput %.2fx\n", ScenarioMlsched, ScenarioRiver, r.RiverRatio)
 	}

@@ -128,7 +128,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 	case ScenarioRelay:
 		res.PublishesPerTask = 2
 		err = r.startRelay(ctx)
-	case ScenarioMlsched, ScenarioObserved:
+	case ScenarioMlsched, ScenarioObserved, ScenarioDigits, ScenarioDigitsBatch:
 		// task, dispatch, result: a success is reported to a dispatcher, not
 		// stored; the dispatch is in memory (MLSCHED_ATTEMPT_STORAGE), so
 		// two of them are fsync'd
@@ -154,6 +154,12 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 	}
 
 	pub := newPublisher(r.pubJS, o.Payload)
+	pub.deadlineLo, pub.deadlineHi = o.Deadlines[0], o.Deadlines[1]
+	if isDigits(name) {
+		if pub.payload, err = digitsPayload(); err != nil {
+			return res, nil, err
+		}
+	}
 	if o.groupCommit() { // the producer follows the dispatcher
 		stop, err := pub.groupCommit(ctx, r.pubNC)
 		if err != nil {
@@ -423,7 +429,12 @@ func (r *run) startMlsched(ctx context.Context) error {
 		return err
 	}
 	r.cpu = append(r.cpu, procGroup{"redis-server", []int{redis.Pid()}})
-	models, err := r.modelsFile()
+	var models string
+	if isDigits(r.name) {
+		models, err = r.digitsModels(ctx)
+	} else {
+		models, err = r.modelsFile()
+	}
 	if err != nil {
 		return err
 	}

@@ -144,6 +144,11 @@ type ModelInfo struct {
 	// 0: the model declares no cost.
 	CostPerTask float64 `json:"cost_per_task,omitempty"`
 	CostPerUnit float64 `json:"cost_per_unit,omitempty"`
+	// BatchMaxSize is the most attempts of this model the node runs in one
+	// call (dynamic batching; 0: one per call). Each of the model's slots
+	// there then holds up to this many attempts: the dispatcher's load
+	// model counts them, so that it keeps the batches filled.
+	BatchMaxSize int `json:"batch_max_size,omitempty"`
 }
 
 // Cost is what one attempt of the model costs for a task of the given size.
@@ -224,6 +229,9 @@ type DeadLetter struct {
 const (
 	MaxCapacity = 1 << 16
 	MaxQueued   = 1 << 24
+	// MaxBatchSize bounds a model's announced batch size (the models
+	// file's own bound is lower).
+	MaxBatchSize = 1 << 16
 )
 
 // Clamp brings absurd load figures (negative, or above MaxCapacity or
@@ -246,6 +254,7 @@ func (h *Heartbeat) Clamp() []string {
 		m := &h.Models[i]
 		fix("model "+m.Name+" max_concurrency", &m.MaxConcurrency, 0, MaxCapacity)
 		fix("model "+m.Name+" in_flight", &m.InFlight, 0, MaxQueued)
+		fix("model "+m.Name+" batch_max_size", &m.BatchMaxSize, 0, MaxBatchSize)
 	}
 	return out
 }

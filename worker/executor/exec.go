@@ -91,6 +91,9 @@ type execProc struct {
 	dead bool
 	// ready is closed when the process prints its ready line.
 	ready chan struct{}
+	// batch: its ready line declared {"batch": true}, so a batch of tasks
+	// goes to it as one {"batch": [...]} line (set before ready closes).
+	batch bool
 }
 
 func newExec(s model.Spec, log zerolog.Logger, changed func()) *Exec {
@@ -258,9 +261,11 @@ func (p *execProc) read(out io.Reader, maxLine int, log zerolog.Logger) {
 		case !ready && len(bytes.TrimSpace(line)) > 0:
 			var hello struct {
 				Ready bool `json:"ready"`
+				Batch bool `json:"batch"`
 			}
 			if json.Unmarshal(line, &hello) == nil && hello.Ready {
 				ready = true
+				p.batch = hello.Batch
 				close(p.ready)
 			} else {
 				log.Info().Str("stdout", snippet(line)).Msg("model process output before its ready line")
@@ -423,6 +428,88 @@ func (e *Exec) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 		p.mu.Unlock()
 		return nil, ctx.Err()
 	}
+}
+
+// RunBatch sends the tasks to a process that declared batches as one line,
+// {"batch": [request, ...]}, each request as Run's with its own id, and
+// waits for every answer (one line per request, as for single requests).
+// A process that did not declare batches gets one request per task.
+func (e *Exec) RunBatch(ctx context.Context, ts []Task) ([]Result, error) {
+	e.mu.Lock()
+	p, closed := e.proc, e.closed
+	e.mu.Unlock()
+	if closed {
+		return nil, errors.New("model executor is closed")
+	}
+	if p == nil {
+		return nil, e.Ready(ctx)
+	}
+	if !p.batch {
+		return runEach(ctx, ts, e.Run), nil
+	}
+	rs := make([]Result, len(ts))
+	reqs := make([]json.RawMessage, 0, len(ts))
+	ids := make([]string, len(ts))
+	chans := make([]chan execResult, len(ts))
+	for i, t := range ts {
+		id := strconv.FormatUint(e.seq.Add(1), 10)
+		line, err := json.Marshal(execRequest{ID: id, TaskID: t.ID, Type: t.Type, Model: t.Model, Attempt: t.Attempt, Payload: t.Payload})
+		if err != nil { // this task alone: its payload is not JSON
+			rs[i].Err = &TaskError{Msg: "payload is not valid JSON", Err: err}
+			continue
+		}
+		ids[i], chans[i] = id, make(chan execResult, 1)
+		reqs = append(reqs, line)
+	}
+	if len(reqs) == 0 {
+		return rs, nil
+	}
+	line, err := json.Marshal(struct {
+		Batch []json.RawMessage `json:"batch"`
+	}{reqs})
+	if err != nil {
+		return nil, fmt.Errorf("encode batch: %w", err)
+	}
+	forget := func() {
+		p.mu.Lock()
+		for _, id := range ids {
+			if id != "" {
+				delete(p.pend, id)
+			}
+		}
+		p.mu.Unlock()
+	}
+	p.mu.Lock()
+	if p.dead {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("%w: restarting", ErrProcessExited)
+	}
+	for i, id := range ids {
+		if id != "" {
+			p.pend[id] = chans[i]
+		}
+	}
+	p.mu.Unlock()
+	p.wmu.Lock()
+	_, err = p.in.Write(append(line, '\n'))
+	p.wmu.Unlock()
+	if err != nil {
+		forget()
+		return nil, fmt.Errorf("%w: write request: %v", ErrProcessExited, err)
+	}
+	for i, ch := range chans {
+		if ch == nil {
+			continue
+		}
+		select {
+		case r := <-ch:
+			rs[i] = Result{Output: r.out, Err: r.err}
+		case <-ctx.Done():
+			forget()
+			return nil, ctx.Err()
+		}
+	}
+	return rs, nil
 }
 
 // Close stops the process: stdin is closed so it can exit by itself, and it

@@ -98,6 +98,10 @@ func IsTaskError(err error) bool {
 type Options struct {
 	// Handlers are the registered Go handlers by name.
 	Handlers map[string]Handler
+	// BatchHandlers are the batch variants of Go handlers, by the same
+	// names: a batching go model whose handler has one runs its batches on
+	// it (without one, each task of a batch runs on the handler).
+	BatchHandlers map[string]BatchHandler
 	// Seed seeds sim executors; 0 means a time-based seed.
 	Seed int64
 	// Log receives executor diagnostics (e.g. a subprocess's stderr).
@@ -127,7 +131,7 @@ func New(s model.Spec, o Options) (Executor, error) {
 		if s.Go.Handler == "digits" {
 			go func() { _, _ = digits.Default() }() // train now, not on the first task
 		}
-		return goExecutor{h: h}, nil
+		return goExecutor{h: h, bh: o.BatchHandlers[s.Go.Handler]}, nil
 	case model.ExecutorExec:
 		return newExec(s, o.Log, o.ReadinessChanged), nil
 	case model.ExecutorHTTP:
@@ -141,6 +145,15 @@ func New(s model.Spec, o Options) (Executor, error) {
 	default:
 		return nil, fmt.Errorf("model %q: executor: unknown %q", s.Name, s.Executor)
 	}
+}
+
+// BatchBuiltins are the batch variants of the built-in handlers.
+func BatchBuiltins() map[string]BatchHandler {
+	out := map[string]BatchHandler{}
+	for name, h := range Builtins() {
+		out[name] = BatchOf(h)
+	}
+	return out
 }
 
 // Builtins are the Go handlers every worker has: echo returns the payload,
@@ -189,7 +202,10 @@ func rawOrString(b []byte) json.RawMessage {
 	return s
 }
 
-type goExecutor struct{ h Handler }
+type goExecutor struct {
+	h  Handler
+	bh BatchHandler // nil: none registered
+}
 
 func (g goExecutor) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 	out, err := g.h(ctx, t)

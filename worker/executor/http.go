@@ -158,32 +158,8 @@ func (h *HTTP) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 			return nil, err
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	resp, data, err := h.post(ctx, body, t.ID, t.Traceparent)
 	if err != nil {
-		return nil, fmt.Errorf("model server request: %w", err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("Mlsched-Task-Id", t.ID)
-	if t.Traceparent != "" {
-		req.Header["Traceparent"] = []string{t.Traceparent}
-	}
-	for k, v := range h.headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := h.client.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("model server unreachable: %w", err)
-	}
-	defer resp.Body.Close()
-	data, err := h.readBody(ctx, resp)
-	if err != nil {
-		return nil, err
-	}
-	if err := h.classify(resp, data); err != nil {
 		return nil, err
 	}
 	if h.mode == model.HTTPOIP {
@@ -194,6 +170,41 @@ func (h *HTTP) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 		return out, nil
 	}
 	return passthroughOutput(resp, data)
+}
+
+// post sends one request and returns the response and its body once the
+// answer is a success; otherwise the classified error (StatusError,
+// CooldownError, unreachable, ctx's).
+func (h *HTTP) post(ctx context.Context, body []byte, taskID, traceparent string) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		return nil, nil, fmt.Errorf("model server request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Mlsched-Task-Id", taskID)
+	if traceparent != "" {
+		req.Header["Traceparent"] = []string{traceparent}
+	}
+	for k, v := range h.headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, fmt.Errorf("model server unreachable: %w", err)
+	}
+	defer resp.Body.Close()
+	data, err := h.readBody(ctx, resp)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := h.classify(resp, data); err != nil {
+		return nil, nil, err
+	}
+	return resp, data, nil
 }
 
 // readBody reads at most maxResp bytes; a longer body is a model error.

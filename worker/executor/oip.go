@@ -29,6 +29,27 @@ type oipTensor struct {
 // as is. Otherwise the model's input mapping turns the payload's fields into
 // tensors. Anything else is a task error: the input does not fit the model.
 func oipRequest(t Task, inputs []model.TensorSpec) ([]byte, error) {
+	tensors, err := oipInputs(t, inputs)
+	if err != nil {
+		return nil, err
+	}
+	if tensors == nil {
+		return t.Payload, nil
+	}
+	req := struct {
+		ID     string      `json:"id,omitempty"`
+		Inputs []oipTensor `json:"inputs"`
+	}{ID: t.ID, Inputs: tensors}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, &TaskError{Msg: "payload cannot be encoded as an inference request", Err: err}
+	}
+	return b, nil
+}
+
+// oipInputs maps a task's payload onto the model's input tensors; nil
+// tensors and no error when the payload is an inference request itself.
+func oipInputs(t Task, inputs []model.TensorSpec) ([]oipTensor, error) {
 	var probe struct {
 		Inputs []map[string]json.RawMessage `json:"inputs"`
 	}
@@ -40,7 +61,7 @@ func oipRequest(t Task, inputs []model.TensorSpec) ([]byte, error) {
 				}
 			}
 		}
-		return t.Payload, nil
+		return nil, nil
 	}
 	if len(inputs) == 0 {
 		return nil, &TaskError{Msg: `payload is not an inference request (an object with "inputs": [{name, shape, datatype, data}]) and the model maps no input tensors (http.inputs)`}
@@ -60,10 +81,7 @@ func oipRequest(t Task, inputs []model.TensorSpec) ([]byte, error) {
 		}
 		return nil, &TaskError{Msg: "payload does not fit the model's inputs: want " + want}
 	}
-	req := struct {
-		ID     string      `json:"id,omitempty"`
-		Inputs []oipTensor `json:"inputs"`
-	}{ID: t.ID}
+	var tensors []oipTensor
 	for _, in := range inputs {
 		field := in.Field
 		if field == "" {
@@ -80,13 +98,9 @@ func oipRequest(t Task, inputs []model.TensorSpec) ([]byte, error) {
 		if err != nil {
 			return nil, &TaskError{Msg: fmt.Sprintf("payload field %q (input tensor %q): %v", field, in.Name, err)}
 		}
-		req.Inputs = append(req.Inputs, tensor)
+		tensors = append(tensors, tensor)
 	}
-	b, err := json.Marshal(req)
-	if err != nil {
-		return nil, &TaskError{Msg: "payload cannot be encoded as an inference request", Err: err}
-	}
-	return b, nil
+	return tensors, nil
 }
 
 func fieldList(inputs []model.TensorSpec) string {
@@ -213,6 +227,22 @@ func jsonKind(e any) string {
 // arrays by its shape; a leading batch dimension of 1 is dropped, so a
 // single prediction of shape [1] is a plain value.
 func decodeOIPResponse(data []byte) (json.RawMessage, error) {
+	outs, err := parseOIPOutputs(data)
+	if err != nil {
+		return nil, err
+	}
+	return encodeOIPOutputs(outs)
+}
+
+// oipOutput is a checked output tensor of a response: its data flat.
+type oipOutput struct {
+	name  string
+	shape []int64
+	flat  []any
+}
+
+// parseOIPOutputs reads and checks a response's outputs.
+func parseOIPOutputs(data []byte) ([]oipOutput, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	var r struct {
@@ -232,14 +262,16 @@ func decodeOIPResponse(data []byte) (json.RawMessage, error) {
 	if len(*r.Outputs) == 0 {
 		return nil, errors.New(`"outputs" is empty`)
 	}
-	out := make(map[string]any, len(*r.Outputs))
+	seen := make(map[string]bool, len(*r.Outputs))
+	outs := make([]oipOutput, 0, len(*r.Outputs))
 	for i, o := range *r.Outputs {
 		if o.Name == "" {
 			return nil, fmt.Errorf("outputs[%d] has no name", i)
 		}
-		if _, dup := out[o.Name]; dup {
+		if seen[o.Name] {
 			return nil, fmt.Errorf("outputs[%d]: duplicate name %q", i, o.Name)
 		}
+		seen[o.Name] = true
 		if o.Datatype != "" && !slices.Contains(model.Datatypes, o.Datatype) {
 			return nil, fmt.Errorf("outputs[%d] (%s): unknown datatype %q", i, o.Name, o.Datatype)
 		}
@@ -258,12 +290,21 @@ func decodeOIPResponse(data []byte) (json.RawMessage, error) {
 		if int64(len(flat)) != want {
 			return nil, fmt.Errorf("outputs[%d] (%s): %d elements, shape %v wants %d", i, o.Name, len(flat), o.Shape, want)
 		}
-		shape := o.Shape
+		outs = append(outs, oipOutput{name: o.Name, shape: o.Shape, flat: flat})
+	}
+	return outs, nil
+}
+
+// encodeOIPOutputs is the result's output of checked tensors.
+func encodeOIPOutputs(outs []oipOutput) (json.RawMessage, error) {
+	out := make(map[string]any, len(outs))
+	for _, o := range outs {
+		shape := o.shape
 		if len(shape) > 0 && shape[0] == 1 {
 			shape = shape[1:]
 		}
-		v, _ := reshape(flat, shape)
-		out[o.Name] = v
+		v, _ := reshape(o.flat, shape)
+		out[o.name] = v
 	}
 	return json.Marshal(out)
 }

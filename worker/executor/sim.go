@@ -129,6 +129,7 @@ func (s *Sim) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 	if per := s.spec.LatencyPerUnit.D(); per > 0 && t.Size > 0 {
 		d.Latency += time.Duration(min(float64(per)*t.Size, float64(time.Hour)))
 	}
+	d.Latency += s.spec.LatencyPerItem.D()
 	if d.Kind == KindHang {
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -154,6 +155,57 @@ func (s *Sim) Run(ctx context.Context, t Task) (json.RawMessage, error) {
 		Echo      json.RawMessage `json:"echo,omitempty"`
 	}{s.name, float64(d.Latency) / float64(time.Millisecond), t.Payload}
 	return json.Marshal(out)
+}
+
+// RunBatch runs the tasks in one simulated call: it takes the first
+// task's drawn latency (the call's fixed cost) plus latency_per_item for
+// each task and latency_per_unit for each unit of their sizes; it hangs
+// when any task draws a hang; every other draw (success, model error, bad
+// input) is each task's own.
+func (s *Sim) RunBatch(ctx context.Context, ts []Task) ([]Result, error) {
+	draws := make([]Draw, len(ts))
+	lat := time.Duration(0)
+	hang := false
+	var units float64
+	for i, t := range ts {
+		draws[i] = s.Draw()
+		hang = hang || draws[i].Kind == KindHang
+		units += max(t.Size, 0)
+	}
+	lat = draws[0].Latency + time.Duration(len(ts))*s.spec.LatencyPerItem.D()
+	if per := s.spec.LatencyPerUnit.D(); per > 0 && units > 0 {
+		lat += time.Duration(min(float64(per)*units, float64(time.Hour)))
+	}
+	if hang {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	if lat > 0 {
+		tm := time.NewTimer(lat)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	rs := make([]Result, len(ts))
+	for i, t := range ts {
+		switch draws[i].Kind {
+		case KindModelError:
+			rs[i].Err = ErrSimFailure
+		case KindTaskError:
+			rs[i].Err = &TaskError{Msg: "simulated bad input"}
+		default:
+			rs[i].Output, rs[i].Err = json.Marshal(struct {
+				Model     string          `json:"model"`
+				LatencyMs float64         `json:"sim_latency_ms"`
+				Batch     int             `json:"batch"`
+				Echo      json.RawMessage `json:"echo,omitempty"`
+			}{s.name, float64(lat) / float64(time.Millisecond), len(ts), t.Payload})
+		}
+	}
+	return rs, nil
 }
 
 // Close does nothing.

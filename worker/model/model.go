@@ -85,10 +85,13 @@ type Spec struct {
 	// the dispatcher's cost policy buys the cheapest model that clears
 	// the success bar (docs/policies.md, docs/models.md).
 	Cost *CostSpec `yaml:"cost,omitempty"`
-	Go   *GoSpec   `yaml:"go,omitempty"`
-	Exec *ExecSpec `yaml:"exec,omitempty"`
-	HTTP *HTTPSpec `yaml:"http,omitempty"`
-	Sim  *SimSpec  `yaml:"sim,omitempty"`
+	// Batch makes the node run the model on many waiting tasks in one call
+	// (default none: one task per call, as before). See BatchSpec.
+	Batch *BatchSpec `yaml:"batch,omitempty"`
+	Go    *GoSpec    `yaml:"go,omitempty"`
+	Exec  *ExecSpec  `yaml:"exec,omitempty"`
+	HTTP  *HTTPSpec  `yaml:"http,omitempty"`
+	Sim   *SimSpec   `yaml:"sim,omitempty"`
 }
 
 // CostSpec is a model's price in the operator's own unit (cents,
@@ -115,6 +118,64 @@ func (c *CostSpec) validate() error {
 		}
 	}
 	return nil
+}
+
+// BatchSpec is a model's dynamic batching: the node gathers the
+// dispatches waiting for the model and runs up to MaxSize of them in one
+// call, once the batch is full or the oldest has waited MaxDelay, or
+// sooner when a task's deadline cannot wait (docs/models.md, "Batching").
+// A model server with a fixed cost per call (a GPU kernel launch, a Python
+// request) then pays it once per batch instead of once per task.
+type BatchSpec struct {
+	// MaxSize is the most tasks in one call (default DefaultBatchMaxSize,
+	// at most MaxBatchSize).
+	MaxSize int `yaml:"max_size,omitempty"`
+	// MaxDelay is the longest a task waits for its batch to fill (default
+	// DefaultBatchMaxDelay, at most MaxBatchDelay; 0: never wait, a batch is
+	// what is waiting when a slot is free).
+	MaxDelay *Duration `yaml:"max_delay,omitempty"`
+}
+
+// Batching defaults and bounds.
+const (
+	DefaultBatchMaxSize  = 32
+	MaxBatchSize         = 4096
+	DefaultBatchMaxDelay = 5 * time.Millisecond
+	MaxBatchDelay        = 10 * time.Second
+)
+
+func (b *BatchSpec) validate() error {
+	if b == nil {
+		return nil
+	}
+	if b.MaxSize < 0 || b.MaxSize > MaxBatchSize {
+		return fmt.Errorf("batch.max_size: %d must be 1..%d tasks (omit it for %d)", b.MaxSize, MaxBatchSize, DefaultBatchMaxSize)
+	}
+	if b.MaxDelay != nil && b.MaxDelay.D() > MaxBatchDelay {
+		return fmt.Errorf("batch.max_delay: %v is over %v (a task would wait that long for company)", b.MaxDelay.D(), MaxBatchDelay)
+	}
+	return nil
+}
+
+// BatchSize is the most tasks the model runs in one call: 0 when it does
+// not batch.
+func (s Spec) BatchSize() int {
+	switch {
+	case s.Batch == nil:
+		return 0
+	case s.Batch.MaxSize == 0:
+		return DefaultBatchMaxSize
+	}
+	return s.Batch.MaxSize
+}
+
+// BatchDelay is the longest a task of a batching model waits for its
+// batch to fill.
+func (s Spec) BatchDelay() time.Duration {
+	if s.Batch == nil || s.Batch.MaxDelay == nil {
+		return DefaultBatchMaxDelay
+	}
+	return s.Batch.MaxDelay.D()
 }
 
 // GoSpec selects an in-process handler registered with the worker SDK.
@@ -212,6 +273,10 @@ type SimSpec struct {
 	TimeoutRate float64 `yaml:"timeout_rate,omitempty"`
 	// TaskErrorRate is the probability of a task (bad input) error (default 0).
 	TaskErrorRate float64 `yaml:"task_error_rate,omitempty"`
+	// LatencyPerItem is added to a call's latency for each task in it
+	// (default 0): with batching, a call of n tasks takes its drawn latency
+	// (the fixed cost of a call) plus n x LatencyPerItem.
+	LatencyPerItem Duration `yaml:"latency_per_item,omitempty"`
 	// Schedule changes the behaviour over time, relative to the executor's
 	// start; each step overrides the fields it sets. Sorted by After.
 	Schedule []SimStep `yaml:"schedule,omitempty"`
@@ -378,6 +443,9 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("max_concurrency: %d must be a positive number of tasks (omit it for no limit of its own)", *s.MaxConcurrency)
 	}
 	if err := s.Cost.validate(); err != nil {
+		return err
+	}
+	if err := s.Batch.validate(); err != nil {
 		return err
 	}
 	for _, t := range s.Types {
@@ -595,7 +663,7 @@ func (s Spec) Info(defTimeout time.Duration) protocol.ModelInfo {
 		t = defTimeout
 	}
 	info := protocol.ModelInfo{Name: s.ID(), Types: append([]string(nil), s.Types...), TimeoutMs: t.Milliseconds(),
-		MaxConcurrency: s.Limit(), Version: s.Version, Replaces: s.Replaces}
+		MaxConcurrency: s.Limit(), Version: s.Version, Replaces: s.Replaces, BatchMaxSize: s.BatchSize()}
 	if s.Cost != nil {
 		info.CostPerTask, info.CostPerUnit = s.Cost.PerTask, s.Cost.PerUnit
 	}

@@ -94,6 +94,11 @@ func TestValidationErrorsNameModelAndField(t *testing.T) {
 		{"lognormal no median", "models: [{name: a, types: [t], executor: sim, sim: {latency: {dist: lognormal, sigma: 1}}}]", `sim.latency.median`},
 		{"schedule order", "models: [{name: a, types: [t], executor: sim, sim: {schedule: [{after: 2s}, {after: 1s}]}}]", `sim.schedule[1].after`},
 		{"zero max_concurrency", "models: [{name: a, types: [t], executor: sim}, {name: big, types: [t], executor: sim, max_concurrency: 0}]", `model "big": max_concurrency: 0 must be a positive`},
+		{"negative batch size", "models: [{name: b, types: [t], executor: sim, batch: {max_size: -1}}]", `model "b": batch.max_size: -1 must be 1..4096`},
+		{"batch too big", "models: [{name: b, types: [t], executor: sim, batch: {max_size: 5000}}]", `model "b": batch.max_size: 5000 must be 1..4096`},
+		{"batch delay too long", "models: [{name: b, types: [t], executor: sim, batch: {max_delay: 11s}}]", `model "b": batch.max_delay: 11s is over 10s`},
+		{"negative batch delay", "models: [{name: b, types: [t], executor: sim, batch: {max_delay: -1ms}}]", `is negative`},
+		{"batch unknown field", "models: [{name: b, types: [t], executor: sim, batch: {size: 4}}]", `field size not found`},
 		{"negative max_concurrency", "models: [{name: big, types: [t], executor: sim, max_concurrency: -2}]", `model "big": max_concurrency: -2`},
 		{"negative cost", "models: [{name: a, types: [t], executor: sim}, {name: cheap, types: [t], executor: sim, cost: {per_task: -1}}]", `model "cheap": cost.per_task: -1 must be a number in 0..`},
 		{"huge unit cost", "models: [{name: big, types: [t], executor: sim, cost: {per_unit: 2e9}}]", `model "big": cost.per_unit: 2e+09`},
@@ -214,5 +219,25 @@ func TestExampleDeclaresCost(t *testing.T) {
 	}
 	if c := specs[3].Cost; c == nil || c.PerTask != 0.2 || c.PerUnit != 0.001 {
 		t.Errorf("remote's cost %+v, want 0.2 per task, 0.001 per unit", c)
+	}
+}
+
+// A batch section takes its defaults for what it omits; a model without
+// one does not batch; the size is announced.
+func TestBatchDefaultsAndAnnounced(t *testing.T) {
+	specs, err := Parse([]byte("models: [{name: a, types: [t], executor: sim, batch: {}}, {name: b, types: [t], executor: sim, batch: {max_size: 8, max_delay: 0s}}, {name: c, types: [t], executor: sim}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		size  int
+		delay time.Duration
+	}{{DefaultBatchMaxSize, DefaultBatchMaxDelay}, {8, 0}, {0, DefaultBatchMaxDelay}} {
+		if specs[i].BatchSize() != want.size || specs[i].BatchDelay() != want.delay {
+			t.Errorf("%s: batch %d, %v; want %d, %v", specs[i].Name, specs[i].BatchSize(), specs[i].BatchDelay(), want.size, want.delay)
+		}
+		if got := specs[i].Info(time.Second).BatchMaxSize; got != want.size {
+			t.Errorf("%s announces batch_max_size %d, want %d", specs[i].Name, got, want.size)
+		}
 	}
 }

@@ -14,6 +14,10 @@ import (
 //
 // Per node it knows
 //   - the slots: the node's capacity, and a model's own MaxConcurrency there;
+//     a batching model (ModelInfo.BatchMaxSize b) runs up to b attempts per
+//     slot in one call, so its slots there count b times: its throughput
+//     on the node is its batch throughput, and the queue it may be sent
+//     fills its batches instead of holding it to one attempt per slot;
 //   - the work sent and not finished: the larger of the heartbeat's running
 //     plus queued and the snapshot's in-flight (every replica's dispatches
 //     when the statistics are shared), plus this process's dispatches minus
@@ -115,7 +119,7 @@ var free = Queue{Fit: 1, InTime: 1}
 // hasSlot reports whether a new attempt on p starts at once.
 func (p *pairState) hasSlot() bool {
 	n := p.node
-	return n.inFlight+n.local.Load() < int64(n.capacity) && (p.limit == 0 || p.sent+p.local.Load() < int64(p.limit))
+	return n.inFlight+n.local.Load() < int64(n.capacity)*p.batch && (p.limit == 0 || p.sent+p.local.Load() < int64(p.limit)*p.batch)
 }
 
 // wait is the expected wait before a new attempt on p starts, and its
@@ -125,7 +129,7 @@ func (p *pairState) hasSlot() bool {
 // arrival order on the node: it gets no such credit.
 func (p *pairState) wait(first bool) (w, v float64) {
 	n := p.node
-	c := float64(n.capacity)
+	c := float64(n.capacity) * float64(p.batch)
 	o := float64(n.outstanding())
 	if first && p.limit == 0 && n.prefetch > 0 && o < c+float64(n.prefetch) {
 		o = min(o, c)
@@ -135,7 +139,7 @@ func (p *pairState) wait(first bool) (w, v float64) {
 		w, v = ahead*s, ahead*s*s
 	}
 	if p.limit > 0 {
-		m := float64(p.limit)
+		m := float64(p.limit) * float64(p.batch)
 		if ahead := float64(p.outstanding()) + 1 - m; ahead > 0 {
 			s := p.serviceUs / m
 			if ahead*s > w {
@@ -197,13 +201,13 @@ func (p *pairState) saturated(b budget) bool {
 // by how busy the node is, so that idle nodes are preferred.
 func (p *pairState) cost() float64 {
 	n := p.node
-	o, c := float64(n.outstanding())+1, float64(n.capacity)
+	o, c := float64(n.outstanding())+1, float64(n.capacity)*float64(p.batch)
 	t := p.serviceUs * o / c
 	if o > c {
 		t = (o-c)*n.serviceUs/c + p.serviceUs
 	}
 	if p.limit > 0 {
-		if po, m := float64(p.outstanding())+1, float64(p.limit); po > m {
+		if po, m := float64(p.outstanding())+1, float64(p.limit)*float64(p.batch); po > m {
 			t = max(t, (po-m)*p.serviceUs/m+p.serviceUs)
 		}
 	}

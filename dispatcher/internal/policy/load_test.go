@@ -155,3 +155,39 @@ func TestLoadModelAheadOnOrderingNode(t *testing.T) {
 		}
 	}
 }
+
+// A batching model's slots on a node hold a batch each: "best" on node a
+// with 2 slots and batch 32 has room for 64 attempts before it queues,
+// where the same model without batching spills to "next" after 2 and a
+// short queue.
+func TestLoadModelBatching(t *testing.T) {
+	t.Parallel()
+	e := engine(t, Config{ExploreShare: -1})
+	snap := snapshot(map[string]stats.Series{
+		"best": series(990, 10, 100*time.Millisecond, 100*time.Millisecond),
+		"next": series(970, 30, 100*time.Millisecond, 100*time.Millisecond),
+	})
+	for _, batch := range []int{0, 32} {
+		a := hb("a", "t", 2, "best")
+		a.Models[0].BatchMaxSize = batch
+		tab := NewTable(snap, []protocol.Heartbeat{a, hb("b", "t", 64, "next")}, t0)
+		got := map[string]int{}
+		for range 64 {
+			d, err := e.Decide(tab, &Request{Type: "t", Timeout: time.Second, Deadline: 11 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tab.Dispatched(d.Model, d.Node)
+			got[d.Model]++
+		}
+		switch {
+		case batch == 0 && got["best"] > 6:
+			t.Errorf("no batching: dispatches %v, want best held to about its 2 slots", got)
+		case batch == 32 && got["best"] < 60:
+			t.Errorf("batch 32: dispatches %v, want best to take nearly all 64 (2 slots x 32)", got)
+		}
+		if want := 2 * max(batch, 1); tab.models["best"].Capacity != want {
+			t.Errorf("batch %d: best's capacity %d, want %d", batch, tab.models["best"].Capacity, want)
+		}
+	}
+}

@@ -131,6 +131,10 @@ type pairState struct {
 	// limit is the model's own concurrency limit on the node
 	// (ModelInfo.MaxConcurrency; 0: only the node's capacity).
 	limit int
+	// batch is how many attempts the model runs in one call on the node
+	// (ModelInfo.BatchMaxSize; 1 when it does not batch): each of its slots
+	// there holds that many attempts (load.go).
+	batch int64
 	// sent is the larger of the snapshot's and the heartbeat's in-flight
 	// count of this (model, node), and local this process's dispatches
 	// minus completions since the table: they matter only under a limit.
@@ -242,12 +246,13 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 			if p == nil {
 				p = newPairState(m, ns, ms(mi.Name))
 				p.limit = min(max(mi.MaxConcurrency, 0), protocol.MaxCapacity)
+				p.batch = int64(min(max(mi.BatchMaxSize, 1), protocol.MaxBatchSize))
 				p.sent = max(p.inFlight, int64(min(max(mi.InFlight, 0), protocol.MaxQueued)))
 				m.pairs = append(m.pairs, p)
 				if p.limit > 0 {
-					m.Capacity += min(p.limit, ns.capacity)
+					m.Capacity += min(p.limit, ns.capacity) * int(p.batch)
 				} else {
-					m.Capacity += ns.capacity
+					m.Capacity += ns.capacity * int(p.batch)
 				}
 			}
 			for _, typ := range mi.Types {
@@ -366,7 +371,7 @@ func newModelState(name string, st *stats.ModelStats, live map[string]*nodeState
 }
 
 func newPairState(m *modelState, n *nodeState, st *stats.ModelStats) *pairState {
-	p := &pairState{node: n, rate: m.Rate}
+	p := &pairState{node: n, rate: m.Rate, batch: 1}
 	if st == nil || st.Nodes == nil {
 		return p
 	}

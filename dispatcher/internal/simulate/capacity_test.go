@@ -114,3 +114,38 @@ func TestOverloadTargets(t *testing.T) {
 		}
 	}
 }
+
+// A model with a fixed cost per call: 100 ms a call, one slot, 20 tasks/s
+// arriving. One task per call serves 10/s and about half fail; batching
+// (up to 8 per call, +2 ms per task) serves them all, since each call
+// carries what waited while the last ran, and the load model, counting the
+// slot 8 times, sends the node enough to fill its batches.
+func TestBatchingModelServesItsBatchThroughput(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []string{"", `, "batch": {"max_size": 8, "per_item": "2ms"}`} {
+		sc, err := ParseScenario([]byte(`{
+		  "arrival": {"rate": 20, "types": {"t": 1}},
+		  "timeout": "500ms", "deadline_slack": "500ms", "max_attempts": 2,
+		  "models": [{"name": "m", "types": ["t"]` + batch + `, "profile": [{"at": "0s", "failure_prob": 0, "latency": {"dist": "fixed", "value": "100ms"}}]}],
+		  "nodes": [{"name": "n", "capacity": 1, "models": ["m"]}]
+		}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newSim(sc, Options{Seed: 1}.withDefaults(sc), policy.Reliability)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.run(context.Background(), 2000); err != nil {
+			t.Fatal(err)
+		}
+		r := summarize(policy.Reliability, s.tasks, sc, s.opt)
+		switch {
+		case batch == "" && (r.FinalSuccess < 0.4 || r.FinalSuccess > 0.6):
+			t.Errorf("one per call: final success %.3f, want about a half", r.FinalSuccess)
+		case batch != "" && r.FinalSuccess < 0.99:
+			t.Errorf("batching: final success %.3f, want all served", r.FinalSuccess)
+		}
+		t.Logf("batch %q: final success %.3f, mean %.1f ms, p95 %.0f ms", batch, r.FinalSuccess, r.MeanLatencyMs, r.P95LatencyMs)
+	}
+}

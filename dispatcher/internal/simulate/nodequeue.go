@@ -109,6 +109,10 @@ func (s *sim) startQueued(n *node) (expired []*attempt) {
 				expired = append(expired, a)
 				continue
 			}
+			if b := s.models[a.model].Batch; b != nil && b.MaxSize > 1 {
+				expired = append(expired, s.startBatch(n, a, b)...)
+				continue
+			}
 			s.start(a)
 		}
 		if len(n.stream) == 0 || n.running+len(n.waiting) >= room {
@@ -145,4 +149,52 @@ func (n *node) crashQueue() []*attempt {
 	clear(n.last)
 	clear(n.meanRun)
 	return lost
+}
+
+// startBatch starts a batching model's call on one slot: a and up to
+// MaxSize-1 more of the model's waiting attempts, best first, skipping
+// (and returning as expired) those too late to start. The call's latency
+// is a's drawn latency plus PerItem per attempt; each attempt keeps its
+// own failure and its own deadline.
+func (s *sim) startBatch(n *node, a *attempt, b *ModelBatch) (expired []*attempt) {
+	call := []*attempt{a}
+	for len(call) < b.MaxSize {
+		best := -1
+		for i, w := range n.waiting {
+			if w.model != a.model {
+				continue
+			}
+			if best < 0 || w.t.priority > n.waiting[best].t.priority ||
+				w.t.priority == n.waiting[best].t.priority && w.tag < n.waiting[best].tag {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		w := n.waiting[best]
+		n.waiting = slices.Delete(n.waiting, best, best+1)
+		v := &n.vtime[w.t.priority-protocol.MinPriority]
+		*v = max(*v, w.tag)
+		if s.now > w.deadline || w.deadline-s.now < n.meanRun[w.model] {
+			expired = append(expired, w)
+			continue
+		}
+		call = append(call, w)
+	}
+	c := &simCall{left: len(call)}
+	lat := time.Duration(0)
+	for i, w := range call {
+		w.call = c
+		drawn := s.prepare(w) // each draws its own failure
+		if i == 0 {
+			lat = drawn + time.Duration(len(call))*b.PerItem.D() // the call's fixed cost, once
+		} else {
+			n.running-- // the call's one slot is a's
+		}
+		w.timeout, w.missed, w.latency = false, false, lat
+		s.limit(w)
+		s.push(s.now+w.latency, evDone, s.eventA(w))
+	}
+	return expired
 }

@@ -264,6 +264,20 @@ type Model struct {
 	// Cost is the model's price (optional, cost.go): reports then give
 	// the cost per successful task, and the cost policies run.
 	Cost *ModelCost `json:"cost,omitempty"`
+	// Batch makes the model batch on its nodes (optional; default one
+	// attempt per call): see ModelBatch.
+	Batch *ModelBatch `json:"batch,omitempty"`
+}
+
+// ModelBatch is a simulated model's dynamic batching (worker/batch.go,
+// with max_delay 0): when a node slot frees for the model, up to MaxSize
+// of its waiting attempts there, in the node's order, run as one call on
+// that slot. A call of n attempts takes the first attempt's drawn latency
+// (the call's fixed cost) plus n x PerItem; each attempt draws its own
+// failure. The node announces batch_max_size, as a worker does.
+type ModelBatch struct {
+	MaxSize int      `json:"max_size"`
+	PerItem Duration `json:"per_item,omitempty"`
 }
 
 // Step is a model's behaviour from At on.
@@ -561,6 +575,14 @@ func (sc *Scenario) validate(open opener) error {
 		}
 		if len(m.Profile) == 0 {
 			return invalid(f+".profile", "model %q has no profile steps", m.Name)
+		}
+		if b := m.Batch; b != nil {
+			if b.MaxSize < 1 || b.MaxSize > 4096 {
+				return invalid(f+".batch.max_size", "%d is outside 1..4096", b.MaxSize)
+			}
+			if b.PerItem < 0 {
+				return invalid(f+".batch.per_item", "%v is negative", b.PerItem.D())
+			}
 		}
 		for j := range m.Profile {
 			s := &m.Profile[j]

@@ -197,7 +197,13 @@ type attempt struct {
 	latency time.Duration
 	// tag orders it on its node while it waits (nodequeue.go)
 	tag uint64
+	// call is the batch it runs in (nil: alone, or a model that does not
+	// batch): its attempts share one slot, freed when the last completes.
+	call *simCall
 }
+
+// simCall is one batch call of a batching model on a node.
+type simCall struct{ left int }
 
 // decider is what a policy run needs from a policy.
 type decider interface {
@@ -585,6 +591,9 @@ func (s *sim) heartbeats() []protocol.Heartbeat {
 				if c := s.models[m].Cost; c != nil {
 					mi.CostPerTask, mi.CostPerUnit = c.PerTask, c.PerUnit
 				}
+				if b := s.models[m].Batch; b != nil {
+					mi.BatchMaxSize = b.MaxSize
+				}
 				hb.Models = append(hb.Models, mi)
 			}
 		}
@@ -728,6 +737,13 @@ func (s *sim) retryHeld(ctx context.Context) error {
 // start runs an attempt on its node: its outcome and latency are drawn from
 // a stream keyed by (seed, task, attempt).
 func (s *sim) start(a *attempt) {
+	s.prepare(a)
+	s.push(s.now+a.latency, evDone, s.eventA(a))
+}
+
+// prepare takes a slot for a, draws its outcome and latency, cuts the
+// latency at its timeout or deadline, and returns the latency drawn.
+func (s *sim) prepare(a *attempt) time.Duration {
 	if a.t.expiry > 0 && s.now > a.t.expiry {
 		s.tasks[a.t.idx].startedLate = true // never: the attempt's deadline is capped at the task's
 	}
@@ -748,20 +764,30 @@ func (s *sim) start(a *attempt) {
 	if st.LatencyPerUnit != nil && *st.LatencyPerUnit > 0 && a.t.size > 0 {
 		a.latency = time.Duration(float64(st.Latency.quantile(uLat)+st.sizePart(a.t.size)) * a.node.spec.Slowdown)
 	}
-	// The worker stops an attempt at its timeout or at the dispatch
-	// deadline, whichever comes first: one that started late in a queue
-	// may miss the deadline.
+	drawn := a.latency
+	s.limit(a)
+	return drawn
+}
+
+// limit cuts a's latency at its timeout or the dispatch deadline,
+// whichever comes first: one that started late in a queue may miss the
+// deadline.
+func (s *sim) limit(a *attempt) {
 	limit := min(s.sc.Timeout.D(), a.deadline-s.now)
 	if a.latency > limit {
 		a.timeout, a.latency = true, limit
 		a.missed = limit < s.sc.Timeout.D()
 	}
-	s.push(s.now+a.latency, evDone, s.eventA(a))
 }
 
 func (s *sim) complete(ctx context.Context, a *attempt) error {
 	nd := a.node
-	nd.running--
+	if a.call != nil {
+		a.call.left--
+	}
+	if a.call == nil || a.call.left == 0 {
+		nd.running-- // a batch's slot is freed by its last attempt
+	}
 	if !a.timeout && !a.fail {
 		nd.observeRun(a.model, a.latency) // before its slot is given on, as the worker's run
 	}

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -49,7 +50,7 @@ func benchMain(args []string) int {
 	fs.BoolVar(&o.Trace, "trace", false, "time every hop with core-NATS observers of the dispatch, outcome and result subjects (adds server load)")
 	dispEnv := fs.String("dispatcher-env", "", "extra dispatcher variables, KEY=VALUE,... (e.g. MLSCHED_MAX_IN_FLIGHT=4096)")
 	workerEnv := fs.String("worker-env", "", "extra worker variables, KEY=VALUE,... (e.g. MLSCHED_LOG_LEVEL=warn)")
-	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order: relay, mlsched, mlsched-observed (mlsched while dashboards and scrapers watch), relay-auth, mlsched-auth (with authorization), river (River on Postgres 15, fsync on, one server only)")
+	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order: relay, mlsched, mlsched-observed (mlsched while dashboards and scrapers watch), digits and digits-batch (the scikit-learn digits model over OIP v2 without and with batching), relay-auth, mlsched-auth (with authorization), river (River on Postgres 15, fsync on, one server only)")
 	auth := fs.Bool("auth", false, "also run relay and mlsched with authorization (nats-server including the auth.conf of `mlsched auth init`, every process on its role's nkey), each right after its open run, and report the cost as ratios")
 	fs.IntVar(&o.Observers, "observers", 8, "mlsched-observed: dashboard event streams held open (half never read) and /metrics scrapers")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", time.Second, "mlsched-observed: each scraper's period")
@@ -64,6 +65,7 @@ func benchMain(args []string) int {
 	fs.StringVar(&o.TraceSizeColumn, "trace-size-column", "ContextTokens", "-trace-file: the column each task's size comes from (empty: none)")
 	fs.IntVar(&o.TraceTasks, "trace-tasks", 0, "-trace-file: replay only the first so many rows (0: all)")
 	fs.IntVar(&o.Dispatchers, "dispatchers", 1, "dispatcher replicas mlsched runs")
+	deadlines := fs.String("deadlines", "", "give every task a deadline_ms drawn uniformly in LO,HI (e.g. 20,2000; empty: the default deadline)")
 	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
 	dir := fs.String("dir", "", "keep the servers' stores and process logs here (empty: a temporary directory, removed)")
 	if err := fs.Parse(args); err != nil {
@@ -71,6 +73,16 @@ func benchMain(args []string) int {
 	}
 	if !*profile {
 		o.ProfilePath = ""
+	}
+	if *deadlines != "" {
+		lo, hi, ok := strings.Cut(*deadlines, ",")
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if !ok || err1 != nil || err2 != nil || a < 1 || b < a {
+			fmt.Fprintf(os.Stderr, "mlsched-bench: -deadlines %q: want LO,HI milliseconds, 1 <= LO <= HI\n", *deadlines)
+			return 2
+		}
+		o.Deadlines = [2]int{a, b}
 	}
 	o.Scenarios = strings.Split(*scenarios, ",")
 	if *auth {

@@ -1,0 +1,198 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/worker/model"
+)
+
+// batchModel is a go model that batches.
+func batchModel(name, handler string, size int, delay time.Duration) ModelSpec {
+	s := goModel(name, handler)
+	d := model.Duration(delay)
+	s.Batch = &model.BatchSpec{MaxSize: size, MaxDelay: &d}
+	return s
+}
+
+// callLog records each batch call's task ids.
+type callLog struct {
+	mu    sync.Mutex
+	calls [][]string
+}
+
+func (c *callLog) add(ts []Task) {
+	ids := make([]string, len(ts))
+	for i, t := range ts {
+		ids[i] = t.ID
+	}
+	c.mu.Lock()
+	c.calls = append(c.calls, ids)
+	c.mu.Unlock()
+}
+
+func (c *callLog) get() [][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.calls)
+}
+
+// upperBatch answers each task with its payload upper-cased, and a task
+// error for the payload "bad" alone.
+func upperBatch(log *callLog) BatchHandler {
+	return func(_ context.Context, ts []Task) ([]Result, error) {
+		log.add(ts)
+		rs := make([]Result, len(ts))
+		for i, t := range ts {
+			var s string
+			if json.Unmarshal(t.Payload, &s) != nil || s == "bad" {
+				rs[i].Err = &TaskError{Msg: "bad input " + string(t.Payload)}
+				continue
+			}
+			rs[i].Output, _ = json.Marshal(strings.ToUpper(s))
+		}
+		return rs, nil
+	}
+}
+
+// Full batches go at once, in one call each (max_delay is far off); each
+// task gets its own outcome, and the one bad input fails alone.
+func TestBatchFullBatchesOneCallEach(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-batch")
+	cfg := h.config()
+	cfg.Concurrency, cfg.Prefetch = 1, 0
+	var log callLog
+	r := h.start(cfg, WithHandler("upper", func(context.Context, Task) (any, error) { return nil, fmt.Errorf("not the batch handler") }),
+		WithBatchHandler("upper", upperBatch(&log)),
+		WithModels([]ModelSpec{batchModel("b", "upper", 4, 10*time.Second)}))
+	// With one slot and no prefetch the node still holds a full batch:
+	// its pull makes room for max_size tasks per slot.
+	const total = 8
+	for i := range total {
+		payload := fmt.Sprintf(`"t%d"`, i)
+		if i == 5 {
+			payload = `"bad"`
+		}
+		h.dispatch(fmt.Sprintf("b%d", i), "b", dispatchOpts{payload: payload})
+	}
+	got := h.collect(total, 20*time.Second)
+	for i := range total {
+		o := got[fmt.Sprintf("b%d", i)]
+		switch {
+		case i == 5:
+			if o.Status != protocol.OutcomeTaskError || !strings.Contains(o.Error, "bad input") {
+				t.Errorf("b5: %s %q, want its own task error", o.Status, o.Error)
+			}
+		case o.Status != protocol.OutcomeSuccess || string(o.Output) != fmt.Sprintf(`"T%d"`, i):
+			t.Errorf("b%d: %s %s %q, want success \"T%d\"", i, o.Status, o.Output, o.Error, i)
+		}
+	}
+	calls := log.get()
+	if len(calls) != 2 || len(calls[0]) != 4 || len(calls[1]) != 4 {
+		t.Fatalf("calls %v, want two full batches of 4", calls)
+	}
+	sizes := histogram(t, r.w, "mlsched_worker_batch_size", "b")
+	if sizes.GetSampleCount() != 2 || sizes.GetSampleSum() != total {
+		t.Errorf("batch size histogram: %d batches, %g tasks; want 2, %d", sizes.GetSampleCount(), sizes.GetSampleSum(), total)
+	}
+	if d := histogram(t, r.w, "mlsched_worker_batch_queue_delay_seconds", "b"); d.GetSampleCount() != total {
+		t.Errorf("batch queue delay histogram: %d tasks, want %d", d.GetSampleCount(), total)
+	}
+	if hb := h.heartbeat(); len(hb.Models) != 1 || hb.Models[0].BatchMaxSize != 4 {
+		t.Errorf("heartbeat models %+v, want b with batch_max_size 4", hb.Models)
+	}
+}
+
+// A task whose deadline cannot wait for max_delay is not held for it: it
+// runs alone, in time, although its batch is far from full.
+func TestBatchDeadlineDoesNotWait(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-batch-deadline")
+	var log callLog
+	h.start(h.config(), WithBatchHandler("upper", upperBatch(&log)),
+		WithHandler("upper", func(context.Context, Task) (any, error) { return nil, nil }),
+		WithModels([]ModelSpec{batchModel("b", "upper", 32, 10*time.Second)}))
+	h.dispatch("urgent", "b", dispatchOpts{payload: `"x"`, deadline: time.Now().Add(2 * time.Second)})
+	o := h.next(20 * time.Second)
+	if o.Status != protocol.OutcomeSuccess || string(o.Output) != `"X"` {
+		t.Fatalf("urgent: %s %q %s; want success before its deadline, not held 10s for a batch", o.Status, o.Error, o.Output)
+	}
+	if calls := log.get(); len(calls) != 1 || len(calls[0]) != 1 {
+		t.Errorf("calls %v, want the task alone", calls)
+	}
+}
+
+// The node's order decides who joins the next batch: while a batch runs,
+// high-priority tasks that arrived after low ones go first.
+func TestBatchPriorityOrder(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-batch-prio")
+	cfg := h.config()
+	cfg.Concurrency = 1
+	var log callLog
+	gate := make(chan struct{})
+	inner := upperBatch(&log)
+	handler := func(ctx context.Context, ts []Task) ([]Result, error) {
+		if ts[0].ID == "first" {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return inner(ctx, ts)
+	}
+	r := h.start(cfg, WithBatchHandler("upper", handler), WithHandler("upper", func(context.Context, Task) (any, error) { return nil, nil }),
+		WithModels([]ModelSpec{batchModel("b", "upper", 2, 0)}))
+	h.dispatch("first", "b", dispatchOpts{payload: `"f"`})
+	waitFor(t, 10*time.Second, "the first batch running", func() bool { return len(log.get()) == 0 && r.w.InFlight() == 1 })
+	body := func(id string, prio int) string {
+		return fmt.Sprintf(`{"id":%q,"type":"t","payload":"p","priority":%d}`, id, prio)
+	}
+	for _, id := range []string{"low1", "low2"} {
+		h.dispatch(id, "b", dispatchOpts{body: body(id, -1)})
+	}
+	for _, id := range []string{"high1", "high2"} {
+		h.dispatch(id, "b", dispatchOpts{body: body(id, 1)})
+	}
+	waitFor(t, 10*time.Second, "four tasks waiting for a batch", func() bool { return r.w.waiting.Load() == 4 })
+	close(gate)
+	h.collect(5, 20*time.Second)
+	calls := log.get()
+	if len(calls) != 3 || !slices.Equal(calls[1], []string{"high1", "high2"}) || !slices.Equal(calls[2], []string{"low1", "low2"}) {
+		t.Fatalf("calls %v, want [first] then [high1 high2] then [low1 low2]", calls)
+	}
+}
+
+// histogram reads a worker histogram's child of one model.
+func histogram(t *testing.T, w *Worker, name, modelName string) *dto.Histogram {
+	t.Helper()
+	mfs, err := w.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() == modelName {
+					return m.GetHistogram()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{model=%q}", name, modelName)
+	return nil
+}

@@ -182,7 +182,7 @@ type Decision struct {
 	Slots     float64 `json:"slots"`
 	Capacity  int     `json:"capacity"`
 	// Models are the models the pool hosts (remembered while at zero).
-	Models []Model    `json:"models,omitempty"`
+	Models []Model   `json:"models,omitempty"`
 	At     time.Time `json:"at"`
 }
 

@@ -417,7 +417,8 @@ func (a *Autoscaler) loadRemembered(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	for _, d := range ReadDecisionsFrom(ctx, kv) {
+	ds, _ := clusterview.ReadAutoscaleFrom(ctx, kv)
+	for _, d := range ds {
 		if len(d.Models) > 0 && a.models[d.Pool] == nil {
 			a.models[d.Pool] = d.Models
 		}
@@ -447,37 +448,7 @@ func (a *Autoscaler) publish(ctx context.Context, ds []autoscale.Decision) error
 // ReadDecisions reads every pool's last decision from MLSCHED_AUTOSCALE
 // (none when the bucket does not exist: no autoscaler ever ran).
 func ReadDecisions(ctx context.Context, js jetstream.JetStream) ([]autoscale.Decision, error) {
-	kv, err := js.KeyValue(ctx, topology.BucketAutoscale)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return ReadDecisionsFrom(ctx, kv), nil
-}
-
-// ReadDecisionsFrom reads every decision of the bucket, by pool name;
-// unreadable entries are skipped.
-func ReadDecisionsFrom(ctx context.Context, kv jetstream.KeyValue) []autoscale.Decision {
-	lister, err := kv.ListKeys(ctx)
-	if err != nil {
-		return nil
-	}
-	var out []autoscale.Decision
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		var d autoscale.Decision
-		if json.Unmarshal(e.Value(), &d) == nil && d.Pool != "" {
-			out = append(out, d)
-		}
-	}
-	_ = lister.Stop()
-	sort.Slice(out, func(i, j int) bool { return out[i].Pool < out[j].Pool })
-	return out
+	return clusterview.ReadAutoscale(ctx, js)
 }
 
 // Summary is one line per decision, for logs and tests.

@@ -303,7 +303,7 @@ images: compose-plugin ## build every compose image without a registry (debootst
 compose-test: ## the docker compose test on real containers (runs make images first; skips without a Docker daemon)
 	@if ! docker info >/dev/null 2>&1; then echo "SKIP compose-test: no Docker daemon reachable (docker info failed)"; exit 0; fi; \
 	$(MAKE) --no-print-directory images && \
-	cd e2e && MLSCHED_COMPOSE_TEST=1 $(GO) test -race=false -count=1 -run '^TestComposeDocker$$' -v -timeout 20m ./
+	cd e2e && MLSCHED_COMPOSE_TEST=1 $(GO) test -race=false -count=1 -run '^(TestComposeDocker|TestComposeAutoscale)$$' -v -timeout 30m ./
 
 # The chaos schedule on the compose cluster (cluster.yml): NATS server kill,
 # pause past the election timeout, network disconnect, rolling restart,

@@ -38,6 +38,9 @@ type Compose struct {
 	// Services restricts the pools to these services (none: every service
 	// whose containers announce heartbeats).
 	Services []string
+	// Env is the CLI's environment (nil: this process's), for the
+	// variables the compose files interpolate.
+	Env []string
 	// Timeout bounds one CLI call (default 2m: a scale-in waits for the
 	// workers to drain).
 	Timeout time.Duration
@@ -70,7 +73,7 @@ func (c *Compose) run(ctx context.Context, rest ...string) ([]byte, error) {
 	defer cancel()
 	args := c.args(rest...)
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
-	cmd.Dir = c.Dir
+	cmd.Dir, cmd.Env = c.Dir, c.Env
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

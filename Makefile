@@ -269,6 +269,19 @@ redis-restart: build redis-server ## issue 14's Redis restart sequence at full s
 		MLSCHED_RESTART_RESEED=$(RESTART_RESEED) $(GO) test -race=false -count=1 -run '^TestRedisRestartKeepsLearning$$' -v -timeout 60m ./ \
 		| grep -v '^redis: '
 
+# The autoscaler judged on a trace (e2e/autoscale_replay_test.go): the
+# Azure code trace's first REPLAY_MINUTES at REPLAY_SPEED, once with
+# mlsched autoscale's formula and once with KEDA's (ceil(lag/10), 30 s
+# polling, 300 s cooldown, time-scaled alike), worker processes started and
+# stopped by a process backend; p50/p99 queue wait, tasks past their
+# deadline, worker-seconds, lost and duplicate results (docs/operations.md).
+REPLAY_MINUTES ?= 20
+REPLAY_SPEED   ?= 10
+.PHONY: autoscale-replay
+autoscale-replay: build ## the autoscaler vs KEDA's formula on a bursty trace, real processes: queue wait, deadlines, worker-seconds
+	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_AUTOSCALE_REPLAY=1 MLSCHED_REPLAY_MINUTES=$(REPLAY_MINUTES) MLSCHED_REPLAY_SPEED=$(REPLAY_SPEED) \
+		$(GO) test -race=false -count=1 -run '^TestAutoscaleReplay$$' -v -timeout 30m ./
+
 # The compose deployment's secrets (docs/security.md): NATS in operator mode
 # (operator, account and system account keys; auth.conf with their JWTs;
 # creds for the dispatcher, producer and admin; the worker pool's scoped

@@ -1,0 +1,354 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mlsched/mlsched/dispatcher/autoscale"
+	"github.com/mlsched/mlsched/dispatcher/autoscaler"
+	"github.com/mlsched/mlsched/e2e/bench"
+	"github.com/mlsched/mlsched/e2e/harness"
+	"github.com/mlsched/mlsched/shared/client"
+	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
+)
+
+// procBackend is the autoscaler's process-level backend for the replay:
+// one pool whose replicas are worker processes of the harness, started
+// with the pool's models file and stopped with SIGTERM (they drain, as a
+// compose scale-in does). It counts worker-seconds, a draining worker
+// until it exits.
+type procBackend struct {
+	c      *harness.Cluster
+	models string
+	conc   int
+
+	mu      sync.Mutex
+	n       int
+	live    []*harness.Worker
+	started map[*harness.Worker]time.Time
+	stopped map[*harness.Worker]time.Time
+	scales  []string
+	t0      time.Time
+}
+
+func newProcBackend(c *harness.Cluster, models string, conc int) *procBackend {
+	return &procBackend{c: c, models: models, conc: conc, started: map[*harness.Worker]time.Time{},
+		stopped: map[*harness.Worker]time.Time{}, t0: time.Now()}
+}
+
+func (b *procBackend) Name() string { return "process" }
+
+func (b *procBackend) Pools(context.Context) ([]autoscaler.BackendPool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return []autoscaler.BackendPool{{Name: "pool", Replicas: len(b.live),
+		Match: func(hb protocol.Heartbeat) bool { return strings.HasPrefix(hb.Node, "pool-") }}}, nil
+}
+
+func (b *procBackend) Scale(_ context.Context, _ string, replicas int) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.scales = append(b.scales, fmt.Sprintf("t+%.1fs %d→%d", time.Since(b.t0).Seconds(), len(b.live), replicas))
+	for len(b.live) < replicas {
+		b.n++
+		w := b.c.StartWorker(harness.WorkerOptions{NodeID: fmt.Sprintf("pool-%d", b.n), ModelsFile: b.models,
+			Concurrency: b.conc, NoWait: true})
+		b.live = append(b.live, w)
+		b.started[w] = time.Now()
+	}
+	for len(b.live) > replicas {
+		w := b.live[len(b.live)-1]
+		b.live = b.live[:len(b.live)-1]
+		go func() {
+			_ = w.Stop() // SIGTERM: the worker drains
+			b.mu.Lock()
+			b.stopped[w] = time.Now()
+			b.mu.Unlock()
+		}()
+	}
+	return nil
+}
+
+// workerSeconds integrates the running workers over [from, to].
+func (b *procBackend) workerSeconds(from, to time.Time) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var s float64
+	for w, st := range b.started {
+		end, ok := b.stopped[w]
+		if !ok {
+			end = to
+		}
+		if end.After(to) {
+			end = to
+		}
+		if st.Before(from) {
+			st = from
+		}
+		s += max(0, end.Sub(st).Seconds())
+	}
+	return s
+}
+
+func (b *procBackend) peak() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+// replayOutcome is one policy's replay.
+type replayOutcome struct {
+	Policy                  string
+	Tasks, Lost, Duplicates int
+	PastDeadline            int
+	WaitP50, WaitP99        float64 // ms, real time
+	WorkerSeconds           float64
+	Scalings                int
+	WorkersStarted          int
+}
+
+// replayParams describe a replay.
+type replayParams struct {
+	arrivals []bench.Arrival // trace time
+	speed    float64         // trace seconds per real second
+	deadline time.Duration   // real time, from submission to result
+	conc     int
+	min, max int
+}
+
+// runReplay replays arrivals against a fresh cluster whose one worker pool
+// the policy scales through a procBackend, and measures it.
+func runReplay(t *testing.T, name string, p replayParams, policy autoscale.Policy, interval time.Duration) replayOutcome {
+	c := harness.New(t)
+	c.StartNATS()
+	c.StartDispatcher(harness.DispatcherOptions{})
+	dir := t.TempDir()
+	models := filepath.Join(dir, "models.yaml")
+	// About 100 ms plus 50 µs a token: ~200 ms for the trace's mean 2048.
+	if err := os.WriteFile(models, []byte(`models:
+  - name: coder
+    types: [code]
+    executor: sim
+    sim:
+      latency: {dist: lognormal, median: 100ms, sigma: 0.2}
+      latency_per_unit: 50us
+      failure_rate: 0
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	be := newProcBackend(c, models, p.conc)
+	if err := be.Scale(context.Background(), "pool", p.min); err != nil {
+		t.Fatal(err)
+	}
+	nc, js := c.Conn()
+	as, err := autoscaler.New(autoscaler.Params{NC: nc, JS: js, Backend: be, Policy: policy, Log: zerolog.Nop(),
+		Lag: name == "keda", Wait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Warm the statistics: a few tasks so that the model's service time is
+	// known, as in a cluster that has been running (both policies alike).
+	cl := client.New(js)
+	for i := range 20 {
+		task := protocol.Task{ID: fmt.Sprintf("warm-%d", i), Type: "code", Size: 2000, Payload: json.RawMessage(`{}`)}
+		if _, err := cl.Submit(ctx, task); err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		if _, err := cl.Wait(wctx, task.ID); err != nil {
+			wcancel()
+			t.Fatalf("warm-up task: %v", err)
+		}
+		wcancel()
+	}
+
+	n := len(p.arrivals)
+	sent := make([]time.Time, n)
+	type res struct {
+		at      time.Time
+		latency float64
+		count   int
+	}
+	var mu sync.Mutex
+	results := map[string]*res{}
+	cons, err := js.OrderedConsumer(ctx, topology.StreamResults, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		id := strings.TrimPrefix(m.Subject(), topology.ResultSubject(""))
+		if !strings.HasPrefix(id, "r-") {
+			return // a warm-up task
+		}
+		var r protocol.Result
+		_ = json.Unmarshal(m.Data(), &r)
+		mu.Lock()
+		if x := results[id]; x != nil {
+			x.count++
+		} else {
+			// The service time is the last attempt's; the result's own
+			// latency_ms runs from the task's arrival.
+			svc := 0.0
+			if len(r.History) > 0 {
+				svc = r.History[len(r.History)-1].LatencyMs
+			}
+			results[id] = &res{at: time.Now(), latency: svc, count: 1}
+		}
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+
+	go func() { _ = as.Run(ctx, interval) }()
+	start := time.Now()
+	sem := make(chan struct{}, 256)
+	var wg sync.WaitGroup
+	for i, a := range p.arrivals {
+		at := start.Add(time.Duration(float64(a.At) / p.speed))
+		time.Sleep(time.Until(at)) // the trace's own pacing, not synchronisation
+		sem <- struct{}{}
+		wg.Add(1)
+		sent[i] = time.Now()
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			task := protocol.Task{ID: fmt.Sprintf("r-%05d", i), Type: "code", Size: a.Size, Payload: json.RawMessage(`{}`)}
+			for try := 0; try < 5; try++ {
+				sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := cl.Submit(sctx, task)
+				scancel()
+				if err == nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	lastArrival := time.Now()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		mu.Lock()
+		got := len(results)
+		mu.Unlock()
+		if got >= n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
+	}
+	end := lastArrival.Add(20 * time.Second) // the same window for every policy
+	for time.Now().Before(end) {
+		time.Sleep(100 * time.Millisecond) // the tail of the window: replicas keep counting
+	}
+	cancel()
+	out := replayOutcome{Policy: name, Tasks: n, WorkerSeconds: be.workerSeconds(start, end), WorkersStarted: be.peak()}
+	be.mu.Lock()
+	out.Scalings = len(be.scales)
+	scales := slices.Clone(be.scales)
+	be.mu.Unlock()
+	var waits []float64
+	mu.Lock()
+	for i := range n {
+		r := results[fmt.Sprintf("r-%05d", i)]
+		if r == nil {
+			out.Lost++
+			continue
+		}
+		if r.count > 1 {
+			out.Duplicates += r.count - 1
+		}
+		e2e := r.at.Sub(sent[i])
+		if e2e > p.deadline {
+			out.PastDeadline++
+		}
+		waits = append(waits, max(0, float64(e2e.Microseconds())/1000-r.latency))
+	}
+	mu.Unlock()
+	slices.Sort(waits)
+	q := func(f float64) float64 {
+		if len(waits) == 0 {
+			return math.NaN()
+		}
+		return waits[min(len(waits)-1, int(f*float64(len(waits))))]
+	}
+	out.WaitP50, out.WaitP99 = q(0.5), q(0.99)
+	t.Logf("%s: scalings %v", name, scales)
+	return out
+}
+
+// TestAutoscaleReplay replays the Azure code trace (its first
+// MLSCHED_REPLAY_MINUTES, default 20, at MLSCHED_REPLAY_SPEED, default
+// 10×) once with mlsched's scaler and once with KEDA's formula (time
+// scaled alike), on the same pool limits, against real processes: a
+// nats-server, a dispatcher, and worker processes started and stopped
+// (SIGTERM) by a process backend. Long: make autoscale-replay.
+func TestAutoscaleReplay(t *testing.T) {
+	if os.Getenv("MLSCHED_AUTOSCALE_REPLAY") != "1" {
+		t.Skip("the autoscaler trace replay: make autoscale-replay (MLSCHED_AUTOSCALE_REPLAY=1)")
+	}
+	minutes, speed := 20.0, 10.0
+	if v, err := strconv.ParseFloat(os.Getenv("MLSCHED_REPLAY_MINUTES"), 64); err == nil && v > 0 {
+		minutes = v
+	}
+	if v, err := strconv.ParseFloat(os.Getenv("MLSCHED_REPLAY_SPEED"), 64); err == nil && v > 0 {
+		speed = v
+	}
+	all, err := bench.LoadTrace(repoPath(t, "dispatcher/internal/simulate/traces/azure-llm-2023-code.csv"), "TIMESTAMP", "ContextTokens", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var arrivals []bench.Arrival
+	for _, a := range all {
+		if a.At <= time.Duration(minutes*float64(time.Minute)) {
+			arrivals = append(arrivals, a)
+		}
+	}
+	p := replayParams{arrivals: arrivals, speed: speed, deadline: time.Duration(20 / speed * float64(time.Second)), conc: 4, min: 1, max: 10}
+	scaled := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speed) }
+	limits := func(string) autoscale.Limits {
+		return autoscale.Limits{Min: p.min, Max: p.max, Cooldown: scaled(2 * time.Minute), DrainWithin: p.deadline / 2}
+	}
+	t.Logf("trace: %d tasks over %.0f trace minutes at %gx; deadline %s real (%s trace); pool 1..10 workers of %d slots",
+		len(arrivals), minutes, speed, p.deadline, time.Duration(float64(p.deadline)*speed), p.conc)
+	var outs []replayOutcome
+	t.Run("mlsched", func(t *testing.T) {
+		pol := autoscale.NewScaler(autoscale.ScalerParams{Limits: limits, RateHalfLife: scaled(10 * time.Second)})
+		outs = append(outs, runReplay(t, "mlsched", p, pol, scaled(5*time.Second)))
+	})
+	t.Run("keda", func(t *testing.T) {
+		pol := autoscale.NewKEDA(autoscale.KEDAParams{TimeScale: speed, Limits: limits})
+		outs = append(outs, runReplay(t, "keda", p, pol, scaled(5*time.Second)))
+	})
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-8s %6s %12s %12s %13s %14s %9s %8s %5s\n", "policy", "tasks", "wait p50 ms", "wait p99 ms", "past deadline",
+		"worker-seconds", "scalings", "started", "lost")
+	for _, o := range outs {
+		fmt.Fprintf(&b, "%-8s %6d %12.1f %12.1f %13d %14.1f %9d %8d %5d (duplicates %d)\n", o.Policy, o.Tasks, o.WaitP50, o.WaitP99,
+			o.PastDeadline, o.WorkerSeconds, o.Scalings, o.WorkersStarted, o.Lost, o.Duplicates)
+	}
+	t.Logf("autoscale replay:\n%s", b.String())
+	if path := os.Getenv("MLSCHED_REPLAY_OUT"); path != "" {
+		_ = os.WriteFile(path, []byte(b.String()), 0o644)
+	}
+	for _, o := range outs {
+		if o.Lost > 0 || o.Duplicates > 0 {
+			t.Errorf("%s: %d tasks lost, %d duplicate results through the scalings", o.Policy, o.Lost, o.Duplicates)
+		}
+	}
+}

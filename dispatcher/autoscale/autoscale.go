@@ -7,13 +7,13 @@
 // A pool is a set of interchangeable workers sharing a models file: in
 // compose, one service. The formula (docs/operations.md, "Autoscaling"):
 //
-//	slots  = Σ_t share_t · (λ_t · S_t / s_t / ρ  +  B_t · S_t / D)
+//	slots  = Σ_t share_t · (λ_t · S_t / s_t / ρ  +  W_t · S_t / s_t / D)
 //	needed = ceil(slots / c)
 //
 // per task type t the pool serves: λ_t its arrival rate (tasks/s), S_t the
 // service time of the pool's models of t (p50, weighed by traffic share),
 // s_t their success rate (a failed attempt is retried: 1/s_t attempts per
-// task, at most 3), B_t its backlog, share_t the pool's part of t's
+// task, at most 3), W_t its backlog not running yet, share_t the pool's part of t's
 // capacity when several pools serve t; ρ the target utilisation, D the time
 // within which the backlog should drain, c the slots (concurrency) of one
 // replica. The first term is Little's law (busy slots = arrival rate ×
@@ -70,8 +70,13 @@ type TypeLoad struct {
 	// Finished counts the final results of the type, cumulatively (any
 	// origin: only its increments are used).
 	Finished int64
-	// Backlog is what waits in the task stream (not finished).
+	// Backlog is what waits in the task stream (not finished: running
+	// tasks included).
 	Backlog int64
+	// Running is how many of the backlog run now (the workers'
+	// heartbeats): the drain term counts only the rest, since Little's
+	// law already counts what runs.
+	Running int64
 	// Lag is the type's task consumers' num_pending + num_ack_pending:
 	// KEDA's input (KEDA); this package's formula does not use it.
 	Lag int64
@@ -315,6 +320,7 @@ func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates 
 		sh := share(p, hosts[t])
 		lambda := rates[t] * sh
 		backlog := float64(obs.Types[t].Backlog) * sh
+		waiting := float64(max(0, obs.Types[t].Backlog-obs.Types[t].Running)) * sh
 		svc, succ, ok := serviceOf(p, t, obs.Models)
 		if !ok {
 			if lambda > 0 || backlog > 0 {
@@ -324,9 +330,9 @@ func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates 
 		}
 		attempts := min(1/max(succ, 1/float64(maxAttempts)), maxAttempts)
 		sec := svc.Seconds()
-		slots += lambda*sec*attempts/lim.Utilisation + backlog*sec*attempts/lim.DrainWithin.Seconds()
+		slots += lambda*sec*attempts/lim.Utilisation + waiting*sec*attempts/lim.DrainWithin.Seconds()
 		d.Arrival += lambda
-		d.Backlog += int64(math.Round(backlog))
+		d.Backlog += int64(math.Round(waiting))
 		svcWeighted += sec * (lambda + backlog)
 		svcWeight += lambda + backlog
 		work += lambda + backlog

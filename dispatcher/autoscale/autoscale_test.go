@@ -54,6 +54,21 @@ func TestLittlesLawPlusDrain(t *testing.T) {
 	if d.Slots < 23.9 || d.Slots > 24.1 {
 		t.Fatalf("slots = %.2f, want 24", d.Slots)
 	}
+	// What already runs is in Little's law: the drain term counts only
+	// what waits (320 of the 400).
+	o := c.obs()
+	o.At = o.At.Add(time.Nanosecond)
+	l := o.Types["classify"]
+	l.Running = 80
+	o.Types["classify"] = l
+	s1 := NewScaler(ScalerParams{Limits: func(string) Limits { return Limits{Max: 50, Utilisation: 0.5, DrainWithin: 10 * time.Second} }})
+	first := o
+	first.At, first.Types = t0, map[string]TypeLoad{"classify": {Finished: 0}}
+	s1.Decide(first)
+	o.At = t0.Add(10 * time.Second)
+	if d := s1.Decide(o)[0]; d.Slots < 23.1 || d.Slots > 23.3 || d.Backlog != 320 {
+		t.Fatalf("with 80 of 400 running: slots %.2f, backlog %d; want 23.2 and 320", d.Slots, d.Backlog)
+	}
 	// A model failing half its attempts needs twice the slots.
 	s2 := NewScaler(ScalerParams{Limits: func(string) Limits { return Limits{Max: 50, Utilisation: 0.5} }})
 	c = &cluster{at: t0, current: 1, svc: 100 * time.Millisecond, success: 0.5}

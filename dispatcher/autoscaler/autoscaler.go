@@ -313,6 +313,20 @@ func (a *Autoscaler) observe(ctx context.Context, bps []BackendPool) autoscale.O
 		l.Backlog = n
 		obs.Types[t] = l
 	}
+	// What runs now, per type: each model's in-flight attempts on the
+	// live workers, split evenly over the types it serves.
+	for _, hb := range hbs {
+		for _, m := range hb.Models {
+			if m.InFlight <= 0 || len(m.Types) == 0 {
+				continue
+			}
+			for _, t := range m.Types {
+				l := obs.Types[t]
+				l.Running += int64(m.InFlight / len(m.Types))
+				obs.Types[t] = l
+			}
+		}
+	}
 	for _, m := range v.Models {
 		obs.Models[m.Name] = autoscale.ModelStats{ServiceTime: time.Duration(m.P50Ms * float64(time.Millisecond)),
 			SuccessRate: m.SuccessRate, Share: m.TrafficShare}

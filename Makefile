@@ -282,6 +282,15 @@ autoscale-replay: build ## the autoscaler vs KEDA's formula on a bursty trace, r
 	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_AUTOSCALE_REPLAY=1 MLSCHED_REPLAY_MINUTES=$(REPLAY_MINUTES) MLSCHED_REPLAY_SPEED=$(REPLAY_SPEED) \
 		$(GO) test -race=false -count=1 -run '^TestAutoscaleReplay$$' -v -timeout 30m ./
 
+# The step load (e2e/autoscale_replay_test.go, TestAutoscaleStep): idle, 5x
+# one worker's capacity for STEP_SECONDS, idle; mlsched autoscale at its
+# defaults, worker processes: time to enough replicas, back to the minimum.
+STEP_SECONDS ?= 120
+.PHONY: autoscale-step
+autoscale-step: build ## the autoscaler under a step load (idle, 5x a worker's capacity for 2 min, idle): time to scale up, back to the minimum
+	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_AUTOSCALE_STEP=1 MLSCHED_STEP_SECONDS=$(STEP_SECONDS) \
+		$(GO) test -race=false -count=1 -run '^TestAutoscaleStep$$' -v -timeout 20m ./
+
 # The compose deployment's secrets (docs/security.md): NATS in operator mode
 # (operator, account and system account keys; auth.conf with their JWTs;
 # creds for the dispatcher, producer and admin; the worker pool's scoped

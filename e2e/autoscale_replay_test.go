@@ -42,6 +42,7 @@ type procBackend struct {
 	started map[*harness.Worker]time.Time
 	stopped map[*harness.Worker]time.Time
 	scales  []string
+	events  []scaleEvent
 	t0      time.Time
 }
 
@@ -63,6 +64,7 @@ func (b *procBackend) Scale(_ context.Context, _ string, replicas int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.scales = append(b.scales, fmt.Sprintf("t+%.1fs %d→%d", time.Since(b.t0).Seconds(), len(b.live), replicas))
+	b.events = append(b.events, scaleEvent{At: time.Now(), From: len(b.live), To: replicas})
 	for len(b.live) < replicas {
 		b.n++
 		w := b.c.StartWorker(harness.WorkerOptions{NodeID: fmt.Sprintf("pool-%d", b.n), ModelsFile: b.models,
@@ -119,6 +121,15 @@ type replayOutcome struct {
 	WorkerSeconds           float64
 	Scalings                int
 	WorkersStarted          int
+	Start                   time.Time
+	LoadEnd                 time.Duration
+	Events                  []scaleEvent
+}
+
+// scaleEvent is one scaling of the process backend.
+type scaleEvent struct {
+	At       time.Time
+	From, To int
 }
 
 // replayParams describe a replay.
@@ -128,6 +139,11 @@ type replayParams struct {
 	deadline time.Duration   // real time, from submission to result
 	conc     int
 	min, max int
+	// tail is how long after the last arrival the window goes on
+	// (default 20 s); untilMin extends it until the pool is back at its
+	// minimum (at most tail).
+	tail     time.Duration
+	untilMin bool
 }
 
 // runReplay replays arrivals against a fresh cluster whose one worker pool
@@ -252,15 +268,29 @@ func runReplay(t *testing.T, name string, p replayParams, policy autoscale.Polic
 		}
 		time.Sleep(50 * time.Millisecond) // poll interval
 	}
-	end := lastArrival.Add(20 * time.Second) // the same window for every policy
-	for time.Now().Before(end) {
-		time.Sleep(100 * time.Millisecond) // the tail of the window: replicas keep counting
+	tail := p.tail
+	if tail <= 0 {
+		tail = 20 * time.Second
 	}
+	end := lastArrival.Add(tail) // the same window for every policy
+	for time.Now().Before(end) {
+		if p.untilMin {
+			if r, _ := be.Pools(ctx); r[0].Replicas <= p.min {
+				end = time.Now()
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // poll interval (or the window's tail: replicas keep counting)
+	}
+	var out replayOutcome
+	out.LoadEnd = lastArrival.Sub(start)
 	cancel()
-	out := replayOutcome{Policy: name, Tasks: n, WorkerSeconds: be.workerSeconds(start, end), WorkersStarted: be.peak()}
+	out.Start = start
+	out.Policy, out.Tasks, out.WorkerSeconds, out.WorkersStarted = name, n, be.workerSeconds(start, end), be.peak()
 	be.mu.Lock()
 	out.Scalings = len(be.scales)
 	scales := slices.Clone(be.scales)
+	out.Events = slices.Clone(be.events)
 	be.mu.Unlock()
 	var waits []float64
 	mu.Lock()
@@ -351,4 +381,87 @@ func TestAutoscaleReplay(t *testing.T) {
 			t.Errorf("%s: %d tasks lost, %d duplicate results through the scalings", o.Policy, o.Lost, o.Duplicates)
 		}
 	}
+}
+
+// TestAutoscaleStep: idle, then 5× the pool's capacity at its minimum (one
+// worker of 4 slots, ~200 ms a task: 20 tasks/s, so 100 tasks/s) for
+// MLSCHED_STEP_SECONDS (default 120), then idle; mlsched's scaler at its
+// defaults (5 s interval, 2 min cooldown). Enough replicas (5 or more)
+// within 30 s, back to the minimum after the cooldown, at most one
+// down-swing per cooldown, every task one result. Long: make
+// autoscale-step.
+func TestAutoscaleStep(t *testing.T) {
+	if os.Getenv("MLSCHED_AUTOSCALE_STEP") != "1" {
+		t.Skip("the autoscaler step load: make autoscale-step (MLSCHED_AUTOSCALE_STEP=1)")
+	}
+	secs := 120.0
+	if v, err := strconv.ParseFloat(os.Getenv("MLSCHED_STEP_SECONDS"), 64); err == nil && v > 0 {
+		secs = v
+	}
+	idle := 10 * time.Second
+	var arrivals []bench.Arrival
+	for i := range int(secs * 100) {
+		arrivals = append(arrivals, bench.Arrival{At: idle + time.Duration(i)*10*time.Millisecond, Size: 2000})
+	}
+	cooldown := 2 * time.Minute
+	p := replayParams{arrivals: arrivals, speed: 1, deadline: 30 * time.Second, conc: 4, min: 1, max: 10,
+		tail: cooldown + 90*time.Second, untilMin: true}
+	pol := autoscale.NewScaler(autoscale.ScalerParams{Limits: func(string) autoscale.Limits {
+		return autoscale.Limits{Min: p.min, Max: p.max, Cooldown: cooldown}
+	}})
+	o := runReplay(t, "mlsched", p, pol, 5*time.Second)
+	stepAt := o.Start.Add(idle)
+	var enough time.Duration = -1
+	var downs []time.Time
+	cur := p.min
+	for _, e := range o.Events {
+		if enough < 0 && e.To >= 5 && e.At.After(stepAt) {
+			enough = e.At.Sub(stepAt)
+		}
+		if e.To < e.From && e.From > p.min && (len(downs) == 0 || e.At.Sub(downs[len(downs)-1]) > cooldown) {
+			downs = append(downs, e.At) // the first scale-in of a down-swing
+		}
+		cur = e.To
+	}
+	loadEnd := o.Start.Add(o.LoadEnd)
+	t.Logf("step: %d tasks, enough replicas (>=5) %v after the step; back to %d replicas (%d now) %v after the load ended (cooldown %s); down-swings at %v; wait p50 %.1fms p99 %.1fms; %d past 30 s; lost %d, duplicates %d; %.0f worker-seconds",
+		o.Tasks, enough.Round(100*time.Millisecond), p.min, cur, lastEventAfter(o.Events, loadEnd), cooldown, relTimes(downs, stepAt),
+		o.WaitP50, o.WaitP99, o.PastDeadline, o.Lost, o.Duplicates, o.WorkerSeconds)
+	if enough < 0 || enough > 30*time.Second {
+		t.Errorf("enough replicas %v after the step, want within 30 s", enough)
+	}
+	if cur != p.min {
+		t.Errorf("%d replicas at the end, want the minimum %d", cur, p.min)
+	}
+	if o.Lost > 0 || o.Duplicates > 0 {
+		t.Errorf("%d lost, %d duplicates", o.Lost, o.Duplicates)
+	}
+	for i := 1; i < len(downs); i++ {
+		if downs[i].Sub(downs[i-1]) < cooldown {
+			t.Errorf("down-swings %v apart, within the cooldown", downs[i].Sub(downs[i-1]))
+		}
+	}
+	for _, e := range o.Events {
+		if e.To < e.From && e.At.Before(loadEnd) {
+			t.Errorf("scaled in %d→%d at %v, under the step's load", e.From, e.To, e.At.Sub(stepAt))
+		}
+	}
+}
+
+func lastEventAfter(es []scaleEvent, t0 time.Time) time.Duration {
+	var d time.Duration
+	for _, e := range es {
+		if e.At.After(t0) {
+			d = e.At.Sub(t0)
+		}
+	}
+	return d.Round(100 * time.Millisecond)
+}
+
+func relTimes(ts []time.Time, t0 time.Time) []string {
+	var out []string
+	for _, x := range ts {
+		out = append(out, fmt.Sprintf("t+%.0fs", x.Sub(t0).Seconds()))
+	}
+	return out
 }

@@ -277,9 +277,10 @@ redis-restart: build redis-server ## issue 14's Redis restart sequence at full s
 # deadline, worker-seconds, lost and duplicate results (docs/operations.md).
 REPLAY_MINUTES ?= 20
 REPLAY_SPEED   ?= 10
+REPLAY_MAX     ?= 20
 .PHONY: autoscale-replay
 autoscale-replay: build ## the autoscaler vs KEDA's formula on a bursty trace, real processes: queue wait, deadlines, worker-seconds
-	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_AUTOSCALE_REPLAY=1 MLSCHED_REPLAY_MINUTES=$(REPLAY_MINUTES) MLSCHED_REPLAY_SPEED=$(REPLAY_SPEED) \
+	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_AUTOSCALE_REPLAY=1 MLSCHED_REPLAY_MINUTES=$(REPLAY_MINUTES) MLSCHED_REPLAY_SPEED=$(REPLAY_SPEED) MLSCHED_REPLAY_MAX=$(REPLAY_MAX) \
 		$(GO) test -race=false -count=1 -run '^TestAutoscaleReplay$$' -v -timeout 30m ./
 
 # The step load (e2e/autoscale_replay_test.go, TestAutoscaleStep): idle, 5x

@@ -339,6 +339,10 @@ func TestAutoscaleReplay(t *testing.T) {
 	if v, err := strconv.ParseFloat(os.Getenv("MLSCHED_REPLAY_SPEED"), 64); err == nil && v > 0 {
 		speed = v
 	}
+	maxW := 20
+	if v, err := strconv.Atoi(os.Getenv("MLSCHED_REPLAY_MAX")); err == nil && v > 0 {
+		maxW = v
+	}
 	all, err := bench.LoadTrace(repoPath(t, "dispatcher/internal/simulate/traces/azure-llm-2023-code.csv"), "TIMESTAMP", "ContextTokens", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -349,13 +353,13 @@ func TestAutoscaleReplay(t *testing.T) {
 			arrivals = append(arrivals, a)
 		}
 	}
-	p := replayParams{arrivals: arrivals, speed: speed, deadline: time.Duration(20 / speed * float64(time.Second)), conc: 4, min: 1, max: 10}
+	p := replayParams{arrivals: arrivals, speed: speed, deadline: time.Duration(20 / speed * float64(time.Second)), conc: 4, min: 1, max: maxW}
 	scaled := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speed) }
 	limits := func(string) autoscale.Limits {
 		return autoscale.Limits{Min: p.min, Max: p.max, Cooldown: scaled(2 * time.Minute), DrainWithin: p.deadline / 2}
 	}
-	t.Logf("trace: %d tasks over %.0f trace minutes at %gx; deadline %s real (%s trace); pool 1..10 workers of %d slots",
-		len(arrivals), minutes, speed, p.deadline, time.Duration(float64(p.deadline)*speed), p.conc)
+	t.Logf("trace: %d tasks over %.0f trace minutes at %gx; deadline %s real (%s trace); pool 1..%d workers of %d slots",
+		len(arrivals), minutes, speed, p.deadline, time.Duration(float64(p.deadline)*speed), p.max, p.conc)
 	var outs []replayOutcome
 	t.Run("mlsched", func(t *testing.T) {
 		pol := autoscale.NewScaler(autoscale.ScalerParams{Limits: limits, RateHalfLife: scaled(10 * time.Second)})

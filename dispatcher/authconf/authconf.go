@@ -181,8 +181,9 @@ func adminPerms() Permissions {
 	p.Publish = append(p.Publish, streamAPI(kvRollouts, "INFO", "CREATE", "get", "consume")...)
 	p.Publish = append(p.Publish, "$KV."+topology.BucketRollouts+".>")
 	// mlsched autoscale publishes its decisions; top reads them
+	// (creating a bucket reads the account's JetStream limits first)
 	p.Publish = append(p.Publish, streamAPI(kvAutoscale, "INFO", "CREATE", "get", "consume")...)
-	p.Publish = append(p.Publish, "$KV."+topology.BucketAutoscale+".>")
+	p.Publish = append(p.Publish, "$KV."+topology.BucketAutoscale+".>", "$JS.API.INFO")
 	p.Publish = append(p.Publish, subjectAdminAll) // stats, cancel
 	p.Subscribe = []string{natsconn.InboxAdmin + ".>", natsconn.InboxProducer + ".>"}
 	return p

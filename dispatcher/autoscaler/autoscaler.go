@@ -87,8 +87,11 @@ type Params struct {
 
 // Autoscaler observes, decides, scales and publishes.
 type Autoscaler struct {
-	p  Params
-	kv jetstream.KeyValue
+	p Params
+
+	kvMu   sync.Mutex // the bucket; never held with mu while waiting on NATS
+	kv     jetstream.KeyValue
+	loaded bool
 
 	mu sync.Mutex
 	// remembered models of each pool, so that a pool at zero replicas
@@ -138,13 +141,21 @@ func New(p Params) (*Autoscaler, error) {
 	return a, nil
 }
 
+// stepTimeout bounds one step of Run.
+const stepTimeout = 3 * time.Minute
+
 // Run steps every interval until ctx ends. A failed step is logged and the
 // next one tried: nothing is scaled on a step that could not observe.
 func (a *Autoscaler) Run(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if _, err := a.Step(ctx); err != nil && ctx.Err() == nil {
+		// A step is bounded: a compose scale-in waits for the workers to
+		// drain (stop_grace_period), nothing longer.
+		sctx, cancel := context.WithTimeout(ctx, stepTimeout)
+		_, err := a.Step(sctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			a.p.Log.Warn().Err(err).Msg("autoscale step failed: holding")
 		}
 		select {
@@ -248,11 +259,11 @@ func (a *Autoscaler) observe(ctx context.Context, bps []BackendPool) autoscale.O
 		reports, _, err = clusterview.Reports(rctx, a.p.NC, 200*time.Millisecond)
 		cancel()
 	}
+	if err == nil && a.p.JS != nil {
+		a.loadRemembered(ctx) // once, when the bucket is first reached
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err == nil && a.kv == nil && a.p.JS != nil {
-		a.loadRemembered(ctx)
-	}
 	hbs := map[string]protocol.Heartbeat{}
 	for _, r := range reports {
 		for _, hb := range r.Nodes {
@@ -357,6 +368,8 @@ func toModels(m map[string]map[string]bool) []autoscale.Model {
 // MLSCHED_TASKS (KEDA's metric) and spreads it over the task types in
 // proportion to their backlog (exact with one type).
 func (a *Autoscaler) addLag(ctx context.Context, obs *autoscale.Observation) error {
+	ctx, cancel := context.WithTimeout(ctx, bucketTimeout)
+	defer cancel()
 	st, err := a.p.JS.Stream(ctx, topology.StreamTasks)
 	if err != nil {
 		return err
@@ -408,6 +421,13 @@ func KVKey(pool string) string {
 	return string(b)
 }
 
+// bucketTimeout bounds every request on the decisions bucket: a request
+// the server refuses (a permission missing) gets no reply, and must not
+// stall the scaler.
+const bucketTimeout = 5 * time.Second
+
+// bucket returns the decisions bucket, creating it the first time. Called
+// with kvMu held.
 func (a *Autoscaler) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if a.kv != nil {
 		return a.kv, nil
@@ -415,6 +435,8 @@ func (a *Autoscaler) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if a.p.JS == nil {
 		return nil, errors.New("no JetStream")
 	}
+	ctx, cancel := context.WithTimeout(ctx, bucketTimeout)
+	defer cancel()
 	kv, err := topology.EnsureAutoscaleBucket(ctx, a.p.JS, a.p.Topology)
 	if err != nil {
 		return nil, err
@@ -424,14 +446,23 @@ func (a *Autoscaler) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 }
 
 // loadRemembered reads the pools' models from the last decisions (a
-// restarted scaler still knows what a pool at zero serves). Called with mu
-// held.
+// restarted scaler still knows what a pool at zero serves), once.
 func (a *Autoscaler) loadRemembered(ctx context.Context) {
+	a.kvMu.Lock()
+	defer a.kvMu.Unlock()
+	if a.loaded {
+		return
+	}
 	kv, err := a.bucket(ctx)
 	if err != nil {
 		return
 	}
+	a.loaded = true
+	ctx, cancel := context.WithTimeout(ctx, bucketTimeout)
+	defer cancel()
 	ds, _ := clusterview.ReadAutoscaleFrom(ctx, kv)
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	for _, d := range ds {
 		if len(d.Models) > 0 && a.models[d.Pool] == nil {
 			a.models[d.Pool] = d.Models
@@ -440,12 +471,14 @@ func (a *Autoscaler) loadRemembered(ctx context.Context) {
 }
 
 func (a *Autoscaler) publish(ctx context.Context, ds []autoscale.Decision) error {
-	a.mu.Lock()
+	a.kvMu.Lock()
 	kv, err := a.bucket(ctx)
-	a.mu.Unlock()
+	a.kvMu.Unlock()
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, bucketTimeout)
+	defer cancel()
 	var errs []error
 	for _, d := range ds {
 		data, err := json.Marshal(d)

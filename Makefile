@@ -269,6 +269,29 @@ redis-restart: build redis-server ## issue 14's Redis restart sequence at full s
 		MLSCHED_RESTART_RESEED=$(RESTART_RESEED) $(GO) test -race=false -count=1 -run '^TestRedisRestartKeepsLearning$$' -v -timeout 60m ./ \
 		| grep -v '^redis: '
 
+# The autoscaler judged on a trace (e2e/autoscale_replay_test.go): the
+# Azure code trace's first REPLAY_MINUTES at REPLAY_SPEED, once with
+# mlsched autoscale's formula and once with KEDA's (ceil(lag/10), 30 s
+# polling, 300 s cooldown, time-scaled alike), worker processes started and
+# stopped by a process backend; p50/p99 queue wait, tasks past their
+# deadline, worker-seconds, lost and duplicate results (docs/operations.md).
+REPLAY_MINUTES ?= 20
+REPLAY_SPEED   ?= 10
+REPLAY_MAX     ?= 20
+.PHONY: autoscale-replay
+autoscale-replay: build ## the autoscaler vs KEDA's formula on a bursty trace, real processes: queue wait, deadlines, worker-seconds
+	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_AUTOSCALE_REPLAY=1 MLSCHED_REPLAY_MINUTES=$(REPLAY_MINUTES) MLSCHED_REPLAY_SPEED=$(REPLAY_SPEED) MLSCHED_REPLAY_MAX=$(REPLAY_MAX) \
+		$(GO) test -race=false -count=1 -run '^TestAutoscaleReplay$$' -v -timeout 30m ./
+
+# The step load (e2e/autoscale_replay_test.go, TestAutoscaleStep): idle, 5x
+# one worker's capacity for STEP_SECONDS, idle; mlsched autoscale at its
+# defaults, worker processes: time to enough replicas, back to the minimum.
+STEP_SECONDS ?= 120
+.PHONY: autoscale-step
+autoscale-step: build ## the autoscaler under a step load (idle, 5x a worker's capacity for 2 min, idle): time to scale up, back to the minimum
+	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_AUTOSCALE_STEP=1 MLSCHED_STEP_SECONDS=$(STEP_SECONDS) \
+		$(GO) test -race=false -count=1 -run '^TestAutoscaleStep$$' -v -timeout 20m ./
+
 # The compose deployment's secrets (docs/security.md): NATS in operator mode
 # (operator, account and system account keys; auth.conf with their JWTs;
 # creds for the dispatcher, producer and admin; the worker pool's scoped
@@ -303,7 +326,7 @@ images: compose-plugin ## build every compose image without a registry (debootst
 compose-test: ## the docker compose test on real containers (runs make images first; skips without a Docker daemon)
 	@if ! docker info >/dev/null 2>&1; then echo "SKIP compose-test: no Docker daemon reachable (docker info failed)"; exit 0; fi; \
 	$(MAKE) --no-print-directory images && \
-	cd e2e && MLSCHED_COMPOSE_TEST=1 $(GO) test -race=false -count=1 -run '^TestComposeDocker$$' -v -timeout 20m ./
+	cd e2e && MLSCHED_COMPOSE_TEST=1 $(GO) test -race=false -count=1 -run '^(TestComposeDocker|TestComposeAutoscale)$$' -v -timeout 30m ./
 
 # The chaos schedule on the compose cluster (cluster.yml): NATS server kill,
 # pause past the election timeout, network disconnect, rolling restart,

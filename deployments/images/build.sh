@@ -123,8 +123,15 @@ version=$(git describe --tags --always --dirty 2>/dev/null || echo devel)
 CGO_ENABLED=0 "$go" build -trimpath -ldflags "-s -w -X main.version=$version" -o "$out/" \
 	./dispatcher/cmd/dispatcher ./dispatcher/cmd/mlsched ./worker/cmd/worker
 (cd e2e && CGO_ENABLED=0 "$go" build -trimpath -ldflags "-s -w" -o "$out/nats-server" github.com/nats-io/nats-server/v2)
+# The compose CLI for the autoscale profile's image (mlsched autoscale
+# scales compose services with it): the plugin docker uses here, a static
+# Go binary (make compose-plugin builds one); without it the Dockerfile
+# builds Compose from the Go module proxy.
+rm -f "$out/docker-compose"
+plugin=$(docker info --format '{{range .ClientInfo.Plugins}}{{if eq .Name "compose"}}{{.Path}}{{end}}{{end}}' 2>/dev/null || true)
+if [ -n "$plugin" ] && [ -x "$plugin" ]; then cp "$plugin" "$out/docker-compose"; fi
 touch "$out/.prebuilt"
-bins_tag=mlsched-base/binaries:$(cd "$out" && sha256sum dispatcher mlsched worker nats-server | sha256sum | cut -c1-12)
+bins_tag=mlsched-base/binaries:$(cd "$out" && sha256sum dispatcher mlsched worker nats-server $(ls docker-compose 2>/dev/null) | sha256sum | cut -c1-12)
 if ! have_image "$bins_tag"; then
 	say "image $bins_tag: the binaries on $base_tag"
 	printf 'FROM %s\nCOPY out/ /out/\n' "$base_tag" | DOCKER_BUILDKIT=0 docker build -q -t "$bins_tag" -f - "$cache/binaries" >/dev/null 2>"$cache/binaries.log" ||

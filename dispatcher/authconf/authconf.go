@@ -84,6 +84,7 @@ var (
 	kvSuperseded = kvStream(topology.BucketSuperseded)
 	kvDispatcher = kvStream(topology.BucketDispatcher)
 	kvRollouts   = kvStream(topology.BucketRollouts)
+	kvAutoscale  = kvStream(topology.BucketAutoscale)
 )
 
 // streamAPI grants the JetStream API verbs on stream s.
@@ -149,6 +150,8 @@ func dispatcherPerms() Permissions {
 		// may not cancel tasks, which is the admin's.
 		protocol.SubjectAdminStats,
 	)
+	// The dashboard shows the autoscaler's decisions: read only.
+	p.Publish = append(p.Publish, streamAPI(kvAutoscale, "INFO", "get", "consume")...)
 	// A tenant's tasks beyond its share of a band's pull window are parked
 	// on subjects of their own (dispatcher/park.go).
 	p.Publish = append(p.Publish, topology.ParkedFilters()...)
@@ -177,6 +180,10 @@ func adminPerms() Permissions {
 	// mlsched rollout starts and steers rollouts
 	p.Publish = append(p.Publish, streamAPI(kvRollouts, "INFO", "CREATE", "get", "consume")...)
 	p.Publish = append(p.Publish, "$KV."+topology.BucketRollouts+".>")
+	// mlsched autoscale publishes its decisions; top reads them
+	// (creating a bucket reads the account's JetStream limits first)
+	p.Publish = append(p.Publish, streamAPI(kvAutoscale, "INFO", "CREATE", "get", "consume")...)
+	p.Publish = append(p.Publish, "$KV."+topology.BucketAutoscale+".>", "$JS.API.INFO")
 	p.Publish = append(p.Publish, subjectAdminAll) // stats, cancel
 	p.Subscribe = []string{natsconn.InboxAdmin + ".>", natsconn.InboxProducer + ".>"}
 	return p

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/dispatcher/autoscale"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -60,6 +61,10 @@ type View struct {
 	// cost of the replicas' attempts summed, by type, model and tenant.
 	Budgets []protocol.BudgetReport `json:"budgets,omitempty"`
 	Cost    *protocol.CostReport    `json:"cost,omitempty"`
+	// Autoscale are the autoscaler's last decisions, one per worker pool
+	// (replicas now, recommended, and why), from MLSCHED_AUTOSCALE; none
+	// when no autoscaler runs.
+	Autoscale []autoscale.Decision `json:"autoscale,omitempty"`
 	// Problems lists what could not be read (the rest of the view stands).
 	Problems []string `json:"problems,omitempty"`
 }
@@ -153,6 +158,11 @@ func Gather(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, opt Opti
 			v.Problems = append(v.Problems, "dead letters: "+err.Error())
 		}
 		v.DeadLetters, v.DeadLettersTotal = dls, total
+		ds, err := ReadAutoscale(ctx, js)
+		if err != nil {
+			v.Problems = append(v.Problems, "autoscale decisions: "+err.Error())
+		}
+		v.Autoscale = ds
 	}
 	return v, nil
 }
@@ -485,4 +495,40 @@ func rolloutAhead(a, b protocol.RolloutReport) bool {
 		return r.New.Successes + r.New.Failures + r.Incumbent.Successes + r.Incumbent.Failures
 	}
 	return n(a) > n(b)
+}
+
+// ReadAutoscale reads every pool's last decision from MLSCHED_AUTOSCALE
+// (none when the bucket does not exist: no autoscaler ever ran).
+func ReadAutoscale(ctx context.Context, js jetstream.JetStream) ([]autoscale.Decision, error) {
+	kv, err := js.KeyValue(ctx, topology.BucketAutoscale)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ReadAutoscaleFrom(ctx, kv)
+}
+
+// ReadAutoscaleFrom reads every decision of the bucket, by pool name;
+// unreadable entries are skipped.
+func ReadAutoscaleFrom(ctx context.Context, kv jetstream.KeyValue) ([]autoscale.Decision, error) {
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer lister.Stop()
+	var out []autoscale.Decision
+	for k := range lister.Keys() {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var d autoscale.Decision
+		if json.Unmarshal(e.Value(), &d) == nil && d.Pool != "" {
+			out = append(out, d)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pool < out[j].Pool })
+	return out, nil
 }

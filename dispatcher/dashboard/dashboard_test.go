@@ -14,10 +14,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/dispatcher/autoscale"
 	"github.com/mlsched/mlsched/dispatcher/clusterview"
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // env is a real NATS server, a dispatcher replica in-process and a dashboard
@@ -251,5 +253,39 @@ func TestMountedOnTheDispatcherListener(t *testing.T) {
 	}
 	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, "mlsched_") {
 		t.Errorf("/metrics next to the dashboard: %d", code)
+	}
+}
+
+// The view carries the autoscaler's decisions from MLSCHED_AUTOSCALE: each
+// pool's replicas, the recommendation and why, which the page shows.
+func TestViewShowsAutoscaleDecisions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	kv, err := topology.EnsureAutoscaleBucket(e.ctx, e.ns.JS, topology.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := autoscale.Decision{Pool: "worker", Current: 2, Target: 6, Needed: 9, Reason: "scale up 2→6: needs 70.0 slots", At: time.Now()}
+	data, _ := json.Marshal(d)
+	if _, err := kv.Put(e.ctx, "worker", data); err != nil {
+		t.Fatal(err)
+	}
+	var snap struct {
+		View clusterview.View `json:"view"`
+	}
+	eventually(t, "the pool's decision in /api/view", func() bool {
+		_, body, _ := e.get("/api/view")
+		if err := json.Unmarshal([]byte(body), &snap); err != nil {
+			t.Fatalf("/api/view: %v: %s", err, body)
+		}
+		return len(snap.View.Autoscale) == 1
+	})
+	if got := snap.View.Autoscale[0]; got.Pool != "worker" || got.Current != 2 || got.Target != 6 || got.Reason != d.Reason {
+		t.Fatalf("decision in the view: %+v", got)
+	}
+	_, page, _ := e.get("/")
+	_, js, _ := e.get("/app.js")
+	if !strings.Contains(page, `id="autoscale"`) || !strings.Contains(js, "v.autoscale") {
+		t.Fatal("the page has no worker pools panel fed by the view's autoscale decisions")
 	}
 }

@@ -34,6 +34,10 @@ const (
 	// current (or last) rollout and history (dispatcher/rollout). Every
 	// dispatcher replica watches it and updates it by compare-and-set.
 	BucketRollouts = "MLSCHED_ROLLOUTS"
+	// BucketAutoscale holds one key per worker pool: the autoscaler's last
+	// decision for it (replicas now, recommended, and why), written by
+	// `mlsched autoscale` and read by the dashboard and `mlsched top`.
+	BucketAutoscale = "MLSCHED_AUTOSCALE"
 
 	SubjectTasksAll    = "mlsched.tasks.>"
 	SubjectDispatchAll = "mlsched.node.*.tasks"
@@ -656,6 +660,25 @@ func EnsureDispatcherBucket(ctx context.Context, js jetstream.JetStream, c Confi
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketDispatcher, err)
+	}
+	return kv, nil
+}
+
+// EnsureAutoscaleBucket creates the autoscaler's decisions bucket (one
+// entry per pool, the last decision only) or returns the existing one.
+func EnsureAutoscaleBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	c = c.withDefaults()
+	kv, err := js.KeyValue(ctx, BucketAutoscale)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: BucketAutoscale, Storage: c.Storage, Replicas: c.Replicas, History: 1,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, BucketAutoscale)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketAutoscale, err)
 	}
 	return kv, nil
 }

@@ -103,6 +103,7 @@ func commands() []command {
 		{name: "cancel", summary: "cancel a task that has no result yet: it gets a cancelled result", run: runCancel, admin: true},
 		{name: "nodes", summary: "list live worker nodes", run: runNodes, admin: true},
 		{name: "rollout", summary: "start, follow and steer a model version's rollout: status, pause, resume, promote, abort, history", run: runRollout, admin: true},
+		{name: "autoscale", summary: "scale worker pools from arrival rate, service time and backlog (compose), or recommend (-dry-run, metric)", run: runAutoscale, admin: true},
 		{name: "dlq", summary: "list, show or replay dead letters", run: runDLQ, admin: true},
 		{name: "auth", summary: "write NATS nkeys and least-privilege permissions per role (auth init)", run: runAuth},
 		{name: "simulate", summary: "run the scheduling simulator",

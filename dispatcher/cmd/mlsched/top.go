@@ -156,6 +156,17 @@ func renderView(w io.Writer, v *clusterview.View, now time.Time) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, backlogLine(v.Backlog))
 
+	if len(v.Autoscale) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "POOL\tREPLICAS\tRECOMMENDED\tNEEDED\tDECIDED\tWHY")
+		for _, d := range v.Autoscale {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s ago\t%s\n", d.Pool, d.Current, d.Target, d.Needed,
+				now.Sub(d.At).Round(time.Second), oneLine(d.Reason, 140))
+		}
+		tw.Flush()
+	}
+
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "DISPATCHER\tSTORE\tMODE\tSNAPSHOT")

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/autoscale"
 	"github.com/mlsched/mlsched/dispatcher/clusterview"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -29,5 +30,24 @@ func TestTopShowsUnreadyModels(t *testing.T) {
 	}
 	if strings.Contains(out, "healthy") {
 		t.Errorf("top says healthy with an unready model:\n%s", out)
+	}
+}
+
+// top shows each pool's replicas, the autoscaler's recommendation and why.
+func TestTopShowsAutoscaleDecisions(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	v := clusterview.Merge(nil, now)
+	v.Autoscale = []autoscale.Decision{{Pool: "worker", Current: 3, Target: 7, Needed: 9, At: now.Add(-4 * time.Second),
+		Reason: "scale up 3→7: needs 70.0 slots"}}
+	var b bytes.Buffer
+	renderView(&b, v, now)
+	out := b.String()
+	for _, want := range []string{"POOL", "RECOMMENDED", "worker", "4s ago", "scale up 3→7: needs 70.0 slots"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("top lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(out, "worker  3         7            9") {
+		t.Errorf("top's pool row is not current 3, recommended 7, needed 9:\n%s", out)
 	}
 }

@@ -163,6 +163,13 @@ function render() {
     el("td", {}, e.band), el("td", {}, e.code), el("td", { class: "recent" }, e.tasks - (before[key(e)] || 0)),
     el("td", { class: "total" }, e.tasks))), "nothing shed", 4);
 
+  // Worker pools: the autoscaler's last decision per pool.
+  const pools = v.autoscale || [];
+  document.getElementById("autoscale-section").hidden = pools.length === 0;
+  fillBody("#autoscale", pools.map(d => el("tr", { "data-pool": d.pool, class: d.target !== d.current ? "hot" : "" },
+    el("td", {}, d.pool), el("td", { class: "current" }, d.current), el("td", { class: "recommended" }, d.target),
+    el("td", { class: "needed" }, d.needed), el("td", {}, age(d.at)), el("td", { class: "why" }, d.reason))), "no pool", 6);
+
   // Queue targets: per (model, node), from the measured service time.
   const targets = v.queue_targets || [];
   document.getElementById("targets-section").hidden = targets.length === 0;

@@ -41,6 +41,11 @@ import (
 // node announces itself within another (the chaos failure of seed
 // 29198843: after a nats-server kill some types' nodes were back and
 // others not yet, and valid tasks of the latter were rejected at once).
+// The same holds for one type whose every node went within the no-node
+// wait plus the node TTL (typeOutage): some nodes of the cluster may be
+// live while that type's have all gone at once, or the registry, blind,
+// is about to forget every node together (registry.Silent). Such tasks
+// wait without the bound, and no other type's task evicts them.
 // Once nodes have been live again for the node TTL (time for every node to
 // announce itself), or twice that after a reconnection, a room still over
 // its bound is cut back to it by the same rule: the type keeping the most

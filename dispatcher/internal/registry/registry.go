@@ -212,16 +212,13 @@ func (r *Registry) expire() {
 	defer r.mu.Unlock()
 	now := r.now()
 	cut := r.cutLocked(now)
-	changed := false
 	for id, e := range r.nodes {
 		if e.seen.Before(cut) {
 			delete(r.nodes, id)
-			changed = true
 			r.log.Warn().Str("node", id).Bool("registry_silent", r.silent.Load()).Msg("node expired: no heartbeat within the TTL")
 		}
 	}
 	// published even when nobody expired: the served stamps and silence
-	_ = changed
 	r.publishLocked()
 }
 

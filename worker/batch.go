@@ -122,6 +122,14 @@ func (b *batcher) submit(d dispatch, t slotTicket) batchResult {
 	return <-it.res
 }
 
+// held reports how many dispatches wait in the batcher (a dispatch is
+// counted as waiting by the node before its goroutine reaches submit).
+func (b *batcher) held() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.pending)
+}
+
 // due is when it must leave: max_delay after it arrived, or earlier when
 // its deadline leaves no more (the model's mean batch run and a margin
 // before it).

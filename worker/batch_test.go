@@ -165,7 +165,9 @@ func TestBatchPriorityOrder(t *testing.T) {
 	for _, id := range []string{"high1", "high2"} {
 		h.dispatch(id, "b", dispatchOpts{body: body(id, 1)})
 	}
-	waitFor(t, 10*time.Second, "four tasks waiting for a batch", func() bool { return r.w.waiting.Load() == 4 })
+	// Counted as waiting is not yet in the batcher: wait until all four
+	// are, or the batch that goes when the slot frees misses some of them.
+	waitFor(t, 10*time.Second, "four tasks waiting in the batcher", func() bool { return r.w.models["b"].batch.held() == 4 })
 	close(gate)
 	h.collect(5, 20*time.Second)
 	calls := log.get()

@@ -203,6 +203,9 @@ type Report struct {
 	// RiverRatio is mlsched's throughput over River's on Postgres, in
 	// the same run (issue 24: at least 1 in durable mode).
 	RiverRatio float64 `json:"river_throughput_ratio,omitempty"`
+	// AsynqRatio is mlsched's throughput over asynq's on Redis without
+	// persistence, in the same run (issue 46: at least 2 in fast mode).
+	AsynqRatio float64 `json:"asynq_throughput_ratio,omitempty"`
 	// BatchRatio is digits-batch's throughput over digits', in this run:
 	// what dynamic batching buys on a model with a fixed cost per call.
 	BatchRatio float64 `json:"batch_throughput_ratio,omitempty"`
@@ -301,10 +304,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	o = o.withDefaults()
 	for _, s := range o.Scenarios {
 		if !slices.Contains([]string{ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver,
-			ScenarioDigits, ScenarioDigitsBatch}, s) {
-			return nil, fmt.Errorf("%w %q (want %s, %s, %s, %s, %s, %s, %s or %s)", ErrUnknownScenario, s,
+			ScenarioAsynq, ScenarioDigits, ScenarioDigitsBatch}, s) {
+			return nil, fmt.Errorf("%w %q (want %s, %s, %s, %s, %s, %s, %s, %s or %s)", ErrUnknownScenario, s,
 				ScenarioRelay, ScenarioMlsched, ScenarioObserved, ScenarioRelayAuth, ScenarioMlschedAuth, ScenarioRiver,
-				ScenarioDigits, ScenarioDigitsBatch)
+				ScenarioAsynq, ScenarioDigits, ScenarioDigitsBatch)
 		}
 		if base, _ := authScenario(s); base == ScenarioRelay && len(o.RelayCommand) == 0 {
 			return nil, errors.New("bench: the relay scenario needs Options.RelayCommand")
@@ -336,15 +339,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			fmt.Fprintf(o.Progress, "== scenario %s skipped: one Postgres server, compared with one nats-server only\n", name)
 			continue
 		}
+		if name == ScenarioAsynq && o.ClusterNodes > 0 {
+			fmt.Fprintf(o.Progress, "== scenario %s skipped: one redis-server, compared with one nats-server only\n", name)
+			continue
+		}
 		fmt.Fprintf(o.Progress, "== scenario %s\n", name)
 		var (
 			s     Scenario
 			profs []*Profile
 			err   error
 		)
-		if name == ScenarioRiver {
+		switch name {
+		case ScenarioRiver:
 			s, err = runRiver(ctx, o, filepath.Join(dir, name))
-		} else {
+		case ScenarioAsynq:
+			s, err = runAsynq(ctx, o, filepath.Join(dir, name))
+		default:
 			s, profs, err = runScenario(ctx, o, name, filepath.Join(dir, name))
 		}
 		if err != nil {
@@ -374,6 +384,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	relay, mls := rep.Scenario(ScenarioRelay), rep.Scenario(ScenarioMlsched)
 	if rv := rep.Scenario(ScenarioRiver); rv != nil && mls != nil && rv.Throughput.Throughput > 0 {
 		rep.RiverRatio = mls.Throughput.Throughput / rv.Throughput.Throughput
+	}
+	if aq := rep.Scenario(ScenarioAsynq); aq != nil && mls != nil && aq.Throughput.Throughput > 0 {
+		rep.AsynqRatio = mls.Throughput.Throughput / aq.Throughput.Throughput
 	}
 	if d, db := rep.Scenario(ScenarioDigits), rep.Scenario(ScenarioDigitsBatch); d != nil && db != nil && d.Throughput.Throughput > 0 {
 		rep.BatchRatio = db.Throughput.Throughput / d.Throughput.Throughput

@@ -107,6 +107,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.RiverRatio > 0 {
 		fmt.Fprintf(w, "%s over %s (River on Postgres, fsync on) in this run: throughput %.2fx\n", ScenarioMlsched, ScenarioRiver, r.RiverRatio)
 	}
+	if r.AsynqRatio > 0 {
+		fmt.Fprintf(w, "%s over %s (asynq on Redis, no persistence) in this run: throughput %.2fx\n", ScenarioMlsched, ScenarioAsynq, r.AsynqRatio)
+	}
 	if r.ObservedThroughputRatio > 0 {
 		fmt.Fprintf(w, "watching the dispatcher (%s over %s in this run): throughput %.2fx, latency-phase p99 %.2fx\n",
 			ScenarioObserved, ScenarioMlsched, r.ObservedThroughputRatio, r.ObservedP99Ratio)

@@ -152,6 +152,7 @@ type SummaryRow struct {
 	NATSCPUPerTask, RelayNATSCPU  float64 // nats-server(s), µs per task, throughput phase
 	MlsTputVsOneServer            float64 // this topology's mlsched throughput over one server's (same mode)
 	RiverTput, RiverRatio         float64 // River on Postgres (scenario river) and mlsched over it; 0 when it did not run
+	AsynqTput, AsynqRatio         float64 // asynq on Redis (scenario asynq) and mlsched over it; 0 when it did not run
 	Targets                       Targets
 	Overloaded                    []string
 }
@@ -184,6 +185,10 @@ func (s *Suite) Summary() []SummaryRow {
 		if rv := r.Scenario(ScenarioRiver); rv != nil {
 			row.RiverTput = rv.Throughput.Throughput
 			row.RiverRatio = ratio(row.MlsTput, row.RiverTput)
+		}
+		if aq := r.Scenario(ScenarioAsynq); aq != nil {
+			row.AsynqTput = aq.Throughput.Throughput
+			row.AsynqRatio = ratio(row.MlsTput, row.AsynqTput)
 		}
 		for _, sc := range r.Scenarios {
 			if sc.Latency.Throughput < 0.95*float64(r.Options.Rate) {
@@ -241,6 +246,8 @@ func (s *Suite) Medians() []SummaryRow {
 			MlsTputVsOneServer: med(func(r SummaryRow) float64 { return r.MlsTputVsOneServer }),
 			RiverTput:          med(func(r SummaryRow) float64 { return r.RiverTput }),
 			RiverRatio:         med(func(r SummaryRow) float64 { return r.RiverRatio }),
+			AsynqTput:          med(func(r SummaryRow) float64 { return r.AsynqTput }),
+			AsynqRatio:         med(func(r SummaryRow) float64 { return r.AsynqRatio }),
 		})
 	}
 	return out
@@ -252,6 +259,16 @@ func (s *Suite) Medians() []SummaryRow {
 func riverTarget(mode string) float64 {
 	if mode == ModeDurable.Name {
 		return 1
+	}
+	return 0
+}
+
+// asynqTarget is issue 46's target for mlsched over asynq: at least twice
+// its throughput in fast mode (neither side fsyncs); none in durable mode,
+// where nats-server fsyncs and Redis does not.
+func asynqTarget(mode string) float64 {
+	if mode == ModeFast.Name {
+		return 2
 	}
 	return 0
 }
@@ -280,7 +297,7 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 			o.Tasks, o.Rate, o.LatencyTasks, o.Nodes, o.Models, o.Concurrency)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tservers\tround\trelay tasks/s\tmlsched tasks/s\tratio\trelay p50 ms\tmlsched p50 ms\tratio\trelay p99 ms\tmlsched p99 ms\tratio\tdisp+workers µs/task\tnats µs/task (relay / mlsched)\tvs 1 server\triver tasks/s\tmlsched/river\t")
+	fmt.Fprintln(tw, "mode\tservers\tround\trelay tasks/s\tmlsched tasks/s\tratio\trelay p50 ms\tmlsched p50 ms\tratio\trelay p99 ms\tmlsched p99 ms\tratio\tdisp+workers µs/task\tnats µs/task (relay / mlsched)\tvs 1 server\triver tasks/s\tmlsched/river\tasynq tasks/s\tmlsched/asynq\t")
 	verdict := func(v, target float64, atLeast bool) string {
 		if target == 0 || v == 0 {
 			return fmt.Sprintf("%.2fx", v)
@@ -316,11 +333,15 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 		if r.RiverTput > 0 {
 			river, riverRatio = fmt.Sprintf("%.0f", r.RiverTput), verdict(r.RiverRatio, riverTarget(r.Mode), true)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f / %.0f\t%s\t%s\t%s\t\n",
+		asynqT, asynqRatio := "-", "-"
+		if r.AsynqTput > 0 {
+			asynqT, asynqRatio = fmt.Sprintf("%.0f", r.AsynqTput), verdict(r.AsynqRatio, asynqTarget(r.Mode), true)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%.0f\t%s\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f / %.0f\t%s\t%s\t%s\t%s\t%s\t\n",
 			r.Mode, r.Topology, round, r.RelayTput, r.MlsTput, verdict(r.TputRatio, r.Targets.ThroughputRatio, true),
 			r.RelayP50, r.MlsP50, verdict(r.P50Ratio, r.Targets.P50Ratio, false),
 			r.RelayP99, r.MlsP99, verdict(r.P99Ratio, r.Targets.P99Ratio, false),
-			cpu, r.RelayNATSCPU, r.NATSCPUPerTask, vs, river, riverRatio)
+			cpu, r.RelayNATSCPU, r.NATSCPUPerTask, vs, river, riverRatio, asynqT, asynqRatio)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -50,7 +50,7 @@ func benchMain(args []string) int {
 	fs.BoolVar(&o.Trace, "trace", false, "time every hop with core-NATS observers of the dispatch, outcome and result subjects (adds server load)")
 	dispEnv := fs.String("dispatcher-env", "", "extra dispatcher variables, KEY=VALUE,... (e.g. MLSCHED_MAX_IN_FLIGHT=4096)")
 	workerEnv := fs.String("worker-env", "", "extra worker variables, KEY=VALUE,... (e.g. MLSCHED_LOG_LEVEL=warn)")
-	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order: relay, mlsched, mlsched-observed (mlsched while dashboards and scrapers watch), digits and digits-batch (the scikit-learn digits model over OIP v2 without and with batching), relay-auth, mlsched-auth (with authorization), river (River on Postgres 15, fsync on, one server only)")
+	scenarios := fs.String("scenarios", "relay,mlsched", "scenarios to run, in order: relay, mlsched, mlsched-observed (mlsched while dashboards and scrapers watch), digits and digits-batch (the scikit-learn digits model over OIP v2 without and with batching), relay-auth, mlsched-auth (with authorization), river (River on Postgres 15, fsync on, one server only), asynq (asynq on redis-server without persistence, one server only)")
 	auth := fs.Bool("auth", false, "also run relay and mlsched with authorization (nats-server including the auth.conf of `mlsched auth init`, every process on its role's nkey), each right after its open run, and report the cost as ratios")
 	fs.IntVar(&o.Observers, "observers", 8, "mlsched-observed: dashboard event streams held open (half never read) and /metrics scrapers")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", time.Second, "mlsched-observed: each scraper's period")

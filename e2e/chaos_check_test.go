@@ -223,6 +223,14 @@ type chaosTask struct {
 // verdict summarises the results and lists every broken rule.
 type verdict struct {
 	Succeeded, Failed, FailedExhausted, FailedTaskError, Rejected int
+	// ByFault counts the valid tasks that failed because of a fault
+	// (issue 39): a failure with attempts left (whatever was healthy), or
+	// attempts exhausted with an attempt lost, lost with its node or
+	// expired on the way. Each is also a problem: a run fails on any.
+	// OwnModels counts the exhausted tasks whose every attempt failed on
+	// the model's own account (a model error or a hang's timeout): the
+	// price of flaky models, not of the faults.
+	ByFault, OwnModels int
 	// Attempts counts attempts per final-attempt status over all results.
 	Attempts map[protocol.OutcomeStatus]int
 	Problems []string
@@ -238,9 +246,11 @@ func (v *verdict) problem(format string, a ...any) {
 //   - its history is the chain of its attempts: numbered 1..Attempts, on
 //     known models, every attempt but the last a retryable failure, the last
 //     one matching the result's status;
-//   - a failed result either ran all maxAttempts attempts (attempts
-//     exhausted) or ended in a task error; failing with attempts left is
-//     tolerated only if no other model was healthy when it failed;
+//   - a failed result either ended in a task error or ran all maxAttempts
+//     attempts (attempts exhausted) on its models' own failures: failing
+//     with attempts left, or exhausting them through an attempt a fault
+//     ended, is a valid task turned away by a fault (issue 39), whatever
+//     was healthy then;
 //   - a bad task was rejected with type_mismatch, without attempts.
 func verifyResults(tasks []chaosTask, results map[string]*protocol.Result, models map[string]*chaosModel,
 	outages []outage, maxAttempts int) verdict {
@@ -283,19 +293,38 @@ func verifyResults(tasks []chaosTask, results map[string]*protocol.Result, model
 			case r.ErrorCode == protocol.CodeAttemptsExhausted && r.Attempts == maxAttempts:
 				v.FailedExhausted++
 				checkHistory(&v, r, models, "")
-			default:
-				// Failed with attempts left, without a task error: only
-				// acceptable when no other model could have taken it.
-				if h := healthyModels(models, outages, r.FinishedAt, last.Model); len(h) > 0 {
-					v.problem("%s: failed (%s: %s) after %d of %d attempts while %v were healthy; history %s",
-						r.ID, r.ErrorCode, r.Error, r.Attempts, maxAttempts, h, historyString(r))
+				if faulty := faultAttempts(r); len(faulty) > 0 {
+					v.ByFault++
+					v.problem("%s: attempts exhausted because of a fault (attempts %v); history %s", r.ID, faulty, historyString(r))
+				} else {
+					v.OwnModels++
 				}
+			default:
+				// Failed with attempts left, without a task error: a valid
+				// task turned away by a fault, whatever was healthy then.
+				v.ByFault++
+				v.problem("%s: failed (%s: %s) after %d of %d attempts (healthy then: %v); history %s",
+					r.ID, r.ErrorCode, r.Error, r.Attempts, maxAttempts, healthyModels(models, outages, r.FinishedAt, last.Model), historyString(r))
 			}
 		default:
+			v.ByFault++
 			v.problem("%s: a valid task got %s (%s: %s); history %s", r.ID, r.Status, r.ErrorCode, r.Error, historyString(r))
 		}
 	}
 	return v
+}
+
+// faultAttempts are the attempts of r that a fault ended, not its model:
+// lost (found at its deadline), lost with its node, or expired waiting.
+func faultAttempts(r *protocol.Result) []int {
+	var out []int
+	for _, a := range r.History {
+		switch a.Status {
+		case protocol.OutcomeLost, protocol.OutcomeNodeLost, protocol.OutcomeExpired:
+			out = append(out, a.Attempt)
+		}
+	}
+	return out
 }
 
 // checkHistory checks the chain of attempts. final is the status the last

@@ -372,6 +372,8 @@ func runChaos(t *testing.T, cv chaosVariant) {
 			len(tasks), len(ids), good, v.Rejected, noID, prod.retries.Load(), prod.dupAcks.Load(), waitErrs),
 		fmt.Sprintf("results: succeeded %d, failed %d (attempts exhausted %d, task error %d), rejected %d",
 			v.Succeeded, v.Failed, v.FailedExhausted, v.FailedTaskError, v.Rejected),
+		fmt.Sprintf("valid tasks failed or rejected because of a fault: %d (must be 0); exhausted on their own models' failures alone: %d",
+			v.ByFault, v.OwnModels),
 		fmt.Sprintf("dead-lettered %d (%s %d messages: invalid %d, exhausted %d, other %d)",
 			dlq.total, topology.StreamDLQ, dlq.total, dlq.bySubject["invalid"], dlq.bySubject["exhausted"],
 			dlq.total-dlq.bySubject["invalid"]-dlq.bySubject["exhausted"]),

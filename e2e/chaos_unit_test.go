@@ -125,7 +125,7 @@ func TestChaosVerdict(t *testing.T) {
 		History: []protocol.Attempt{att(1, "bad", protocol.OutcomeLost), att(2, "good", protocol.OutcomeSuccess)}}
 	exhausted := &protocol.Result{ID: "ex", Type: "x", Status: protocol.StatusFailed, ErrorCode: protocol.CodeAttemptsExhausted,
 		Attempts: 3, FinishedAt: t0, History: []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError),
-			att(2, "good", protocol.OutcomeTimeout), att(3, "bad", protocol.OutcomeExpired)}}
+			att(2, "good", protocol.OutcomeTimeout), att(3, "bad", protocol.OutcomeModelError)}}
 	taskErr := &protocol.Result{ID: "te", Type: "x", Status: protocol.StatusFailed, ErrorCode: protocol.CodeTaskError,
 		Attempts: 1, History: []protocol.Attempt{att(1, "good", protocol.OutcomeTaskError)}}
 	early := &protocol.Result{ID: "early", Type: "x", Status: protocol.StatusFailed, ErrorCode: protocol.CodeNoModel,
@@ -135,18 +135,30 @@ func TestChaosVerdict(t *testing.T) {
 		{ID: "rej", Type: "x", Kind: kindRejected}, {Kind: kindNoID, Type: "x"}}
 	results := map[string]*protocol.Result{"ok": ok, "ex": exhausted, "te": taskErr, "early": early, "rej": rejected}
 
-	// Failing early while "good" had both nodes up breaks the rule; with both
-	// nodes down nothing else could have run it.
+	// Failing early breaks the rule whatever was healthy (the problem says
+	// what was): with every node down it is a valid task turned away by a
+	// fault all the same (issue 39).
 	v := verifyResults(tasks, results, models, nil, 3)
 	if len(v.Problems) != 1 || !strings.Contains(v.Problems[0], "early: failed") || !strings.Contains(v.Problems[0], "[good]") {
 		t.Fatalf("problems %q, want exactly the early failure with [good] healthy", v.Problems)
 	}
 	v = verifyResults(tasks, results, models, both, 3)
-	if len(v.Problems) != 0 {
-		t.Fatalf("with every node of the healthy model down: problems %q, want none", v.Problems)
+	if len(v.Problems) != 1 || !strings.Contains(v.Problems[0], "early: failed") || !strings.Contains(v.Problems[0], "healthy then: []") {
+		t.Fatalf("with every node of the healthy model down: problems %q, want the early failure with none healthy", v.Problems)
 	}
-	if v.Succeeded != 1 || v.Failed != 3 || v.FailedExhausted != 1 || v.FailedTaskError != 1 || v.Rejected != 1 {
+	if v.Succeeded != 1 || v.Failed != 3 || v.FailedExhausted != 1 || v.FailedTaskError != 1 || v.Rejected != 1 ||
+		v.ByFault != 1 || v.OwnModels != 1 {
 		t.Fatalf("counts %+v", v)
+	}
+	// Exhausted through an attempt a fault ended: a fault's failure too.
+	for _, st := range []protocol.OutcomeStatus{protocol.OutcomeLost, protocol.OutcomeNodeLost, protocol.OutcomeExpired} {
+		c := *exhausted
+		c.History = []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError), att(2, "good", st), att(3, "bad", protocol.OutcomeModelError)}
+		res := map[string]*protocol.Result{"ex": &c}
+		v := verifyResults([]chaosTask{{ID: "ex", Type: "x"}}, res, models, nil, 3)
+		if v.ByFault != 1 || v.OwnModels != 0 || len(v.Problems) != 1 || !strings.Contains(v.Problems[0], "because of a fault (attempts [2])") {
+			t.Errorf("exhausted through a %s attempt: %+v", st, v)
+		}
 	}
 
 	for _, tc := range []struct {

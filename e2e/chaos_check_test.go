@@ -40,12 +40,21 @@ const (
 	faultPauseNATSNode     faultKind = "pause-nats-node"      // SIGSTOP one server for Down (longer than the Raft election timeout), then SIGCONT
 	faultPartitionNATSNode faultKind = "partition-nats-node"  // cut one server off from its peers and its clients for Down, then heal
 	faultRollingNATS       faultKind = "rolling-restart-nats" // restart every server in turn, each once the cluster is healthy again
+	// faultRegistryOutage partitions the server that leads the node
+	// registry (MLSCHED_NODES) for registryOutage: every node's heartbeat
+	// stops reaching the bucket at once, the outage issue 39 asks the
+	// dispatchers to tell from an absence (tasks wait, none is refused).
+	faultRegistryOutage faultKind = "registry-outage"
 )
+
+// registryOutage is how long the registry's leader stays cut off (issue 39:
+// 20 s, longer than the cluster run's node TTL).
+const registryOutage = 20 * time.Second
 
 // clusterFaultKinds are the faults of the NATS-cluster chaos run: the
 // server faults plus the usual worker and dispatcher kills.
 var clusterFaultKinds = []faultKind{faultKillWorker, faultKillDispatcher,
-	faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode, faultRollingNATS}
+	faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode, faultRollingNATS, faultRegistryOutage}
 
 // raftElectionTimeoutMax is nats-server's longest Raft election timeout
 // (server/raft.go, maxElectionTimeoutDefault): a pause longer than it makes
@@ -119,6 +128,8 @@ func chaosScheduleOf(kinds []faultKind, seed int64, rounds int, window time.Dura
 				f.Target, f.Down = rng.IntN(natsNodes), between(raftElectionTimeoutMax+time.Second, raftElectionTimeoutMax+5*time.Second)
 			case faultPartitionNATSNode:
 				f.Target, f.Down = rng.IntN(natsNodes), between(5*time.Second, 15*time.Second)
+			case faultRegistryOutage:
+				f.Down = registryOutage // the target is whichever server leads the bucket then
 			}
 			out = append(out, f)
 		}

@@ -241,7 +241,7 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	// Run: producer, faults and the SDK's WaitAll at once.
 	start := time.Now()
 	prod := &chaosProducer{cl: cl}
-	chaos := &chaosRunner{c: c, workers: workers, disps: disps, counters: counters, start: start}
+	chaos := &chaosRunner{c: c, js: js, workers: workers, disps: disps, counters: counters, start: start}
 	var wg sync.WaitGroup
 	var submitErr error
 	wg.Go(func() { submitErr = prod.run(ctx, tasks, p.Rate, start) })
@@ -704,6 +704,7 @@ func waitAllResults(ctx context.Context, cl *client.Client, ids []string) (map[s
 // chaosRunner injects the scheduled faults one after the other.
 type chaosRunner struct {
 	c        *harness.Cluster
+	js       jetstream.JetStream // the producer's: reads the registry's leader
 	workers  []*harness.Worker
 	disps    []*harness.Dispatcher
 	counters *counterTotals
@@ -764,7 +765,7 @@ func (r *chaosRunner) inject(ctx context.Context, f fault) (string, error) {
 		}
 		sleepCtx(ctx, f.Down)
 		return "redis", r.c.Redis.Start()
-	case faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode, faultRollingNATS:
+	case faultKillNATSNode, faultPauseNATSNode, faultPartitionNATSNode, faultRollingNATS, faultRegistryOutage:
 		return r.injectCluster(ctx, f)
 	}
 	return "", fmt.Errorf("unknown fault %q", f.Kind)
@@ -773,6 +774,39 @@ func (r *chaosRunner) inject(ctx context.Context, f fault) (string, error) {
 // clusterHealTimeout bounds how long a NATS cluster may take to be healthy
 // again (every server up, current and with a meta leader) after a fault.
 const clusterHealTimeout = 2 * time.Minute
+
+// registryLeader is the index of the server that leads the node
+// registry's stream now.
+func (r *chaosRunner) registryLeader(ctx context.Context) (int, error) {
+	nc := r.c.NATSCluster
+	var leader string
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := harness.WaitFor(wctx, func() error {
+		s, err := r.js.Stream(wctx, "KV_"+topology.BucketNodes)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(wctx)
+		if err != nil {
+			return err
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" {
+			return errors.New("no leader")
+		}
+		leader = info.Cluster.Leader
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("the node registry's leader: %w", err)
+	}
+	for i, n := range nc.Nodes {
+		if n.ServerName == leader {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("the node registry's leader %q is none of the servers", leader)
+}
 
 // injectCluster injects a fault of one server of the NATS cluster and
 // returns once every server is healthy again.
@@ -796,8 +830,18 @@ func (r *chaosRunner) injectCluster(ctx context.Context, f fault) (string, error
 			sleepCtx(ctx, f.Down)
 			err = nc.Resume(f.Target)
 		}
+	case faultRegistryOutage:
+		i, lerr := r.registryLeader(ctx)
+		if lerr != nil {
+			return "", lerr
+		}
+		f.Target = i
+		target = nc.Nodes[i].ServerName + " (leader of " + topology.BucketNodes + ")"
+		fallthrough
 	case faultPartitionNATSNode:
-		target = nc.Nodes[f.Target].ServerName
+		if target == "" {
+			target = nc.Nodes[f.Target].ServerName
+		}
 		if err = nc.Partition(f.Target); err != nil {
 			return target, err
 		}

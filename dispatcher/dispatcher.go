@@ -423,7 +423,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	dlq := &deadLetters{js: js, log: d.log, count: &d.counters.DeadLettered,
 		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
 	sweep := &sweeper{js: js, dispatch: dispatchStream, results: resultsStream, dlq: dlq, live: reg.Live, nodes: kv, ttl: d.cfg.NodeTTL,
-		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log}
+		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log,
+		created: dispatchStream.CachedInfo().Created} // a loss before the first sweep is seen too
 	// The stages. complete is publish-then-ack, the one place a consumed
 	// message is settled.
 	complete := &jsplumb.Completer{NakDelay: time.Second}
@@ -446,6 +447,14 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// other tenant's delivery from the same stream.
 	parked, parkGroup := groupCommit(d.cfg, pub, tasksStream)
 	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait, lostGrace(d.cfg.SweepInterval)+d.cfg.SweepInterval)
+	sweep.onRecreated = func(ctx context.Context, created time.Time) {
+		n, err := recordLost(ctx, keeper, superseded, created)
+		ev := d.log.Warn()
+		if err != nil {
+			ev = d.log.Error().Err(err)
+		}
+		ev.Int("attempts", n).Msg("the attempt streams were re-created (a nats-server restart): recorded the attempts dispatched here before, so that their tasks go on from them")
+	}
 	fin := newFinisher(finisherParams{log: d.log, results: results, resPub: resPub, complete: complete, dlq: dlq,
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter,
 		keeper: keeper})

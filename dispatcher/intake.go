@@ -406,7 +406,8 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	// once JetStream has stored the dispatch (or refused it).
 	// The task itself is not acked when its dispatch is stored, but kept
 	// until its result is (taskack.go).
-	settled := in.keeper.dispatched(msg, a.taskAck, deadline)
+	settled := in.keeper.dispatched(msg, a.taskAck, deadline, attemptRecord{Task: t.ID, Type: t.Type, Submission: a.submission,
+		Attempt: a.attempt, MaxAttempts: pd.MaxAttempts, Model: dec.Model, Node: dec.Node, History: a.history})
 	err = in.complete.Publish(context.Background(), in.pub, settled, out, "", func(ack *jetstream.PubAck, err error) error {
 		span.End(err)
 		if err != nil {

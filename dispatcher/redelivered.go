@@ -107,6 +107,10 @@ func (in *intake) redelivered(msg jetstream.Msg, a attemptSpec, o taskOrigin) {
 				in.fin.end(a.endsStored(msg))
 				return
 			}
+			if rec, ok := in.superseded.LostAttempt(a.task.ID, a.submission); ok {
+				in.resumeLost(msg, a, o, rec) // lost.go
+				return
+			}
 			in.enter(msg, a, o)
 		},
 		func() { in.complete.Retry(msg, 0) })

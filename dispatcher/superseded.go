@@ -30,6 +30,9 @@ type supersededSet struct {
 	// cancelled holds the ids of tasks with a cancelled submission, so that
 	// intake checks a task with one map lookup and no key encoding.
 	cancelled map[string]struct{}
+	// lost holds the attempts lost with the attempt streams, by
+	// supersededKey (lost.go).
+	lost map[string]attemptRecord
 	// at is when each key was last written; keys older than retention (the
 	// bucket's TTL, after which the bucket forgets them without telling its
 	// watchers) are pruned, so the set does not grow for ever.
@@ -44,7 +47,7 @@ type supersededSet struct {
 const supersededRetention = 24 * time.Hour
 
 func newSupersededSet(kv jetstream.KeyValue, log zerolog.Logger) *supersededSet {
-	return &supersededSet{kv: kv, log: log, m: map[string]int{}, cancelled: map[string]struct{}{},
+	return &supersededSet{kv: kv, log: log, m: map[string]int{}, cancelled: map[string]struct{}{}, lost: map[string]attemptRecord{},
 		at: map[string]time.Time{}, retention: supersededRetention, now: time.Now}
 }
 
@@ -130,6 +133,10 @@ func (s *supersededSet) apply(e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut {
 		return
 	}
+	if key, ok := strings.CutPrefix(e.Key(), lostKeyPrefix); ok {
+		s.applyLost(key, e.Value(), e.Created())
+		return
+	}
 	if n, err := strconv.Atoi(string(e.Value())); err == nil {
 		s.set(e.Key(), n, e.Created())
 	}
@@ -156,6 +163,7 @@ func (s *supersededSet) pruneLocked() {
 			}
 		}
 		delete(s.m, key)
+		delete(s.lost, key)
 	}
 }
 

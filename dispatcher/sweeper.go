@@ -51,6 +51,12 @@ type sweeper struct {
 	nodes jetstream.KeyValue
 	ttl   time.Duration
 
+	// onRecreated, when set, is told that MLSCHED_DISPATCH was re-created
+	// (a nats-server restart lost it, memory storage) and when: the
+	// attempts dispatched before then were lost with it (lost.go).
+	onRecreated func(ctx context.Context, created time.Time)
+	created     time.Time // the stream's creation time at the last sweep
+
 	known map[string]bool // the nodes live at the last sweep
 	next  uint64          // first sequence not yet looked at
 	due   dueQueue        // dispatches seen, by due time
@@ -110,6 +116,10 @@ func (s *sweeper) sweep(ctx context.Context, now time.Time) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if !s.created.IsZero() && !info.Created.Equal(s.created) && s.onRecreated != nil {
+		s.onRecreated(ctx, info.Created)
+	}
+	s.created = info.Created
 	if s.next > info.State.LastSeq+1 { // the stream was re-created: start over
 		s.next, s.due = 0, nil
 	}

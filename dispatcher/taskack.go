@@ -149,10 +149,11 @@ type dispatchedMsg struct {
 	until time.Time
 	self  bool // Msg is the task
 	keep  *taskKeeper
+	rec   attemptRecord
 }
 
 func (d dispatchedMsg) Ack() error {
-	d.keep.add(d.task, d.until.Add(d.keep.lostAfter))
+	d.keep.add(d.task, d.until.Add(d.keep.lostAfter), d.rec)
 	if d.self {
 		return nil
 	}
@@ -162,11 +163,12 @@ func (d dispatchedMsg) Ack() error {
 // dispatched returns what intake settles once an attempt's dispatch is
 // stored: msg itself when the task has no ack subject (a task dispatched
 // by an older dispatcher).
-func (k *taskKeeper) dispatched(msg jsplumb.Msg, taskAck string, deadline time.Time) jsplumb.Msg {
+func (k *taskKeeper) dispatched(msg jsplumb.Msg, taskAck string, deadline time.Time, rec attemptRecord) jsplumb.Msg {
 	if k == nil || taskAck == "" {
 		return msg
 	}
-	return dispatchedMsg{Msg: msg, task: taskAck, until: deadline, self: isTask(msg, taskAck), keep: k}
+	rec.Dispatched = time.Now()
+	return dispatchedMsg{Msg: msg, task: taskAck, until: deadline, self: isTask(msg, taskAck), keep: k, rec: rec}
 }
 
 // taskKeeper keeps the tasks whose attempts this replica dispatched in
@@ -193,6 +195,10 @@ type taskKeeper struct {
 type keptTask struct {
 	until time.Time // the attempt's deadline
 	last  time.Time // last in-progress signal, or when it was kept
+	// rec is the attempt in flight that this replica dispatched (zero
+	// while a retry waits): what lost.go records should the attempt
+	// streams be lost with it.
+	rec attemptRecord
 }
 
 func newTaskKeeper(nc *nats.Conn, complete *jsplumb.Completer, ackWait, lostAfter time.Duration) *taskKeeper {
@@ -201,14 +207,14 @@ func newTaskKeeper(nc *nats.Conn, complete *jsplumb.Completer, ackWait, lostAfte
 
 // add keeps the task until an attempt's deadline. A task kept already
 // keeps its last signal's time: the server's ack wait runs from there.
-func (k *taskKeeper) add(subj string, until time.Time) {
+func (k *taskKeeper) add(subj string, until time.Time, rec attemptRecord) {
 	now := time.Now()
 	k.mu.Lock()
 	kt, ok := k.tasks[subj]
 	if !ok {
 		kt.last = now
 	}
-	kt.until = until
+	kt.until, kt.rec = until, rec
 	k.tasks[subj] = kt
 	k.mu.Unlock()
 }
@@ -230,8 +236,28 @@ func (k *taskKeeper) keep(msg jsplumb.Msg, taskAck string, until time.Time) {
 	if until.After(kt.until) {
 		kt.until = until
 	}
+	kt.rec = attemptRecord{} // the attempt ended: its retry waits here, in memory
 	k.tasks[taskAck] = kt
 	k.mu.Unlock()
+}
+
+// inFlight returns the attempts this replica dispatched before t that are
+// still kept: those in flight, and those finished by another replica
+// (their records are harmless: a finished task is not delivered again).
+func (k *taskKeeper) inFlight(t time.Time) []attemptRecord {
+	if k == nil {
+		return nil
+	}
+	now := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []attemptRecord
+	for _, kt := range k.tasks {
+		if kt.rec.Attempt > 0 && kt.rec.Dispatched.Before(t) && now.Before(kt.until) {
+			out = append(out, kt.rec)
+		}
+	}
+	return out
 }
 
 func (k *taskKeeper) remove(subj string) {

@@ -88,7 +88,7 @@ func TestKeeperKeepsARetrysTask(t *testing.T) {
 	if !ok || !kt.until.Equal(now.Add(time.Minute)) || !kt.last.IsZero() {
 		t.Fatalf("kept %+v (%v), want until a minute from now, signalled at the next tick", kt, ok)
 	}
-	k.add(task, now.Add(10*time.Second)) // the retry is dispatched
+	k.add(task, now.Add(10*time.Second), attemptRecord{}) // the retry is dispatched
 	if kt = k.tasks[task]; !kt.until.Equal(now.Add(10*time.Second)) || !kt.last.IsZero() {
 		t.Fatalf("after the dispatch: %+v, want until its deadline, its last signal kept", kt)
 	}

@@ -63,6 +63,9 @@ var (
 		// none, and the dispatcher prefers an announced timeout to its own
 		// MLSCHED_TASK_TIMEOUT: both must say 1s.
 		"MLSCHED_DEFAULT_TIMEOUT":    "1s",
+		// Each run is logged at debug ("running the task"): the workers
+		// count a task's runs, which max_attempts must bound (issue 39).
+		"MLSCHED_LOG_LEVEL": "debug",
 		"MLSCHED_NODE_TTL":           "3s",
 		"MLSCHED_HEARTBEAT_INTERVAL": "500ms",
 		"MLSCHED_ACK_WAIT":           "4s",
@@ -79,9 +82,15 @@ type chaosParams struct {
 
 // chaosParamsFromEnv reads the run's parameters; roundTasks is how many
 // tasks make one round of faults when EnvChaosRounds is unset.
-func chaosParamsFromEnv(t *testing.T, roundTasks int) chaosParams {
+func chaosParamsFromEnv(t *testing.T, cv chaosVariant) chaosParams {
 	t.Helper()
 	p := chaosParams{Tasks: 2000, Seed: int64(rand.Uint32()), Rate: 100}
+	if cv.tasks > 0 {
+		p.Tasks = cv.tasks
+	}
+	if cv.rate > 0 {
+		p.Rate = cv.rate
+	}
 	num := func(name string, set func(string) error) {
 		if v := os.Getenv(name); v != "" {
 			if err := set(v); err != nil {
@@ -97,7 +106,7 @@ func chaosParamsFromEnv(t *testing.T, roundTasks int) chaosParams {
 		t.Fatalf("chaos parameters out of range: %+v", p)
 	}
 	if p.Rounds == 0 {
-		p.Rounds = max(1, p.Tasks/roundTasks)
+		p.Rounds = max(1, p.Tasks/cv.roundTasks)
 	}
 	return p
 }
@@ -136,10 +145,17 @@ type chaosVariant struct {
 	roundTasks int
 	// dispatcherEnv overrides chaosDispatcherEnv, workerEnv chaosWorkerEnv.
 	dispatcherEnv, workerEnv map[string]string
+	// tasks and rate replace the defaults (2000 tasks at 100/s) unless
+	// the environment sets them.
+	tasks int
+	rate  float64
+	// watchOutage reads every dispatcher's /readyz and /metrics during the
+	// run and logs how long a node outage showed there.
+	watchOutage bool
 }
 
-func runChaos(t *testing.T, cv chaosVariant) {
-	p := chaosParamsFromEnv(t, cv.roundTasks)
+func runChaos(t *testing.T, cv chaosVariant) *outageSeen {
+	p := chaosParamsFromEnv(t, cv)
 	window := time.Duration(float64(p.Tasks) / p.Rate * float64(time.Second))
 	schedule := chaosScheduleOf(cv.kinds, p.Seed, p.Rounds, window, len(chaosNodes), 2, max(1, cv.natsNodes))
 	t.Logf("chaos: seed %d (replay with %s=%d), %d tasks at %.0f/s over %v, %d faults",
@@ -237,6 +253,10 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	var pollDone sync.WaitGroup
 	pollDone.Go(func() { counters.poll(pollCtx, c, len(disps)) })
+	seen := &outageSeen{}
+	if cv.watchOutage {
+		pollDone.Go(func() { seen.watch(pollCtx, disps) })
+	}
 
 	// Run: producer, faults and the SDK's WaitAll at once.
 	start := time.Now()
@@ -360,6 +380,10 @@ func runChaos(t *testing.T, cv chaosVariant) {
 		logSuppressed += strings.Count(logs, "task already has a final result: suppressed a second one")
 		logLate += strings.Count(logs, "late outcome of a superseded attempt")
 	}
+	runs := countRuns(workers)
+	for id, n := range runs.over(chaosMaxAttempts) {
+		t.Errorf("%s ran %d times on the workers, more than max_attempts %d", id, n, chaosMaxAttempts)
+	}
 	if dups := audit.duplicates(); len(dups) > 0 {
 		t.Errorf("stored results seen more than once: %v", dups[:min(10, len(dups))])
 	}
@@ -378,10 +402,15 @@ func runChaos(t *testing.T, cv chaosVariant) {
 			dlq.total, topology.StreamDLQ, dlq.total, dlq.bySubject["invalid"], dlq.bySubject["exhausted"],
 			dlq.total-dlq.bySubject["invalid"]-dlq.bySubject["exhausted"]),
 		fmt.Sprintf("attempts by outcome: %v", v.Attempts),
+		fmt.Sprintf("runs counted by the workers: %d for %d tasks, at most %d for one task (max_attempts %d)",
+			runs.total(), len(runs), runs.most(), chaosMaxAttempts),
 		fmt.Sprintf("dispatchers (admin stats, summed over runs; a run's last ~250ms before kill -9 is not seen): %v", tot),
 		fmt.Sprintf("dispatcher logs: duplicates suppressed %d, late outcomes %d; result publishes on the wire %d for %d ids; %d results stored in atomic batches (group commit)",
 			logSuppressed, logLate, wire.Load(), len(ids), batched.Load()),
 		fmt.Sprintf("longest time a dispatcher saw no live node: %.1fs", counters.longestNoNode().Seconds()),
+	}
+	if cv.watchOutage {
+		lines = append(lines, seen.String())
 	}
 	lines = append(lines, latencyLines(results)...)
 	for _, o := range chaos.done {
@@ -390,6 +419,7 @@ func runChaos(t *testing.T, cv chaosVariant) {
 	for _, l := range lines {
 		t.Log("chaos: " + l)
 	}
+	return seen
 }
 
 var workQueues = []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes}

@@ -119,6 +119,9 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 	case notStarted(m, d, &out):
 	default:
 		ran = true
+		// One line per run, at debug: the chaos tests count a task's runs
+		// from them (no task may run more than its max_attempts).
+		log.Debug().Msg(runLogMessage)
 		if !w.run(m, d, &out) {
 			stopProgress()
 			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
@@ -128,6 +131,9 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 	}
 	w.finish(msg, d, out, ran, log, stopProgress)
 }
+
+// runLogMessage is the debug line a dispatch logs as its model starts.
+const runLogMessage = "running the task"
 
 // taskLog is the logger of one dispatch.
 func (w *Worker) taskLog(d dispatch) zerolog.Logger {

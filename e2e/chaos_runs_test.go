@@ -1,0 +1,74 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"strings"
+
+	"github.com/mlsched/mlsched/e2e/harness"
+)
+
+// runLogMessage is the worker's debug line as a dispatch's model starts
+// (worker/task.go); the chaos runs set MLSCHED_LOG_LEVEL=debug to get it.
+const runLogMessage = "running the task"
+
+// runCounts is how many times the workers ran each task, counted from their
+// own logs over every run of each process: what a task cost, which
+// max_attempts must bound even when a server restart lost the attempt
+// streams (issue 39).
+type runCounts map[string]int
+
+// countRuns reads every worker's logs.
+func countRuns(workers []*harness.Worker) runCounts {
+	runs := runCounts{}
+	for _, w := range workers {
+		runs.add(w.Logs())
+	}
+	return runs
+}
+
+// add counts the run lines of one process's logs (JSON lines; anything
+// else, such as a line cut by kill -9, is skipped).
+func (r runCounts) add(logs string) {
+	sc := bufio.NewScanner(strings.NewReader(logs))
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !strings.Contains(string(line), runLogMessage) {
+			continue
+		}
+		var l struct {
+			Message string `json:"message"`
+			TaskID  string `json:"task_id"`
+		}
+		if json.Unmarshal(line, &l) != nil || l.Message != runLogMessage || l.TaskID == "" {
+			continue
+		}
+		r[l.TaskID]++
+	}
+}
+
+// over returns the tasks that ran more than max times.
+func (r runCounts) over(max int) map[string]int {
+	out := map[string]int{}
+	for id, n := range r {
+		if n > max {
+			out[id] = n
+		}
+	}
+	return out
+}
+
+func (r runCounts) total() (n int) {
+	for _, c := range r {
+		n += c
+	}
+	return n
+}
+
+func (r runCounts) most() (n int) {
+	for _, c := range r {
+		n = max(n, c)
+	}
+	return n
+}

@@ -325,6 +325,26 @@ func verifyResults(tasks []chaosTask, results map[string]*protocol.Result, model
 	return v
 }
 
+// turnedAwayByFault says whether a valid task's final result is a failure
+// or rejection a fault caused (issue 39), and why: anything but a success, a
+// task error, or attempts exhausted on the models' own failures alone.
+func turnedAwayByFault(r *protocol.Result, maxAttempts int) (why string, byFault bool) {
+	switch {
+	case r.Status == protocol.StatusSucceeded:
+		return "", false
+	case r.Status != protocol.StatusFailed:
+		return fmt.Sprintf("a valid task got %s (%s: %s)", r.Status, r.ErrorCode, r.Error), true
+	case r.ErrorCode == protocol.CodeTaskError:
+		return "", false
+	case r.ErrorCode == protocol.CodeAttemptsExhausted && r.Attempts == maxAttempts:
+		if faulty := faultAttempts(r); len(faulty) > 0 {
+			return fmt.Sprintf("attempts exhausted because of a fault (attempts %v)", faulty), true
+		}
+		return "", false
+	}
+	return fmt.Sprintf("failed (%s: %s) after %d of %d attempts", r.ErrorCode, r.Error, r.Attempts, maxAttempts), true
+}
+
 // faultAttempts are the attempts of r that a fault ended, not its model:
 // lost (found at its deadline), lost with its node, or expired waiting.
 func faultAttempts(r *protocol.Result) []int {

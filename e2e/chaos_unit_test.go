@@ -249,3 +249,31 @@ func TestRunCountsFromWorkerLogs(t *testing.T) {
 		t.Fatalf("over(3) = %v, want a: 4", over)
 	}
 }
+
+func TestTurnedAwayByFault(t *testing.T) {
+	h := func(st ...protocol.OutcomeStatus) []protocol.Attempt {
+		var out []protocol.Attempt
+		for i, s := range st {
+			out = append(out, protocol.Attempt{Attempt: i + 1, Status: s})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name  string
+		r     protocol.Result
+		fault bool
+	}{
+		{"success", protocol.Result{Status: protocol.StatusSucceeded}, false},
+		{"task error", protocol.Result{Status: protocol.StatusFailed, ErrorCode: protocol.CodeTaskError, Attempts: 1}, false},
+		{"exhausted on the models", protocol.Result{Status: protocol.StatusFailed, ErrorCode: protocol.CodeAttemptsExhausted, Attempts: 3,
+			History: h(protocol.OutcomeModelError, protocol.OutcomeTimeout, protocol.OutcomeModelError)}, false},
+		{"exhausted through a lost node", protocol.Result{Status: protocol.StatusFailed, ErrorCode: protocol.CodeAttemptsExhausted, Attempts: 3,
+			History: h(protocol.OutcomeModelError, protocol.OutcomeNodeLost, protocol.OutcomeModelError)}, true},
+		{"failed with attempts left", protocol.Result{Status: protocol.StatusFailed, ErrorCode: protocol.CodeNoModel, Attempts: 1}, true},
+		{"rejected", protocol.Result{Status: protocol.StatusRejected, ErrorCode: protocol.CodeNoModel}, true},
+	} {
+		if why, fault := turnedAwayByFault(&c.r, 3); fault != c.fault || fault && why == "" {
+			t.Errorf("%s: fault %v (%q), want %v", c.name, fault, why, c.fault)
+		}
+	}
+}

@@ -98,12 +98,35 @@ func (l *composeLoad) finish(ctx context.Context, wait time.Duration) {
 	}
 	t.Logf("results: %d tasks, %d results, lost %d, duplicate %d, max latency %.1fs",
 		len(l.ids), len(results), len(l.ids)-len(results), len(dups), maxLatency/1000)
+	// Every task is valid: one a fault failed or turned away fails the run
+	// (issue 39); those whose models failed every attempt are counted apart.
+	byFault, own := 0, 0
+	for _, id := range l.ids {
+		r := results[id]
+		if r == nil {
+			continue
+		}
+		why, fault := turnedAwayByFault(r, composeMaxAttempts)
+		switch {
+		case fault:
+			if byFault++; byFault <= 10 {
+				t.Errorf("%s: %s; history %s", id, why, historyString(r))
+			}
+		case r.Status == protocol.StatusFailed:
+			own++
+		}
+	}
+	t.Logf("valid tasks failed or rejected because of a fault: %d (must be 0); failed on their own models alone: %d", byFault, own)
 	if len(results) != len(l.ids) || len(dups) != 0 || len(problems) != 0 {
 		t.Errorf("lost %d, duplicates %v, problems (first 10): %v", len(l.ids)-len(results), dups, problems[:min(10, len(problems))])
 	}
 }
 
 // natsServices are the project's NATS services.
+// composeMaxAttempts is the dispatchers' MLSCHED_MAX_ATTEMPTS in compose
+// (its default).
+const composeMaxAttempts = 3
+
 func (p *composeProject) natsServices() []string {
 	for _, f := range p.files {
 		if strings.Contains(f, "cluster.yml") {

@@ -16,11 +16,18 @@ const runLogMessage = "running the task"
 // own logs over every run of each process: what a task cost, which
 // max_attempts must bound even when a server restart lost the attempt
 // streams (issue 39).
-type runCounts map[string]int
+// batched counts the runs made in a call of two tasks or more (a
+// batching model's).
+type runCounts struct {
+	byTask  map[string]int
+	batched int
+}
+
+func newRunCounts() *runCounts { return &runCounts{byTask: map[string]int{}} }
 
 // countRuns reads every worker's logs.
-func countRuns(workers []*harness.Worker) runCounts {
-	runs := runCounts{}
+func countRuns(workers []*harness.Worker) *runCounts {
+	runs := newRunCounts()
 	for _, w := range workers {
 		runs.add(w.Logs())
 	}
@@ -29,7 +36,7 @@ func countRuns(workers []*harness.Worker) runCounts {
 
 // add counts the run lines of one process's logs (JSON lines; anything
 // else, such as a line cut by kill -9, is skipped).
-func (r runCounts) add(logs string) {
+func (r *runCounts) add(logs string) {
 	sc := bufio.NewScanner(strings.NewReader(logs))
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for sc.Scan() {
@@ -40,18 +47,22 @@ func (r runCounts) add(logs string) {
 		var l struct {
 			Message string `json:"message"`
 			TaskID  string `json:"task_id"`
+			Batch   int    `json:"batch"`
 		}
 		if json.Unmarshal(line, &l) != nil || l.Message != runLogMessage || l.TaskID == "" {
 			continue
 		}
-		r[l.TaskID]++
+		r.byTask[l.TaskID]++
+		if l.Batch >= 2 {
+			r.batched++
+		}
 	}
 }
 
 // over returns the tasks that ran more than max times.
-func (r runCounts) over(max int) map[string]int {
+func (r *runCounts) over(max int) map[string]int {
 	out := map[string]int{}
-	for id, n := range r {
+	for id, n := range r.byTask {
 		if n > max {
 			out[id] = n
 		}
@@ -59,15 +70,15 @@ func (r runCounts) over(max int) map[string]int {
 	return out
 }
 
-func (r runCounts) total() (n int) {
-	for _, c := range r {
+func (r *runCounts) total() (n int) {
+	for _, c := range r.byTask {
 		n += c
 	}
 	return n
 }
 
-func (r runCounts) most() (n int) {
-	for _, c := range r {
+func (r *runCounts) most() (n int) {
+	for _, c := range r.byTask {
 		n = max(n, c)
 	}
 	return n

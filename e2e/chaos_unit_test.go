@@ -236,14 +236,14 @@ func TestSubjectMatches(t *testing.T) {
 func TestRunCountsFromWorkerLogs(t *testing.T) {
 	logs := `{"level":"debug","task_id":"a","model":"m","attempt":1,"message":"running the task"}
 {"level":"info","task_id":"a","message":"something else"}
-{"level":"debug","task_id":"a","model":"m","attempt":2,"message":"running the task"}
+{"level":"debug","task_id":"a","model":"m","attempt":2,"batch":3,"message":"running the task"}
 {"level":"debug","task_id":"b","model":"m","attempt":1,"message":"running the ta`
-	r := runCounts{}
+	r := newRunCounts()
 	r.add(logs)
 	r.add(`{"level":"debug","task_id":"a","attempt":3,"message":"running the task"}` + "\n" +
 		`{"level":"debug","task_id":"a","attempt":4,"message":"running the task"}`)
-	if r["a"] != 4 || r["b"] != 0 || r.total() != 4 || r.most() != 4 {
-		t.Fatalf("counts %v, want a ran 4 times and the cut line skipped", r)
+	if r.byTask["a"] != 4 || r.byTask["b"] != 0 || r.total() != 4 || r.most() != 4 || r.batched != 1 {
+		t.Fatalf("counts %+v, want a ran 4 times (once in a batch) and the cut line skipped", r)
 	}
 	if over := r.over(3); len(over) != 1 || over["a"] != 4 {
 		t.Fatalf("over(3) = %v, want a: 4", over)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -272,6 +273,10 @@ func (b *batcher) exec(ctx context.Context, items []*batchItem) {
 		if notStarted(m, it.d, &out) {
 			it.res <- batchResult{out: out}
 			continue
+		}
+		if w.log.GetLevel() <= zerolog.DebugLevel {
+			l := w.taskLog(it.d)
+			l.Debug().Int("batch", len(items)).Msg(runLogMessage)
 		}
 		run = append(run, it)
 	}

@@ -263,6 +263,11 @@ type Phase struct {
 	Latency    Latency `json:"latency"`
 	// Failed counts tasks whose result was not "succeeded".
 	Failed int64 `json:"failed"`
+	// FailedBy breaks Failed down by the result's error code and its last
+	// attempt's status ("expired/expired": the deadline passed on the
+	// worker before the model started; "expired/none": before any
+	// dispatch), so that a deadline run says where its late tasks waited.
+	FailedBy map[string]int64 `json:"failed_by,omitempty"`
 	// CPU seconds used during the phase, per process (workers summed).
 	CPU map[string]float64 `json:"cpu_seconds"`
 	// Hops splits the latency by hop (with Options.Trace).

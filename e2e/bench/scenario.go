@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -555,7 +556,11 @@ func (r *run) startMlsched(ctx context.Context) error {
 		res, err := protocol.DecodeResult(m.Data()) // what a producer reading results pays (shared/client)
 		ok := err == nil && res.Status == protocol.StatusSucceeded
 		if subj := m.Subject(); len(subj) > prefix {
-			r.tr.Load().complete(subj[prefix:], ok, time.Now())
+			tr := r.tr.Load()
+			if !ok {
+				tr.failedBecause(subj[prefix:], failReason(res, err))
+			}
+			tr.complete(subj[prefix:], ok, time.Now())
 		}
 	})
 	if err != nil {
@@ -620,9 +625,35 @@ func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n
 			p.Hops = append(p.Hops, Hop{Name: name, Latency: tr.hop(k-1, k)})
 		}
 	}
-	r.log("%-18s %7d tasks in %6.2fs: %8.0f tasks/s, p50 %7.2fms p99 %7.2fms, failed %d",
-		label, n, p.Seconds, p.Throughput, p.Latency.P50, p.Latency.P99, p.Failed)
+	r.log("%-18s %7d tasks in %6.2fs: %8.0f tasks/s, p50 %7.2fms p99 %7.2fms, failed %d%s",
+		label, n, p.Seconds, p.Throughput, p.Latency.P50, p.Latency.P99, p.Failed, failedByString(p.FailedBy))
 	return p, nil
+}
+
+// failReason is a failed result's reason: its error code and its last
+// attempt's status.
+func failReason(res protocol.Result, err error) string {
+	if err != nil {
+		return "undecodable"
+	}
+	last := "none"
+	if n := len(res.History); n > 0 {
+		last = string(res.History[n-1].Status)
+	}
+	return string(res.ErrorCode) + "/" + last
+}
+
+// failedByString is " (reason n, ...)", or "" without failures.
+func failedByString(by map[string]int64) string {
+	if len(by) == 0 {
+		return ""
+	}
+	keys := slices.Sorted(maps.Keys(by))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, by[k])
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 // trace subscribes, with core NATS on a connection of its own, to the

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -20,6 +22,9 @@ type tracker struct {
 	failed    atomic.Int64 // completed, but not successfully (mlsched results)
 	foreign   atomic.Int64 // completions of ids not of this phase
 	again     atomic.Int64 // completions of a task completed already (a second result)
+	// failedBy counts the failures by reason (see Phase.FailedBy).
+	failedMu sync.Mutex
+	failedBy map[string]int64
 	// failedAt marks the tasks that completed unsuccessfully (trace
 	// replays: per minute), when not nil.
 	failedAt []atomic.Bool
@@ -106,6 +111,20 @@ func (t *tracker) complete(id string, ok bool, at time.Time) {
 	}
 }
 
+// failedBecause records why a task of the phase failed (once, with its
+// first completion: call it before complete).
+func (t *tracker) failedBecause(id, reason string) {
+	if i := t.index(id); i < 0 || t.done[i].Load() != 0 {
+		return
+	}
+	t.failedMu.Lock()
+	defer t.failedMu.Unlock()
+	if t.failedBy == nil {
+		t.failedBy = map[string]int64{}
+	}
+	t.failedBy[reason]++
+}
+
 // span is the phase's extent: first submission, last submission, last
 // completion (Unix ns).
 func (t *tracker) span() (firstSent, lastSent, lastDone int64) {
@@ -123,6 +142,11 @@ func (t *tracker) phase(cpu map[string]float64) Phase {
 	n := len(t.sent)
 	first, lastSent, lastDone := t.span()
 	p := Phase{Tasks: n, Latency: t.latency(), Failed: t.failed.Load(), CPU: cpu}
+	t.failedMu.Lock()
+	if len(t.failedBy) > 0 {
+		p.FailedBy = maps.Clone(t.failedBy)
+	}
+	t.failedMu.Unlock()
 	if n > 0 {
 		p.Seconds = float64(lastDone-first) / 1e9
 		p.Throughput = float64(n) / p.Seconds

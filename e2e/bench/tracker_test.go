@@ -64,3 +64,23 @@ func TestSummarizeQuantiles(t *testing.T) {
 		t.Error("empty summary not zero")
 	}
 }
+
+func TestTrackerFailedBecause(t *testing.T) {
+	tr := newTracker("f-", 3, 0)
+	now := time.Now()
+	tr.failedBecause("f-0", "expired/expired")
+	tr.complete("f-0", false, now)
+	tr.failedBecause("f-0", "expired/none") // a second result: not counted again
+	tr.complete("f-0", false, now)
+	tr.failedBecause("g-1", "other phase")
+	tr.failedBecause("f-1", "expired/none")
+	tr.complete("f-1", false, now)
+	tr.complete("f-2", true, now)
+	p := tr.phase(nil)
+	if p.Failed != 2 || len(p.FailedBy) != 2 || p.FailedBy["expired/expired"] != 1 || p.FailedBy["expired/none"] != 1 {
+		t.Fatalf("failed %d by %v, want 2: one expired on the worker, one before dispatch", p.Failed, p.FailedBy)
+	}
+	if s := failedByString(p.FailedBy); s != " (expired/expired 1, expired/none 1)" {
+		t.Fatalf("failedByString = %q", s)
+	}
+}

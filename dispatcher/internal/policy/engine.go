@@ -400,6 +400,22 @@ func tried(req *Request, model string) bool {
 	return false
 }
 
+// blamed reports whether an earlier attempt of the task may have failed on
+// the model's own account: any but an attempt lost with its node or
+// expired before it started, which say nothing of the model: the
+// retry may go back to it on another node (issue 39: a node's death is the
+// node's fault; a task whose first attempt died with its node was retried
+// on two flaky models and exhausted its attempts while the best model had
+// other nodes free).
+func blamed(req *Request, model string) bool {
+	for i := range req.Tried {
+		if st := req.Tried[i].Status; req.Tried[i].Model == model && st != protocol.OutcomeNodeLost && st != protocol.OutcomeExpired {
+			return true
+		}
+	}
+	return false
+}
+
 func triedOn(req *Request, model, node string) bool {
 	for i := range req.Tried {
 		if req.Tried[i].Model == model && req.Tried[i].Node == node {
@@ -409,8 +425,9 @@ func triedOn(req *Request, model, node string) bool {
 	return false
 }
 
-// chooseModel applies failover around the policy: a model not tried yet,
-// else a tried model that has a node not tried yet, else any. A first
+// chooseModel applies failover around the policy: a model not tried yet
+// or tried without blame (see blamed) on another node, else a tried model
+// that has a node not tried yet, else any. A first
 // attempt on a half-open model not tried yet is that model's probe. A retry
 // is not: it goes to the model the policy ranks best among those left,
 // without exploration and without a half-open model's claim to probes, so
@@ -429,7 +446,7 @@ func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Requ
 		}
 		s.sel = s.sel[:0]
 		for _, tc := range pool {
-			if !tried(req, tc.m.Model) {
+			if !tried(req, tc.m.Model) || !blamed(req, tc.m.Model) && e.hasUntriedNode(tc, req, panicking) {
 				s.sel = append(s.sel, tc)
 			}
 		}
@@ -438,11 +455,8 @@ func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Requ
 		}
 		s.sel = s.sel[:0]
 		for _, tc := range pool {
-			for _, p := range tc.pairs {
-				if !triedOn(req, tc.m.Model, p.node.name) && (panicking || e.pairUsable(p)) {
-					s.sel = append(s.sel, tc)
-					break
-				}
+			if e.hasUntriedNode(tc, req, panicking) {
+				s.sel = append(s.sel, tc)
 			}
 		}
 		if tc := e.pick(s, pol, panicking, false); tc != nil {
@@ -451,6 +465,17 @@ func (e *Engine) chooseModel(s *scratch, pol Policy, pool []*typeCand, req *Requ
 	}
 	s.sel = append(s.sel[:0], pool...)
 	return e.pick(s, pol, panicking, len(req.Tried) == 0)
+}
+
+// hasUntriedNode reports whether the model has a usable node the task's
+// earlier attempts did not run on it.
+func (e *Engine) hasUntriedNode(tc *typeCand, req *Request, panicking bool) bool {
+	for _, p := range tc.pairs {
+		if !triedOn(req, tc.m.Model, p.node.name) && (panicking || e.pairUsable(p)) {
+			return true
+		}
+	}
+	return false
 }
 
 // pick runs the policy over s.sel, giving half-open models their probes

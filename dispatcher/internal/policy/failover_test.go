@@ -97,3 +97,37 @@ func TestRetryPrefersTheMostReliableRemaining(t *testing.T) {
 		t.Fatalf("retries went to %v, want every one to slow-solid (the most reliable model left)", got)
 	}
 }
+
+// Issue 39: an attempt lost with its node (or expired before it started)
+// does not blame its model. The retry may go back to the best model on
+// another node instead of down to a worse one; a model that failed on its
+// own account is still avoided while others remain.
+func TestFailoverAfterANodeLossKeepsTheModel(t *testing.T) {
+	t.Parallel()
+	snap := snapshot(map[string]stats.Series{
+		"best":   series(990, 10, time.Millisecond, time.Millisecond),
+		"second": series(950, 50, time.Millisecond, time.Millisecond),
+	})
+	hbs := []protocol.Heartbeat{hb("n1", "t", 4, "best", "second"), hb("n2", "t", 4, "best", "second")}
+	tab := NewTable(snap, hbs, t0)
+	e := engine(t, Config{ExploreShare: -1})
+	for _, st := range []protocol.OutcomeStatus{protocol.OutcomeNodeLost, protocol.OutcomeExpired} {
+		d, err := e.Decide(tab, &Request{Type: "t", Tried: []protocol.Attempt{{Model: "best", Node: "n1", Status: st}}})
+		if err != nil || d.Model != "best" || d.Node != "n2" {
+			t.Fatalf("after %s on n1: %+v %v, want best on n2", st, d, err)
+		}
+	}
+	for _, st := range []protocol.OutcomeStatus{protocol.OutcomeModelError, protocol.OutcomeTimeout, protocol.OutcomeLost} {
+		d, err := e.Decide(tab, &Request{Type: "t", Tried: []protocol.Attempt{{Model: "best", Node: "n1", Status: st}}})
+		if err != nil || d.Model != "second" {
+			t.Fatalf("after %s on n1: %+v %v, want second (best is blamed)", st, d, err)
+		}
+	}
+	// The best model lost with its only other node too: no untried node
+	// of it is left, so the retry goes to the other model.
+	d, err := e.Decide(tab, &Request{Type: "t", Tried: []protocol.Attempt{
+		{Model: "best", Node: "n1", Status: protocol.OutcomeNodeLost}, {Model: "best", Node: "n2", Status: protocol.OutcomeNodeLost}}})
+	if err != nil || d.Model != "second" {
+		t.Fatalf("after best was lost on both nodes: %+v %v, want second", d, err)
+	}
+}

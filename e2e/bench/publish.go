@@ -72,12 +72,17 @@ func (p *publisher) body(id string) []byte {
 	if p.deadlineHi > 0 {
 		// uniform in [lo, hi] ms, drawn from the id: the same task has the
 		// same deadline in every scenario of a run
-		h := fnv.New64a()
-		h.Write([]byte(id))
-		ms := p.deadlineLo + int(h.Sum64()%uint64(p.deadlineHi-p.deadlineLo+1))
+		ms := deadlineOf(id, p.deadlineLo, p.deadlineHi)
 		return []byte(`{"id":"` + id + `","type":"` + taskType + `","deadline_ms":` + strconv.Itoa(ms) + `,"payload":` + p.payload + `}`)
 	}
 	return []byte(`{"id":"` + id + `","type":"` + taskType + `","payload":` + p.payload + `}`)
+}
+
+// deadlineOf is the deadline_ms task id gets, uniform in [lo, hi].
+func deadlineOf(id string, lo, hi int) int {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return lo + int(h.Sum64()%uint64(hi-lo+1))
 }
 
 type inflight struct {

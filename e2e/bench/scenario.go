@@ -558,7 +558,11 @@ func (r *run) startMlsched(ctx context.Context) error {
 		if subj := m.Subject(); len(subj) > prefix {
 			tr := r.tr.Load()
 			if !ok {
-				tr.failedBecause(subj[prefix:], failReason(res, err))
+				reason := failReason(res, err)
+				if lo, hi := r.o.Deadlines[0], r.o.Deadlines[1]; hi > 0 {
+					reason += deadlineBucket(deadlineOf(subj[prefix:], lo, hi))
+				}
+				tr.failedBecause(subj[prefix:], reason)
 			}
 			tr.complete(subj[prefix:], ok, time.Now())
 		}
@@ -641,6 +645,19 @@ func failReason(res protocol.Result, err error) string {
 		last = string(res.History[n-1].Status)
 	}
 	return string(res.ErrorCode) + "/" + last
+}
+
+// deadlineBucket names the range of a failed task's deadline (with
+// -deadlines): a task whose deadline is shorter than the path itself
+// fails whatever the batching.
+func deadlineBucket(ms int) string {
+	switch {
+	case ms < 100:
+		return " <100ms"
+	case ms < 500:
+		return " 100-500ms"
+	}
+	return " >=500ms"
 }
 
 // failedByString is " (reason n, ...)", or "" without failures.

@@ -18,8 +18,14 @@ import (
 // burst.
 const waitIdle = 30 * time.Second
 
+// replayMargin is how many of the results stored before the shared consumer
+// starts it delivers again (see hub.start): more than a healthy follower
+// lags behind its leader.
+const replayMargin = 8192
+
 // hub delivers results to every Wait and WaitAll of a client through ONE
-// ordered consumer over mlsched.results.> (DeliverNew), started with the
+// ordered consumer over mlsched.results.> (from the last replayMargin
+// results on), started with the
 // first waiter and stopped waitIdle after the last. A waiter registers
 // before it looks the result up in the stream, so a result published
 // before the consumer began is found by the look-up and one published after
@@ -127,11 +133,22 @@ func (h *hub) start(ctx context.Context, run *hubRun) error {
 	if err != nil {
 		return err
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	// The consumer starts replayMargin results back, not at the next one:
+	// on a replicated stream a look-up is a direct get that any replica
+	// answers, and a follower a little behind the leader can miss a result
+	// stored just before the consumer began (an R3 run lost sight of four
+	// early results so). Replayed results nobody waits for cost a map
+	// look-up each.
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{topology.SubjectResultsAll},
 		DeliverPolicy:     jetstream.DeliverNewPolicy,
 		InactiveThreshold: 30 * time.Second,
-	})
+	}
+	if info, err := s.Info(ctx); err == nil && info.State.LastSeq > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = max(info.State.FirstSeq, info.State.LastSeq-min(info.State.LastSeq, replayMargin)+1)
+	}
+	cons, err := s.OrderedConsumer(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("results consumer: %w", err)
 	}

@@ -90,12 +90,22 @@ func TestWaitsShareOneConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// The ordered consumer is created as it starts consuming: wait for it,
+	// then hold it to one.
+	polls := 0
+	consumers := func() int {
+		polls++
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Consumers
 	}
-	if info.State.Consumers != 1 {
-		t.Fatalf("%d consumers on the results stream while %d waits wait, want 1", info.State.Consumers, n-n/3)
+	for deadline := time.Now().Add(10 * time.Second); consumers() == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := consumers(); got != 1 {
+		t.Fatalf("%d consumers on the results stream while %d waits wait, want 1", got, n-n/3)
 	}
 	publishResults(t, srv, ids[n/3:])
 	wg.Wait()
@@ -105,17 +115,18 @@ func TestWaitsShareOneConsumer(t *testing.T) {
 	}
 	// The info request above and the consumer's creation; allow a few more
 	// (a consumer reset), never one per wait.
-	if d := apiTotal(t, srv) - before; d > 10 {
+	if d := apiTotal(t, srv) - before - uint64(polls); d > 10 {
 		t.Fatalf("%d JetStream API requests for %d waits", d, n)
 	}
 	c.Close() // stops the consumer; the server removes it (asynchronously)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if info, err = s.Info(ctx); err == nil && info.State.Consumers == 0 {
+		info, err := s.Info(ctx)
+		if err == nil && info.State.Consumers == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after Close: %d consumers (err %v), want 0", info.State.Consumers, err)
+			t.Fatalf("after Close: consumers left (info %+v, err %v), want 0", info, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

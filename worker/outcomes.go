@@ -41,6 +41,9 @@ type outcomePublisher struct {
 	// is acked or nak'ed (or acked by the dispatcher for us), so that a
 	// shutdown waits for them (wait); settled is its one release.
 	unsettled sync.WaitGroup
+	// unstored keeps the outcomes that could not be stored, for their
+	// dispatch's redelivery (unreported.go).
+	unstored *unreported
 	// refused is set once NATS refused a direct report for want of
 	// permission (an auth.conf written before them): every outcome is
 	// stored from then on, instead of waiting for an answer each time.
@@ -58,12 +61,12 @@ type outcomePublisher struct {
 // newOutcomePublisher starts the publisher. complete's Settled hook must
 // call the publisher's settled: every dispatch it settles after a publish
 // is one of the publisher's outcomes.
-func newOutcomePublisher(ctx context.Context, nc *nats.Conn, complete *jsplumb.Completer, window int, timeout time.Duration, direct bool) (*outcomePublisher, error) {
+func newOutcomePublisher(ctx context.Context, nc *nats.Conn, complete *jsplumb.Completer, unstored *unreported, window int, timeout time.Duration, direct bool) (*outcomePublisher, error) {
 	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: window, Timeout: timeout})
 	if err := pub.Start(ctx); err != nil {
 		return nil, err
 	}
-	p := &outcomePublisher{nc: nc, pub: pub, complete: complete}
+	p := &outcomePublisher{nc: nc, pub: pub, complete: complete, unstored: unstored}
 	if direct {
 		p.direct = jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: window, Timeout: timeout})
 		if err := p.direct.Start(ctx); err != nil {
@@ -84,6 +87,7 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 	p.unsettled.Add(1)
 	err := p.send(om, msgID, directSubject, msg, log, stop)
 	if err != nil {
+		p.unstored.keep(msgID, om.Data)
 		p.settled() // nothing will settle it here: the caller owns msg
 	}
 	return err
@@ -149,6 +153,7 @@ func (p *outcomePublisher) send(om *nats.Msg, msgID, directSubject string, msg j
 		go func() {
 			defer p.reports.Done()
 			if err := p.store(context.Background(), om, msgID, msg, log, stop); err != nil {
+				p.unstored.keep(msgID, om.Data)
 				p.failed(msg, log, stop, err)
 			}
 		}()
@@ -174,6 +179,7 @@ func (p *outcomePublisher) store(ctx context.Context, om *nats.Msg, msgID string
 	return p.complete.Publish(ctx, p.pub, msg, om, msgID, func(_ *jetstream.PubAck, err error) error {
 		stop()
 		if err != nil {
+			p.unstored.keep(msgID, om.Data) // reported, not run, when the dispatch is back
 			log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
 		}
 		return err

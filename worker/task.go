@@ -92,6 +92,9 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 		// Keep the dispatch ours while it waits, runs and until its outcome
 		// is stored (report hands stop to the outcome publisher).
 		stop := progressTimer(w.complete, msg, w.cfg.AckWait/3)
+		if perr == nil && w.reportAgain(msg, d, stop) {
+			return // run before; its outcome is reported again, not the task run again
+		}
 		m := w.models[d.Model]
 		if perr == nil && m != nil && m.batch != nil {
 			w.processBatched(msg, d, m, ticket, stop) // batch.go
@@ -134,6 +137,29 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 
 // runLogMessage is the debug line a dispatch logs as its model starts.
 const runLogMessage = "running the task"
+
+// reportAgain reports the kept outcome of a dispatch that ran on this node
+// and whose outcome could not be stored (unreported.go), and says whether
+// there was one.
+func (w *Worker) reportAgain(msg jetstream.Msg, d dispatch, stop func()) bool {
+	if d.TaskID == "" {
+		return false
+	}
+	msgID := protocol.MsgID("o", d.TaskID, d.Submission, d.Attempt)
+	body, ok := w.unstored.take(msgID)
+	if !ok {
+		return false
+	}
+	log := w.taskLog(d)
+	log.Info().Msg("dispatch back after its outcome was not stored: reporting that outcome again, not running the task again")
+	om := &nats.Msg{Subject: topology.OutcomeSubject(w.node), Data: body, Header: protocol.OutcomeHeader(msg.Headers(), w.node)}
+	if err := w.outcomes.publish(om, msgID, "", msg, log, stop); err != nil {
+		stop()
+		log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
+		w.complete.Settle(msg, err)
+	}
+	return true
+}
 
 // taskLog is the logger of one dispatch.
 func (w *Worker) taskLog(d dispatch) zerolog.Logger {

@@ -507,21 +507,26 @@ func TestIncompatibleStreamStopsTheWorker(t *testing.T) {
 }
 
 // Outcomes are never lost: when the outcome stream is gone the dispatch is
-// nak'ed, and once the stream is back the outcome arrives.
+// nak'ed, and once the stream is back the outcome arrives. The task runs
+// once: its redelivered dispatch is reported again from the kept outcome,
+// not run again (issue 39: a task may not run more than its attempts).
 func TestOutcomePublishFailureRedelivers(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "n-pub")
 	var runs atomic.Int32
 	cfg := h.config()
 	cfg.PublishTimeout = 500 * time.Millisecond
-	h.start(cfg, WithHandler("count", func(context.Context, Task) (any, error) { runs.Add(1); return "ok", nil }),
+	r := h.start(cfg, WithHandler("count", func(context.Context, Task) (any, error) { runs.Add(1); return "ok", nil }),
 		WithModels([]ModelSpec{goModel("m", "count")}))
 	ctx := context.Background()
 	if err := h.srv.JS.DeleteStream(ctx, topology.StreamOutcomes); err != nil {
 		t.Fatal(err)
 	}
 	h.dispatch("p1", "m", dispatchOpts{})
-	waitFor(t, 10*time.Second, "a failed report and a re-run", func() bool { return runs.Load() >= 2 })
+	waitFor(t, 15*time.Second, "two redeliveries reported again", func() bool { return r.w.unstored.again.Load() >= 2 })
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the task ran %d times, want once: a redelivered dispatch whose outcome is kept is not run again", n)
+	}
 	if err := topology.Ensure(ctx, h.srv.JS, topology.Config{}); err != nil {
 		t.Fatal(err)
 	}
@@ -533,6 +538,9 @@ func TestOutcomePublishFailureRedelivers(t *testing.T) {
 	h.outc = oc
 	if o := h.next(15 * time.Second); o.TaskID != "p1" || o.Status != protocol.OutcomeSuccess {
 		t.Fatalf("%+v", o.Outcome)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the task ran %d times, want once", n)
 	}
 }
 

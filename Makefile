@@ -170,6 +170,7 @@ test: redis-server prometheus sklearn chromium ## vet and test (-race) every mod
 	else \
 		summary+=("SKIP  fuzz FuzzDecodeTask (no such fuzz target in shared/protocol yet)"); \
 	fi; \
+	step "doc.go path (make docpath)" $(MAKE) --no-print-directory docpath; \
 	step "make compose-test" $(MAKE) --no-print-directory compose-test; \
 	step "fuzz FuzzDecodeOutcome $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzDecodeOutcome\$$' -fuzztime $(FUZZTIME) ./protocol/"; \
 	step "fuzz FuzzEncodeResult $(FUZZTIME)" bash -c "cd shared && $(GO) test -run '^\$$' -fuzz '^FuzzEncodeResult\$$' -fuzztime $(FUZZTIME) ./protocol/"; \
@@ -255,6 +256,13 @@ chaos: redis-server ## the full chaos test: 20000 tasks under kill -9 and server
 chaos-cluster: build redis-server ## the chaos test on a 3-node NATS cluster (R3): server kill/pause/partition/rolling restart, 20000 tasks
 	cd e2e && MLSCHED_E2E_BIN=$(CURDIR)/$(BIN) MLSCHED_CHAOS_CLUSTER=1 MLSCHED_CHAOS_TASKS=$${MLSCHED_CHAOS_TASKS:-20000} \
 		$(GO) test -race=false -count=1 -run '^TestChaosCluster$$' -v -timeout 60m ./
+
+# dispatcher/doc.go's path of one task against the code that runs
+# (e2e/docpath_test.go): builds e2e/cmd/mlsched-docpath with coverage
+# counters over the project and compares the files one task runs through.
+.PHONY: docpath
+docpath: ## check dispatcher/doc.go's list of the files one task passes through against coverage counters of a real run
+	cd e2e && MLSCHED_DOCPATH=1 $(GO) test -count=1 -run '^TestDocPathIsTheTraceOfOneTask$$' -v ./ 2>&1 | grep -v '^ *{'; exit $${PIPESTATUS[0]}
 
 # Issue 39's registry outage under load (e2e/chaos_cluster_test.go,
 # TestRegistryOutage): 12000 tasks at 200/s on the R3 cluster while the

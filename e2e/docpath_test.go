@@ -34,7 +34,11 @@ func TestDocPathIsTheTraceOfOneTask(t *testing.T) {
 	}
 	out, err := exec.Command(bin).Output()
 	if err != nil {
-		t.Fatalf("mlsched-docpath: %v", err)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr[max(0, len(ee.Stderr)-4096):]
+		}
+		t.Fatalf("mlsched-docpath: %v\n%s", err, stderr)
 	}
 	var rep struct{ Path, Ran []string }
 	if err := json.Unmarshal(out, &rep); err != nil {

@@ -149,6 +149,11 @@ func run() error {
 	for b := range idle {
 		delete(onPath, b)
 	}
+	if os.Getenv("MLSCHED_DOCPATH_BLOCKS") != "" { // which code, to write the list
+		for _, b := range slices.Sorted(maps.Keys(onPath)) {
+			fmt.Fprintln(os.Stderr, b)
+		}
+	}
 	return json.NewEncoder(os.Stdout).Encode(Report{Path: files(onPath), Ran: files(ranForTask)})
 }
 

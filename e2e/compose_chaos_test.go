@@ -232,7 +232,8 @@ func (p *composeProject) disconnect(ctx context.Context, svc, id string, d time.
 // workers; 20000 tasks (MLSCHED_CHAOS_TASKS) while a server is killed,
 // another paused past the election timeout, one disconnected from the
 // network, all three restarted one after the other, and a worker and a
-// dispatcher killed.
+// dispatcher killed, and the server leading the node registry cut off for
+// 20 s (a registry outage, issue 39).
 func TestComposeChaosCluster(t *testing.T) {
 	requireCompose(t)
 	n := 20000
@@ -287,10 +288,53 @@ func TestComposeChaosCluster(t *testing.T) {
 		}
 		return nil
 	})
+	fault(at(0.75), "registry outage: docker network disconnect the node registry's leader 20s, reconnect", func() error {
+		svc, err := p.registryLeader(ctx)
+		if err != nil {
+			return err
+		}
+		return p.disconnect(ctx, svc, p.one(ctx, svc), 20*time.Second)
+	})
 	fault(at(0.85), "docker kill a worker", func() error { return p.kill(ctx, p.containers(ctx, "worker")[1], 2*time.Second) })
 	load.finish(ctx, 10*time.Minute)
-	t.Logf("faults applied: %d of 7", len(applied))
+	t.Logf("faults applied: %d of 8", len(applied))
 	t.Logf("whole run %.1fs", time.Since(t0).Seconds())
+}
+
+// registryLeader is the compose service of the NATS server that leads the
+// node registry's stream (KV_MLSCHED_NODES) now, read with the admin's
+// credentials (issue 39: a registry outage on purpose).
+func (p *composeProject) registryLeader(ctx context.Context) (string, error) {
+	var urls []string
+	for _, svc := range p.natsServices() {
+		urls = append(urls, "nats://"+p.hostPort(ctx, svc, 4222, 1))
+	}
+	js, err := jetstream.New(p.conn(strings.Join(urls, ","), "admin.creds", nil))
+	if err != nil {
+		return "", err
+	}
+	var leader string
+	err = eventually(30*time.Second, func() error {
+		s, err := js.Stream(ctx, "KV_"+topology.BucketNodes)
+		if err != nil {
+			return err
+		}
+		if info := s.CachedInfo(); info.Cluster == nil || info.Cluster.Leader == "" {
+			return fmt.Errorf("%s has no leader", topology.BucketNodes)
+		} else {
+			leader = info.Cluster.Leader
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	// The servers are named nats-1..3 (deployments/compose/cluster.yml);
+	// the first one's service is "nats".
+	if leader == "nats-1" {
+		return "nats", nil
+	}
+	return leader, nil
 }
 
 // TestComposeChaosSentinel: Redis with Sentinel; the master is killed mid

@@ -62,10 +62,10 @@ var (
 		// The worker announces its default timeout for models that set
 		// none, and the dispatcher prefers an announced timeout to its own
 		// MLSCHED_TASK_TIMEOUT: both must say 1s.
-		"MLSCHED_DEFAULT_TIMEOUT":    "1s",
+		"MLSCHED_DEFAULT_TIMEOUT": "1s",
 		// Each run is logged at debug ("running the task"): the workers
 		// count a task's runs, which max_attempts must bound (issue 39).
-		"MLSCHED_LOG_LEVEL": "debug",
+		"MLSCHED_LOG_LEVEL":          "debug",
 		"MLSCHED_NODE_TTL":           "3s",
 		"MLSCHED_HEARTBEAT_INTERVAL": "500ms",
 		"MLSCHED_ACK_WAIT":           "4s",

@@ -29,9 +29,9 @@ type metrics struct {
 	// pipeSteps counts pipeline steps ended, by step type and status
 	// (succeeded, failed): pipeline.go.
 	pipeSteps *opshttp.Children[opshttp.L2, prometheus.Counter]
-	decision prometheus.Histogram
-	taskDur  *opshttp.Children[string, prometheus.Observer] // type
-	dead     *opshttp.Children[string, prometheus.Counter]  // kind
+	decision  prometheus.Histogram
+	taskDur   *opshttp.Children[string, prometheus.Observer] // type
+	dead      *opshttp.Children[string, prometheus.Counter]  // kind
 	// admitted and wait are flow control's, by priority band (high,
 	// normal, low: bounded): tasks sent on (first dispatch stored), and
 	// their wait from submission to that dispatch.

@@ -26,12 +26,9 @@ type metrics struct {
 	received *opshttp.Children[string, prometheus.Counter]     // type
 	results  *opshttp.Children[opshttp.L2, prometheus.Counter] // type, status
 	attempts *opshttp.Children[opshttp.L3, prometheus.Counter] // model, node, outcome
-	// pipeSteps counts pipeline steps ended, by step type and status
-	// (succeeded, failed): pipeline.go.
-	pipeSteps *opshttp.Children[opshttp.L2, prometheus.Counter]
-	decision  prometheus.Histogram
-	taskDur   *opshttp.Children[string, prometheus.Observer] // type
-	dead      *opshttp.Children[string, prometheus.Counter]  // kind
+	decision prometheus.Histogram
+	taskDur  *opshttp.Children[string, prometheus.Observer] // type
+	dead     *opshttp.Children[string, prometheus.Counter]  // kind
 	// admitted and wait are flow control's, by priority band (high,
 	// normal, low: bounded): tasks sent on (first dispatch stored), and
 	// their wait from submission to that dispatch.
@@ -46,6 +43,9 @@ type metrics struct {
 	nCostTenants atomic.Int64
 	costMu       sync.Mutex
 	costs        protocol.CostReport // totals since start (under costMu)
+	// pipeSteps counts pipeline steps ended, by step type and status
+	// (succeeded, failed): pipeline.go.
+	pipeSteps *opshttp.Children[opshttp.L2, prometheus.Counter]
 }
 
 // maxCostTenants bounds the tenant label of mlsched_tenant_cost_total.

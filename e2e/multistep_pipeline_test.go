@@ -52,10 +52,30 @@ func TestMultiStepPipelines(t *testing.T) {
 			t.Fatalf("MLSCHED_E2E_PIPELINES=%q", v)
 		}
 	}
+	runMultiStep(t, n, false)
+}
+
+// TestMultiStepPipelinesThroughAKill: two dispatcher replicas, one killed
+// (SIGKILL) half-way and started again: the steps it held are redelivered
+// and go on, every pipeline still gets exactly one result.
+func TestMultiStepPipelinesThroughAKill(t *testing.T) {
+	requireBinaries(t, "dispatcher", "worker")
+	runMultiStep(t, 300, true)
+}
+
+func runMultiStep(t *testing.T, n int, kill bool) {
 	c := harness.New(t)
 	c.StartNATS()
 	c.StartRedis()
-	d := c.StartDispatcher(harness.DispatcherOptions{Env: map[string]string{"MLSCHED_SNAPSHOT_INTERVAL": "100ms"}})
+	env := map[string]string{"MLSCHED_SNAPSHOT_INTERVAL": "100ms"}
+	if kill {
+		env["MLSCHED_ACK_WAIT"] = "3s"
+	}
+	d := c.StartDispatcher(harness.DispatcherOptions{Env: env})
+	var victim *harness.Dispatcher
+	if kill {
+		victim = c.StartDispatcher(harness.DispatcherOptions{Env: env})
+	}
 	for i, node := range []string{"node-1", "node-2", "node-3"} {
 		c.StartWorker(harness.WorkerOptions{NodeID: node, ModelsFile: "testdata/pipeline-steps.yaml", Concurrency: 16, SimSeed: int64(31*i + 5)})
 	}
@@ -121,6 +141,13 @@ func TestMultiStepPipelines(t *testing.T) {
 			ids = append(ids, task.ID)
 		}
 		all = append(all, batch...)
+		if victim != nil && i == n/2 {
+			victim.Kill()
+			t.Logf("killed a dispatcher replica after %d pipelines", i)
+			if err := victim.Start(); err != nil {
+				t.Fatalf("restarting the replica: %v", err)
+			}
+		}
 		<-tick.C
 	}
 	results := map[string]*protocol.Result{}

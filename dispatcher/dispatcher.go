@@ -457,7 +457,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	}
 	fin := newFinisher(finisherParams{log: d.log, results: results, resPub: resPub, complete: complete, dlq: dlq,
 		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter,
-		keeper: keeper})
+		keeper: keeper, sealer: seals})
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},

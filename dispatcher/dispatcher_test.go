@@ -251,6 +251,8 @@ type node struct {
 	seen    []string // "task/attempt/model"
 	headers []nats.Header
 	acks    []string // each dispatch's ack subject
+	// output, when set, is a success's output (default {"by":model}).
+	output func(task protocol.Task, model string) json.RawMessage
 }
 
 func (e *env) startNode(id string, types []string, models map[string]behavior) *node {
@@ -331,6 +333,12 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 			Status: status, Error: errText, LatencyMs: 1}
 		if status == protocol.OutcomeSuccess {
 			o.Output = json.RawMessage(`{"by":"` + model + `"}`)
+			n.mu.Lock()
+			out := n.output
+			n.mu.Unlock()
+			if out != nil {
+				o.Output = out(task, model)
+			}
 		} else {
 			o.Task = m.Data()
 		}

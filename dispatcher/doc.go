@@ -52,6 +52,9 @@
 //     task (a second one is refused by JetStream's expected-last-subject-
 //     sequence check) and, through the one dead-letter publisher, dead
 //     letters.
+//     A pipeline task (pipeline.go) goes through the same end: a step's
+//     success stores the next step as a task message of its own, with the
+//     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
 // these files, in this order (46 files, each named once; the libraries'

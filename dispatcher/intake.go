@@ -131,6 +131,11 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 	if err == nil {
 		err = checkTaskSubject(o.subject, &task)
 	}
+	a := attemptSpec{task: task, data: data, attempt: 1, submitted: o.submitted, submission: o.submission,
+		traceparent: o.traceparent, taskAck: msg.Reply()}
+	if err == nil && (task.Pipeline != nil || len(msg.Headers()[protocol.HdrPipeline]) > 0) {
+		err = in.pipelineTake(msg.Headers(), &a) // pipeline.go
+	}
 	if o.first && !o.parked { // a task waiting for a node is redelivered: count it once
 		typ := task.Type
 		if err != nil {
@@ -138,8 +143,6 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 		}
 		in.metrics.received.Get(typ).Inc()
 	}
-	a := attemptSpec{task: task, data: data, attempt: 1, submitted: o.submitted, submission: o.submission,
-		traceparent: o.traceparent, taskAck: msg.Reply()}
 	if err != nil {
 		in.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", o.subject).Msg("task rejected")
 		e := a.ends(msg, err, protocol.StatusRejected)
@@ -147,7 +150,8 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 		in.fin.end(e)
 		return
 	}
-	if in.superseded.Cancelled(task.ID, o.submission) { // cancelled while it waited: it has its result
+	if in.superseded.Cancelled(task.ID, o.submission) || a.pipeStep && in.superseded.CancelledAny(task.ID) {
+		// cancelled while it waited (a pipeline: at any step): it has its result
 		in.fin.end(a.endsStored(msg))
 		return
 	}
@@ -163,7 +167,7 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 
 // enter parks a task of a flooding tenant, or dispatches it.
 func (in *intake) enter(msg jetstream.Msg, a attemptSpec, o taskOrigin) {
-	if !o.parked && in.park.shouldPark(topology.BandOf(a.task.Priority), a.task.TenantName()) {
+	if !o.parked && !a.pipeStep && in.park.shouldPark(topology.BandOf(a.task.Priority), a.task.TenantName()) {
 		in.park.park(msg, &a.task, a.data, o)
 		return
 	}
@@ -225,6 +229,11 @@ type attemptSpec struct {
 	// hold asks whether a task is saturated only because little of its
 	// own deadline is left).
 	noExpiry bool
+	// pipe is a pipeline step's sealed progress (pipeline.go), carried on
+	// its dispatches; pipeStep: a step after the first (a task message of
+	// the dispatcher's, not parked).
+	pipe     string
+	pipeStep bool
 }
 
 // overLimit: held over its tenant's quota or cap, not for capacity (it
@@ -237,7 +246,7 @@ func (a *attemptSpec) overLimit() bool { return a.overQuota || a.overCap }
 func (a *attemptSpec) ends(msg jsplumb.Msg, err error, status protocol.Status) ending {
 	return ending{msg: msg, taskAck: a.taskAck, subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task,
 		err: err, status: status, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
-		submission: a.submission, traceparent: a.traceparent}
+		submission: a.submission, traceparent: a.traceparent, pipe: a.pipe}
 }
 
 // endsStored: the attempt ends with the task's result stored already (the
@@ -380,7 +389,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	}
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
 		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
-		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck}
+		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck, Pipeline: a.pipe}
 	span := in.tracer.Start(a.traceparent, "mlsched.dispatch")
 	pd.Traceparent = span.Traceparent() // the worker's spans are children of the dispatch
 	if in.tracer.On() {

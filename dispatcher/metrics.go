@@ -43,6 +43,9 @@ type metrics struct {
 	nCostTenants atomic.Int64
 	costMu       sync.Mutex
 	costs        protocol.CostReport // totals since start (under costMu)
+	// pipeSteps counts pipeline steps ended, by step type and status
+	// (succeeded, failed): pipeline.go.
+	pipeSteps *opshttp.Children[opshttp.L2, prometheus.Counter]
 }
 
 // maxCostTenants bounds the tenant label of mlsched_tenant_cost_total.
@@ -114,11 +117,14 @@ func newMetrics(d *Dispatcher) *metrics {
 	tenantCost := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_tenant_cost_total",
 		Help: "Declared cost of the attempts dispatched, by tenant (the first 200 tenants seen by the replica, the rest as other)."},
 		[]string{"tenant"})
-	reg.MustRegister(received, results, attempts, decision, taskDur, dead, admitted, wait, cost, tenantCost, &snapshotCollector{d: d}, &streamsCollector{d: d})
+	pipeSteps := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mlsched_pipeline_steps_total",
+		Help: "Pipeline steps ended, by the step's task type and status (succeeded: the pipeline went on or ended with it; failed: it failed the pipeline)."},
+		[]string{"type", "status"})
+	reg.MustRegister(pipeSteps, received, results, attempts, decision, taskDur, dead, admitted, wait, cost, tenantCost, &snapshotCollector{d: d}, &streamsCollector{d: d})
 	m := &metrics{reg: reg, received: opshttp.Counter1(received), results: opshttp.Counter2(results),
 		attempts: opshttp.Counter3(attempts), decision: decision, taskDur: opshttp.Observer1(taskDur),
 		dead: opshttp.Counter1(dead), admitted: opshttp.Counter1(admitted), wait: opshttp.Observer1(wait),
-		cost: opshttp.Counter2(cost), tenantCost: opshttp.Counter1(tenantCost)}
+		cost: opshttp.Counter2(cost), tenantCost: opshttp.Counter1(tenantCost), pipeSteps: opshttp.Counter2(pipeSteps)}
 	for _, k := range []string{"invalid", "exhausted", "outcome"} {
 		m.dead.Get(k) // present at 0 from the start, so that rate() and alerts see the first one
 	}

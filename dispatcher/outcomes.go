@@ -136,7 +136,8 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 	// next is the attempt after this one: the retry, or (named by the
 	// outcome) what ends the task, whose ending counts this attempt (ends).
 	next := attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
-		submission: submission, traceparent: pd.Traceparent, taskAck: taskAckFor(&pd)}
+		submission: submission, traceparent: pd.Traceparent, taskAck: taskAckFor(&pd), pipe: pd.Pipeline}
+	oc.retryStep(&next) // a pipeline step's constraints (pipeline.go)
 	dec := settle.Settle(oc.cfg.Retry(), pd, o, state)
 	if dec.Record {
 		oc.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()

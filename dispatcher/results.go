@@ -45,6 +45,8 @@ type finisherParams struct {
 	quota *quota.Limiter
 	// keeper keeps tasks in progress; a task's ack takes it out (taskack.go).
 	keeper *taskKeeper
+	// sealer opens a pipeline's progress (pipeline.go).
+	sealer *sealer
 }
 
 func newFinisher(p finisherParams) *finisher {
@@ -237,6 +239,9 @@ type ending struct {
 	// retryAfter, when positive, is the result's retry_after_ms: a task
 	// shed, expired or over its quota.
 	retryAfter time.Duration
+	// pipe is a pipeline step's sealed progress: a success goes on to the
+	// next step, an ending is the pipeline's (pipeline.go).
+	pipe string
 }
 
 // end is the one way an attempt of a task ends (the model is River's job
@@ -257,6 +262,8 @@ func (f *finisher) end(e ending) {
 	switch {
 	case e.stored:
 		f.complete.Settle(msg, nil)
+	case e.result != nil && e.pipe != "":
+		f.pipelineStep(msg, &e)
 	case e.result != nil:
 		f.finish(msg, e.result, e.traceparent)
 	default:
@@ -280,6 +287,11 @@ func (f *finisher) reject(msg jsplumb.Msg, e ending) {
 	res := &protocol.Result{ID: e.task.ID, Type: e.task.Type, Status: e.status, Attempts: e.attempts,
 		Error: protocol.Message(e.err), ErrorCode: code, History: e.history, LatencyMs: msSince(e.submitted),
 		RetryAfterMs: int(e.retryAfter.Milliseconds())}
+	if e.pipe != "" { // the pipeline's result, naming the step (no dead letter: a replay would run the step alone)
+		f.pipelineFailed(&e, res)
+		f.finish(msg, res, e.traceparent)
+		return
+	}
 	if e.status == protocol.StatusFailed && (code == protocol.CodeAttemptsExhausted || code == protocol.CodeSaturated) {
 		f.failExhausted(msg, res, protocol.DeadLetter{Reason: res.Error, Code: code, Subject: e.subject,
 			TaskID: e.task.ID, History: e.history, Original: e.data}, e.submission, e.traceparent)

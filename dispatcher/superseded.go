@@ -77,6 +77,15 @@ func (s *supersededSet) Cancelled(task, submission string) bool {
 	return some && s.Is(task, submission, cancelledAttempt)
 }
 
+// CancelledAny reports whether any submission of the task was cancelled:
+// a pipeline's later steps are submissions of their own (pipeline.go).
+func (s *supersededSet) CancelledAny(task string) bool {
+	s.mu.RLock()
+	_, some := s.cancelled[task]
+	s.mu.RUnlock()
+	return some
+}
+
 // Mark records that the attempt was superseded, here and for every replica.
 func (s *supersededSet) Mark(task, submission string, attempt int) {
 	if err := s.put(context.Background(), task, submission, attempt); err != nil {

@@ -84,6 +84,9 @@ func (d *Dispatch) CompactHeaderInto(b *HeaderBuf) nats.Header {
 	if d.TaskAck != "" {
 		b.Put(HdrTaskAck, d.TaskAck)
 	}
+	if d.Pipeline != "" {
+		b.Put(HdrPipeline, d.Pipeline)
+	}
 	return b.h
 }
 

@@ -77,6 +77,9 @@ type Dispatch struct {
 	// where"). Not sealed: a dispatcher acks it only when its stream
 	// sequence is the sealed Submission.
 	TaskAck string
+	// Pipeline is a pipeline step's sealed progress (HdrPipeline), carried
+	// as it is (optional; the dispatcher seals and reads it).
+	Pipeline string
 }
 
 // Headers of a dispatch, echoed on its outcome. Every name is in canonical
@@ -182,12 +185,15 @@ func (d *Dispatch) HeaderInto(b *HeaderBuf) nats.Header {
 	if d.Seal != "" {
 		put(HdrSeal, d.Seal)
 	}
+	if d.Pipeline != "" {
+		put(HdrPipeline, d.Pipeline)
+	}
 	return b.h
 }
 
 // dispatchHeaders is how many headers Header writes at most, plus one for
 // the Nats-Msg-Id the publish adds.
-const dispatchHeaders = 16
+const dispatchHeaders = 17
 
 // MsgID is the Nats-Msg-Id of a message about this attempt: kind "d" for the
 // dispatch, "o" for the worker's outcome, "l" for the sweeper's lost report.
@@ -305,6 +311,9 @@ func parseOptional(h nats.Header, d *Dispatch, bad func(name, format string, arg
 	d.Traceparent = TraceparentOf(h)
 	if v := h[HdrTaskAck]; len(v) > 0 {
 		d.TaskAck = v[0]
+	}
+	if v := h[HdrPipeline]; len(v) > 0 {
+		d.Pipeline = v[0]
 	}
 }
 

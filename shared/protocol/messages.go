@@ -38,6 +38,10 @@ type Result struct {
 	// RetryAfterMs is set on a task shed, expired or over its quota: when a
 	// resubmission could be served, estimated from the measured drain rate.
 	RetryAfterMs int `json:"retry_after_ms,omitempty"`
+	// Steps is a pipeline's record of its steps, in the order they ran;
+	// FailedStep names the step a failed pipeline stopped at.
+	Steps      []StepRecord `json:"steps,omitempty"`
+	FailedStep string       `json:"failed_step,omitempty"`
 }
 
 // Attempt is one entry of a result's history.

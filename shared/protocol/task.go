@@ -37,6 +37,9 @@ type Task struct {
 	// (tokens, pixels, seconds of audio): a model's latency and cost may
 	// grow with it. Zero: unknown.
 	Size float64 `json:"size,omitempty"`
+	// Pipeline, when set, makes the task a pipeline of steps
+	// (pipeline.go, docs/protocol.md "Pipelines").
+	Pipeline *Pipeline `json:"pipeline,omitempty"`
 }
 
 // Priority bounds and the default tenant.
@@ -225,6 +228,9 @@ func (t *Task) Validate(lim Limits) error {
 		if err := ValidToken(m, 128); err != nil {
 			return Errorf(CodeUnknownModel, "allow-list entry %q: %v", truncate(m, 64), err)
 		}
+	}
+	if t.Pipeline != nil {
+		return t.Pipeline.Validate(t.Type, lim)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/client"
@@ -68,8 +69,28 @@ func runResult(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	writeJSON(a.stdout, r)
+	writeSteps(a.stderr, r)
 	if r.Status != protocol.StatusSucceeded {
 		return errPartial // as submit -wait and wait: the task did not succeed
 	}
 	return nil
+}
+
+// writeSteps writes a pipeline's steps, one line each, for people (stdout
+// stays the result's JSON): nothing for a task that is no pipeline.
+func writeSteps(w io.Writer, r *protocol.Result) {
+	for i, s := range r.Steps {
+		name := s.Name
+		if s.Ensemble != "" {
+			name = s.Ensemble + "/" + s.Name
+		}
+		line := fmt.Sprintf("step %d %-12s %-12s %s on %s, %d attempt(s), %.1f ms, %s", i+1, name, s.Type, s.Model, s.Node, s.Attempts, s.LatencyMs, s.Status)
+		if s.Error != "" {
+			line += ": " + s.Error
+		}
+		fmt.Fprintln(w, line)
+	}
+	if r.FailedStep != "" {
+		fmt.Fprintf(w, "pipeline failed at step %s: %s\n", r.FailedStep, r.ErrorCode)
+	}
 }

@@ -346,6 +346,12 @@ function lookup(id) {
       body.replaceChildren(...(r.history || []).map(a => el("tr", { "data-attempt": a.attempt }, el("td", {}, a.attempt),
         el("td", {}, a.model), el("td", {}, a.node), el("td", {}, a.status), el("td", {}, ms(a.latency_ms)),
         el("td", { class: "reason" }, a.error || ""))));
+      // A pipeline's steps (docs/protocol.md#pipelines), one line each.
+      const steps = document.getElementById("lookup-steps");
+      steps.textContent = (r.steps || []).map((s, i) => "step " + (i + 1) + " " + (s.ensemble ? s.ensemble + "/" : "") + s.name +
+        " (" + s.type + "): " + s.status + (s.model ? " by " + s.model + " on " + s.node : "") + ", " + s.attempts + " attempt(s), " +
+        ms(s.latency_ms) + (s.error ? " — " + s.error : "")).join("\n") + (r.failed_step ? "\nfailed at step " + r.failed_step : "");
+      steps.hidden = steps.textContent === "";
       out.textContent = r.output !== undefined ? "output: " + JSON.stringify(r.output) : "";
       out.hidden = out.textContent === "";
       document.getElementById("attempts").hidden = !(r.history || []).length;

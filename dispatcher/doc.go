@@ -57,7 +57,7 @@
 //     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (46 files, each named once; the libraries'
+// these files, in this order (47 files, each named once; the libraries'
 // files not counted). e2e's TestDocPathIsTheTraceOfOneTask (make docpath)
 // holds the list to the code one task really runs, read from coverage
 // counters:
@@ -71,62 +71,64 @@
 //     outcome, report, result);
 //  5. dispatcher/intake.go: handleTask takes the task from its band's
 //     consumer, then enter and dispatch;
-//  6. shared/protocol/task.go: DecodeTask validates it, in one pass on
-//  7. shared/protocol/codec.go: the one codec of task, outcome and result
+//  6. dispatcher/pipeline.go: the task has no pipeline: none of its steps
+//     to run (docs/protocol.md, "Pipelines");
+//  7. shared/protocol/task.go: DecodeTask validates it, in one pass on
+//  8. shared/protocol/codec.go: the one codec of task, outcome and result
 //     (segmentio/encoding, held to encoding/json's rules);
-//  8. dispatcher/stats/window.go: the names a statistics key is made of are
+//  9. dispatcher/stats/window.go: the names a statistics key is made of are
 //     checked;
-//  9. dispatcher/superseded.go: a cancelled task would end here;
-//  10. dispatcher/config.go: its attempts and retry rule;
-//  11. dispatcher/flow.go: its expiry (and, once sent, the flow counters);
-//  12. dispatcher/internal/quota/quota.go: the tenant's rate quota,
-//  13. dispatcher/internal/quota/concurrency.go: its concurrency cap,
-//  14. dispatcher/internal/budget/budget.go: the budgets,
-//  15. dispatcher/park.go: and whether the tenant's tasks park;
-//  16. dispatcher/hold.go: the band's hold, which this task passes by;
-//  17. dispatcher/internal/policy/engine.go: Decide picks the model and the
+//  10. dispatcher/superseded.go: a cancelled task would end here;
+//  11. dispatcher/config.go: its attempts and retry rule;
+//  12. dispatcher/flow.go: its expiry (and, once sent, the flow counters);
+//  13. dispatcher/internal/quota/quota.go: the tenant's rate quota,
+//  14. dispatcher/internal/quota/concurrency.go: its concurrency cap,
+//  15. dispatcher/internal/budget/budget.go: the budgets,
+//  16. dispatcher/park.go: and whether the tenant's tasks park;
+//  17. dispatcher/hold.go: the band's hold, which this task passes by;
+//  18. dispatcher/internal/policy/engine.go: Decide picks the model and the
 //     node,
-//  18. dispatcher/internal/policy/rand.go: with the decision's own
+//  19. dispatcher/internal/policy/rand.go: with the decision's own
 //     generator,
-//  19. dispatcher/internal/policy/policies.go: the policy's Choose,
-//  20. dispatcher/internal/policy/load.go: the load model,
-//  21. dispatcher/internal/policy/table.go: on the decision table, which
+//  20. dispatcher/internal/policy/policies.go: the policy's Choose,
+//  21. dispatcher/internal/policy/load.go: the load model,
+//  22. dispatcher/internal/policy/table.go: on the decision table, which
 //     counts the dispatch;
-//  22. dispatcher/internal/registry/registry.go: the node's compact dispatch
+//  23. dispatcher/internal/registry/registry.go: the node's compact dispatch
 //     form and its costs;
-//  23. dispatcher/trust.go: the dispatch is sealed;
-//  24. shared/protocol/dispatch.go: the dispatch's headers,
-//  25. shared/protocol/compact.go: in their compact form;
-//  26. shared/opshttp/labels.go: the metrics' label sets;
-//  27. shared/jsplumb/publisher.go: the dispatch is published; its
+//  24. dispatcher/trust.go: the dispatch is sealed;
+//  25. shared/protocol/dispatch.go: the dispatch's headers,
+//  26. shared/protocol/compact.go: in their compact form;
+//  27. shared/opshttp/labels.go: the metrics' label sets;
+//  28. shared/jsplumb/publisher.go: the dispatch is published; its
 //     acknowledgement, read in place, calls back
-//  28. shared/jsplumb/completer.go: which hands the task, unacknowledged,
-//  29. dispatcher/taskack.go: to the task keeper until its result;
-//  30. dispatcher/rollouts.go: a rollout of the model would count it;
-//  31. worker/task.go: the node's consumer hands the dispatch to onMessage,
+//  29. shared/jsplumb/completer.go: which hands the task, unacknowledged,
+//  30. dispatcher/taskack.go: to the task keeper until its result;
+//  31. dispatcher/rollouts.go: a rollout of the model would count it;
+//  32. worker/task.go: the node's consumer hands the dispatch to onMessage,
 //     process and run, then finish and report;
-//  32. worker/unreported.go: no outcome of it is kept from an earlier
+//  33. worker/unreported.go: no outcome of it is kept from an earlier
 //     delivery;
-//  33. worker/admission.go: the node's admission,
-//  34. worker/slots.go: its slots, in the node's order;
-//  35. worker/worker.go: the model's typical run, against the deadline;
-//  36. worker/executor/executor.go: the executor runs the model;
-//  37. worker/observe.go: the node's metrics;
-//  38. worker/outcomes.go: the outcome publisher sends a direct report
+//  34. worker/admission.go: the node's admission,
+//  35. worker/slots.go: its slots, in the node's order;
+//  36. worker/worker.go: the model's typical run, against the deadline;
+//  37. worker/executor/executor.go: the executor runs the model;
+//  38. worker/observe.go: the node's metrics;
+//  39. worker/outcomes.go: the outcome publisher sends a direct report
 //     (publisher.go's Request);
-//  39. shared/protocol/messages.go: the outcome's status and message ids;
-//  40. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome), then
+//  40. shared/protocol/messages.go: the outcome's status and message ids;
+//  41. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome), then
 //     settleOutcome checks it (trust.go again),
-//  41. dispatcher/internal/settle/settle.go: Settle says finish;
-//  42. dispatcher/stats/batcher.go: the outcome goes into the statistics;
-//  43. dispatcher/results.go: end, the one way a task ends, releases what
+//  42. dispatcher/internal/settle/settle.go: Settle says finish;
+//  43. dispatcher/stats/batcher.go: the outcome goes into the statistics;
+//  44. dispatcher/results.go: end, the one way a task ends, releases what
 //     the attempt held and finish publishes the result (on disk,
-//  44. dispatcher/types.go: the result counted by type;
-//  45. shared/jsplumb/groupcommit.go: with the results published meanwhile,
+//  45. dispatcher/types.go: the result counted by type;
+//  46. shared/jsplumb/groupcommit.go: with the results published meanwhile,
 //     through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
 //     the worker (dispatch.go's ReportAcked, read by worker/task.go);
-//  46. dispatcher/taskprune.go: the acked task is noted for the pruner;
+//  47. dispatcher/taskprune.go: the acked task is noted for the pruner;
 //     client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

@@ -458,7 +458,8 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 	// rest waits in the hold, where priorities and tenants are ordered:
 	// docs/policies.md); FullDeadline asks without it.
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: a.fullDeadline}
+		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: a.fullDeadline,
+		Priority: t.Priority}
 }
 
 // admit charges the task to its tenant's rate quota; over it, the task is

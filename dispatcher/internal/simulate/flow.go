@@ -401,7 +401,8 @@ func (s *sim) flowRequest(t *task, full bool) policy.Request {
 	}
 	// the engine applies the queue target (Options.Engine.QueueTarget,
 	// from the scenario's) per (model, node); full asks without it
-	return policy.Request{Type: t.typ, Size: t.size, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline, FullDeadline: full}
+	return policy.Request{Type: t.typ, Size: t.size, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline, FullDeadline: full,
+		Priority: t.priority}
 }
 
 // dispatchFlow is dispatch under flow control (intake.go's dispatch).

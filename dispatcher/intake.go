@@ -280,6 +280,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	// orders its queue starts it next: it need not wait for the queue
 	// target (docs/policies.md, "Ordering at the node").
 	req.Ahead = key != "" && in.held.leads(key, t.Priority, t.TenantName(), a.fromHold)
+	req.AheadInBand = req.Ahead && in.held.bandHeld(key, t.Priority)
 	table := in.snaps.table.Load()
 	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()

@@ -163,9 +163,11 @@ type budget struct {
 }
 
 // aheadShare is the share of a node's ordered room (its prefetch) a task
-// of the priority that goes first may fill: all of it for the high band,
-// half for the normal band, a quarter for the low band. A band's first
-// tasks lead while only lower bands are held; under an overload of that
+// of the priority that goes first over lower bands only may fill: all of
+// it for the high band, half for the normal band, a quarter for the low
+// band (one that leads held tasks of its own band, a quiet tenant's, has
+// all of it: Request.AheadInBand). A band's tasks lead while only lower
+// bands are held; under an overload of that
 // band alone they lead at its whole rate until its first is held, and
 // with the whole room theirs they filled a 10 ms model's node to its
 // capacity plus prefetch (34 attempts, five queue targets), so that the
@@ -296,6 +298,9 @@ func (e *Engine) budgetOf(req *Request) budget {
 	ahead := 0.0
 	if req.Ahead {
 		ahead = aheadShare(req.Priority)
+		if req.AheadInBand {
+			ahead = 1
+		}
 	}
 	return budget{deadline: max(float64(d)/float64(time.Microsecond), 1), timeout: max(float64(t)/float64(time.Microsecond), 1),
 		target: target, ahead: ahead}

@@ -136,27 +136,30 @@ func TestLoadModelAheadOnOrderingNode(t *testing.T) {
 	}
 	// 2 running and 8 queued on 2 slots of 100 ms: 450 ms to wait, beyond
 	// a 300 ms deadline; the next free slot is 50 ms away.
-	req := func(ahead bool, priority int) *Request {
-		return &Request{Type: "t", Timeout: time.Second, Deadline: 300 * time.Millisecond, Ahead: ahead, Priority: priority}
+	req := func(ahead bool, priority int, inBand bool) *Request {
+		return &Request{Type: "t", Timeout: time.Second, Deadline: 300 * time.Millisecond, Ahead: ahead, Priority: priority, AheadInBand: inBand}
 	}
 	cases := []struct {
 		name                    string
 		inFlight, prefetch, lim int
 		ahead, saturated        bool
 		priority                int
+		inBand                  bool
 	}{
-		{"in order", 10, 16, 0, false, true, 5},
-		{"ahead, ordered room", 10, 16, 0, true, false, 5},
-		{"ahead, beyond the ordered room", 18, 16, 0, true, true, 5},
-		{"ahead, node without prefetch", 10, 0, 0, true, true, 5},
-		{"ahead, model limit", 10, 16, 2, true, true, 5},
-		{"ahead, normal band, its half of the room", 9, 16, 0, true, false, 0},
-		{"ahead, normal band, beyond its half", 10, 16, 0, true, true, 0},
-		{"ahead, low band, its quarter of the room", 5, 16, 0, true, false, -5},
-		{"ahead, low band, beyond its quarter", 6, 16, 0, true, true, -5},
+		{"in order", 10, 16, 0, false, true, 5, false},
+		{"ahead, ordered room", 10, 16, 0, true, false, 5, false},
+		{"ahead, beyond the ordered room", 18, 16, 0, true, true, 5, false},
+		{"ahead, node without prefetch", 10, 0, 0, true, true, 5, false},
+		{"ahead, model limit", 10, 16, 2, true, true, 5, false},
+		{"ahead, normal band, its half of the room", 9, 16, 0, true, false, 0, false},
+		{"ahead, normal band, beyond its half", 10, 16, 0, true, true, 0, false},
+		{"ahead, low band, its quarter of the room", 5, 16, 0, true, false, -5, false},
+		{"ahead, low band, beyond its quarter", 6, 16, 0, true, true, -5, false},
+		{"ahead of its own band (a quiet tenant's), the whole room", 10, 16, 0, true, false, 0, true},
+		{"ahead of its own band, beyond the whole room", 18, 16, 0, true, true, 0, true},
 	}
 	for _, c := range cases {
-		d, err := e.Decide(world(c.inFlight, c.prefetch, c.lim), req(c.ahead, c.priority))
+		d, err := e.Decide(world(c.inFlight, c.prefetch, c.lim), req(c.ahead, c.priority, c.inBand))
 		if err != nil || d.Model != "best" || d.Saturated != c.saturated {
 			t.Errorf("%s: %+v %v, want saturated=%v", c.name, d, err, c.saturated)
 		}

@@ -420,6 +420,7 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 	// counts one slot's wait for it there, not the queue target's worth
 	// (intake.go's dispatch).
 	req.Ahead = s.fc.leads(t, fromHold)
+	req.AheadInBand = req.Ahead && s.fc.order.BandHeld(t.key(), t.priority)
 	d, err := s.dec.peek(&req)
 	if err == nil && (d.Saturated || s.fc.heldAtLeast(t, fromHold || req.Ahead)) {
 		s.hold(t)

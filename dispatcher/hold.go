@@ -166,6 +166,17 @@ func (h *holdRoom) leads(key string, priority int, tenant string, fromHold bool)
 	return h.fair.Leads(key, priority, tenant, fromHold)
 }
 
+// bandHeld reports whether a task of the key in the priority's band is
+// held (fairorder.Order.BandHeld). Free while nothing is held.
+func (h *holdRoom) bandHeld(key string, priority int) bool {
+	if h.n.Load() == 0 && h.inPass.Load() == 0 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fair.BandHeld(key, priority)
+}
+
 // sentPlain records the priority of a task of the key sent on without the
 // ahead credit, while tasks of the key are held (leads).
 func (h *holdRoom) sentPlain(key string, priority int) {

@@ -289,6 +289,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 	// orders its queue starts it next: it need not wait for the queue
 	// target (docs/policies.md, "Ordering at the node").
 	req.Ahead = key != "" && in.held.leads(key, t.Priority, t.TenantName(), a.fromHold)
+	req.AheadInBand = req.Ahead && in.held.bandHeld(key, t.Priority)
 	table := in.snaps.table.Load()
 	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
 	start := time.Now()
@@ -467,7 +468,8 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 	// rest waits in the hold, where priorities and tenants are ordered:
 	// docs/policies.md); FullDeadline asks without it.
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: a.fullDeadline}
+		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: a.fullDeadline,
+		Priority: t.Priority}
 }
 
 // admit charges the task to its tenant's rate quota; over it, the task is

@@ -251,7 +251,9 @@ func flowEnv(env map[string]string) map[string]string {
 // 0, 30% priority -5, each with deadline_ms 5000. It first measures the
 // priority-5 flow alone at its rate (128/s) as the baseline. It asserts
 // exactly one result per task, that no task started after its deadline,
-// and 0 inversions; it reports the issue's figures. make test offers it
+// 0 inversions, and, at the default queue target, issue 38's targets:
+// priority 5's p99 at most 2x its p99 alone and at least 99% of it
+// succeeded; it reports the rest of the issue's figures. make test offers it
 // for 5 s; MLSCHED_FLOW_OVERLOAD_SECONDS=60 is the issue's run.
 // MLSCHED_FLOW_REPLICAS sets the replicas (default 2), and
 // MLSCHED_FLOW_PPROF_PORT serves each replica's pprof from that port on.
@@ -344,6 +346,16 @@ func TestFlowOverloadMix(t *testing.T) {
 	t.Logf("2x overload %ds, %d tasks: priority 5 %d/%d succeeded (%.2f%%, target ≥ 99%%), p99 %.0f ms = %.2fx solo (target ≤ 2x), within deadline %.2f%% (target ≥ 99%%); succeeded by priority %v; shed or expired %d, %.1f%% sheddable; started after deadline %d; inversions %d; shedding inversions %d",
 		seconds, len(tasks), ok5, n5, 100*float64(ok5)/float64(max(1, n5)), pct(lat5, 0.99), pct(lat5, 0.99)/max(1, pct(soloLat, 0.99)),
 		100*float64(within5)/float64(max(1, n5)), byPrio, shedOrExpired, share, startedLate, inversions, counters["shed_inversions"])
+	// Issue 38's targets at the defaults (a queue target set for
+	// comparison is not held to them).
+	if _, set := os.LookupEnv("MLSCHED_FLOW_QUEUE_TARGET"); !set {
+		if p99, base := pct(lat5, 0.99), pct(soloLat, 0.99); p99 > 2*max(1, base) {
+			t.Errorf("priority 5's p99 under the overload %.0f ms is %.2fx its p99 alone (%.0f ms), want at most 2x", p99, p99/max(1, base), base)
+		}
+		if float64(ok5) < 0.99*float64(n5) {
+			t.Errorf("priority 5: %d/%d succeeded under the overload, want at least 99%%", ok5, n5)
+		}
+	}
 	succeeded := 0
 	for _, c := range byPrio {
 		succeeded += c[0]
@@ -367,8 +379,9 @@ func uptimeLoad() string {
 // the baseline. The replicas park a's tasks beyond its share of the band
 // (dispatcher/park.go), so b's and c's tasks are not queued behind the
 // flood in the stream. It asserts exactly one result per task, 0
-// inversions and that a was parked; it reports b's and c's p95 against
-// b's alone (the issue's target: ≤ 1.5x) and a's throughput. make test
+// inversions and that a was parked, and, when no replica is killed, issue
+// 38's targets: b's and c's p95 at most 2x b's alone (the goal is 1.5x)
+// and at least 99% of theirs succeeded; it reports a's throughput. make test
 // floods for 2 s, and kills one replica with -9 once it has parked tasks
 // (started again at once); MLSCHED_FLOW_NOISY_SECONDS=15
 // MLSCHED_FLOW_NOISY_KILL=0 is the issue's run, and
@@ -487,6 +500,16 @@ func TestFlowNoisyTenant(t *testing.T) {
 		lat, ok, n := of(tasks, res, tenant)
 		t.Logf("tenant %s during the flood (%ds): %d/%d succeeded, p50 %.0f ms, p95 %.0f ms = %.2fx b alone (target ≤ 1.5x)",
 			tenant, seconds, ok, n, pct(lat, 0.5), pct(lat, 0.95), pct(lat, 0.95)/max(1, base))
+		// Issue 38's targets, on the issue's run (no replica killed: a
+		// killed replica's tasks in hand wait out the ack wait).
+		if !kill && os.Getenv("MLSCHED_FLOW_PARK_ABOVE") != "0" {
+			if pct(lat, 0.95) > 2*max(1, base) {
+				t.Errorf("tenant %s's p95 during the flood %.0f ms is %.2fx b alone (%.0f ms), want at most 2x", tenant, pct(lat, 0.95), pct(lat, 0.95)/max(1, base), base)
+			}
+			if float64(ok) < 0.99*float64(n) {
+				t.Errorf("tenant %s: %d/%d succeeded during the flood, want at least 99%%", tenant, ok, n)
+			}
+		}
 	}
 	_, okA, nA := of(tasks, res, "a")
 	t.Logf("tenant a: %d/%d succeeded, %.0f/s from the first submission to the last result (capacity about 320/s, less b's and c's 64/s); parked %d; load average at the end %s",

@@ -36,13 +36,18 @@ func twoModel(name, median string) string {
 // model), then offers twice the capacity with 20% priority 5, 50% 0 and
 // 30% -5, each with deadline_ms 5000.
 //
+// Each model first gets a second of warm-up (not counted), so that its
+// solo figure is its steady state and not the wait of a pair not yet
+// measured.
+//
 // It asserts exactly one result per task, 0 inversions and 0 shedding
 // inversions, that each (model, node) has its own automatic queue target
 // from its own latency (the 10 ms model's well under the 500 ms model's
-// service time, the 500 ms model's above it), and that both models ran
-// priority-5 tasks under the overload. Each model's priority-5 p99 against
-// its own alone is reported, not asserted: on a loaded 2-core machine the
-// 10 ms model's figure is mostly the processes' scheduling noise.
+// service time, the 500 ms model's above it), that both models ran
+// priority-5 tasks under the overload, and issue 38's target: each
+// model's priority-5 p99 under the overload at most 2x its own alone.
+// On a loaded 2-core machine the 10 ms model's figure carries the
+// processes' scheduling noise (tens of ms), so the test may fail there.
 // MLSCHED_FLOW_TWO_SECONDS sets the overload's length (default 5).
 func TestFlowTwoModels(t *testing.T) {
 	requireBinaries(t, "dispatcher", "worker")
@@ -112,6 +117,9 @@ func TestFlowTwoModels(t *testing.T) {
 		name string
 		rate int
 	}{{"m10", 2 * 200 / 5}, {"m500", 2 * 16 / 5}} {
+		warm := offer("warm-"+m.name, m.rate, time.Second, []int{5}, []string{m.name})
+		flowCollect(ctx, t, cl, warm)
+		soloTasks = append(soloTasks, warm...)
 		tasks := offer("solo-"+m.name, m.rate, 5*time.Second, []int{5}, []string{m.name})
 		res := flowCollect(ctx, t, cl, tasks)
 		solo[m.name], _ = p99Of(tasks, res, m.name)
@@ -156,6 +164,9 @@ func TestFlowTwoModels(t *testing.T) {
 		}
 		t.Logf("%s: priority 5 under 2x overload (%ds): p99 %.0f ms over %d = %.2fx its p99 alone (%.0f ms; target ≤ 2x)",
 			m, seconds, p99, n, p99/max(1, solo[m]), solo[m])
+		if p99 > 2*max(1, solo[m]) {
+			t.Errorf("%s: priority 5's p99 under the overload %.0f ms is %.2fx its p99 alone (%.0f ms), want at most 2x", m, p99, p99/max(1, solo[m]), solo[m])
+		}
 	}
 	t.Logf("succeeded by priority %v; inversions %d, shedding inversions %d, shed %d, expired %d; load average %s",
 		byPrio, counters["inversions"], counters["shed_inversions"], counters["shed_sheddable"], counters["expired"], uptimeLoad())

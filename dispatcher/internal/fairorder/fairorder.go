@@ -172,6 +172,23 @@ func (o *Order) TenantHeld(band int, tenant string) int {
 	return o.tenants[bandTenant{band, tenant}]
 }
 
+// BandHeld reports whether a task of the key with a priority in the
+// priority's band is held: a task of that band that leads (Leads) then
+// leads tasks of its own band (a quiet tenant's), not only lower bands.
+func (o *Order) BandHeld(key string, priority int) bool {
+	c := o.counts[key]
+	if c == nil {
+		return false
+	}
+	b := Band(priority)
+	for i, n := range c {
+		if n > 0 && Band(i+MinPriority) == b {
+			return true
+		}
+	}
+	return false
+}
+
 // HeldAtLeast reports whether a task of the key with at least (strict:
 // more than) the priority is held: a task of the key and priority that is
 // sent on now would overtake it.

@@ -113,6 +113,25 @@ func TestHeldAtLeast(t *testing.T) {
 	}
 }
 
+// BandHeld: a task of the key in the priority's band is held, whatever
+// its exact priority.
+func TestBandHeld(t *testing.T) {
+	o := New()
+	o.Count("x", -5, 1)
+	o.Count("x", 3, 1)
+	for _, c := range []struct {
+		key      string
+		priority int
+		want     bool
+	}{
+		{"x", -1, true}, {"x", 0, false}, {"x", 9, true}, {"x", 1, true}, {"y", -5, false},
+	} {
+		if got := o.BandHeld(c.key, c.priority); got != c.want {
+			t.Errorf("BandHeld(%s, %d) = %v, want %v", c.key, c.priority, got, c.want)
+		}
+	}
+}
+
 // Which task goes first at a node that orders its queue (Leads): a new
 // task with nothing of higher priority held and none of its tenant's in
 // its band; a held one only above the priority last sent on without the

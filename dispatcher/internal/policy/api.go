@@ -121,6 +121,17 @@ type Request struct {
 	// that work fits the node's ordered room: the load model counts one
 	// slot's wait for it there, not the whole queue.
 	Ahead bool
+	// Priority is the task's priority. With Ahead and not AheadInBand, it
+	// bounds the share of the node's ordered room the task may take
+	// (aheadShare): the highest band all of it, the normal band half, the
+	// low band a quarter, so that a band whose own flow leads (its tasks
+	// while only lower bands are held) cannot fill the room a higher
+	// band's next task needs to go first (issue 38, TestFlowTwoModels).
+	Priority int
+	// AheadInBand: tasks of the task's own band are held and it goes
+	// before them (a quiet tenant's while another's are held): its rate
+	// is its tenant's share, and it may use the whole ordered room.
+	AheadInBand bool
 	// FullDeadline: judge queues by the deadline alone, without the queue
 	// target (Config.QueueTarget): whether a task held for the target is
 	// saturated at all, or only waiting its turn.

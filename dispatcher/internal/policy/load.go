@@ -124,14 +124,15 @@ func (p *pairState) hasSlot() bool {
 
 // wait is the expected wait before a new attempt on p starts, and its
 // variance (µs, µs²). An attempt that goes first (Request.Ahead) on a node
-// that orders its queue, while the node's work fits its ordered room,
+// that orders its queue, while the node's work fits its share of the
+// node's ordered room (share of the prefetch, aheadShare; 0: no credit),
 // waits only for the next free slot. A model's own limit is a queue in
 // arrival order on the node: it gets no such credit.
-func (p *pairState) wait(first bool) (w, v float64) {
+func (p *pairState) wait(share float64) (w, v float64) {
 	n := p.node
 	c := float64(n.capacity) * float64(p.batch)
 	o := float64(n.outstanding())
-	if first && p.limit == 0 && n.prefetch > 0 && o < c+float64(n.prefetch) {
+	if share > 0 && p.limit == 0 && n.prefetch > 0 && o < c+share*float64(n.prefetch) {
 		o = min(o, c)
 	}
 	if ahead := o + 1 - c; ahead > 0 {
@@ -156,7 +157,32 @@ func (p *pairState) wait(first bool) (w, v float64) {
 type budget struct {
 	deadline, timeout float64
 	target            float64
-	ahead             bool
+	// ahead is the share of a node's ordered room the attempt's credit
+	// may use (aheadShare), 0 without Request.Ahead.
+	ahead float64
+}
+
+// aheadShare is the share of a node's ordered room (its prefetch) a task
+// of the priority that goes first over lower bands only may fill: all of
+// it for the high band, half for the normal band, a quarter for the low
+// band (one that leads held tasks of its own band, a quiet tenant's, has
+// all of it: Request.AheadInBand). A band's tasks lead while only lower
+// bands are held; under an overload of that
+// band alone they lead at its whole rate until its first is held, and
+// with the whole room theirs they filled a 10 ms model's node to its
+// capacity plus prefetch (34 attempts, five queue targets), so that the
+// next priority-5 task found no room left, was held, and waited for the
+// replica's view of the node to drain (a snapshot interval, 250 ms:
+// 3.0x its p99 alone). The room kept back is what a higher band's tasks
+// still go first into.
+func aheadShare(priority int) float64 {
+	switch {
+	case priority > 0:
+		return 1
+	case priority < 0:
+		return 0.25
+	}
+	return 0.5
 }
 
 // limit is what a new attempt on p must start and finish within: the
@@ -269,8 +295,15 @@ func (e *Engine) budgetOf(req *Request) budget {
 	if req.FullDeadline || e.cfg.QueueTarget < 0 {
 		target = -1
 	}
+	ahead := 0.0
+	if req.Ahead {
+		ahead = aheadShare(req.Priority)
+		if req.AheadInBand {
+			ahead = 1
+		}
+	}
 	return budget{deadline: max(float64(d)/float64(time.Microsecond), 1), timeout: max(float64(t)/float64(time.Microsecond), 1),
-		target: target, ahead: req.Ahead}
+		target: target, ahead: ahead}
 }
 
 // serviceTimes sets each pair's and node's mean service time from the

@@ -119,7 +119,9 @@ func TestLoadModelFastPathAgrees(t *testing.T) {
 // on a node that orders its queue, while the node's work fits its ordered
 // room; beyond that room, on a node without one, or under a model's own
 // limit (a queue in arrival order), it waits for the whole queue like any
-// other.
+// other. The room is the high band's; the normal band's task may fill half
+// of the prefetch and the low band's a quarter (aheadShare), so that a
+// band that leads at its whole rate leaves a higher one room to go first.
 func TestLoadModelAheadOnOrderingNode(t *testing.T) {
 	t.Parallel()
 	e := engine(t, Config{})
@@ -134,22 +136,30 @@ func TestLoadModelAheadOnOrderingNode(t *testing.T) {
 	}
 	// 2 running and 8 queued on 2 slots of 100 ms: 450 ms to wait, beyond
 	// a 300 ms deadline; the next free slot is 50 ms away.
-	req := func(ahead bool) *Request {
-		return &Request{Type: "t", Timeout: time.Second, Deadline: 300 * time.Millisecond, Ahead: ahead}
+	req := func(ahead bool, priority int, inBand bool) *Request {
+		return &Request{Type: "t", Timeout: time.Second, Deadline: 300 * time.Millisecond, Ahead: ahead, Priority: priority, AheadInBand: inBand}
 	}
 	cases := []struct {
 		name                    string
 		inFlight, prefetch, lim int
 		ahead, saturated        bool
+		priority                int
+		inBand                  bool
 	}{
-		{"in order", 10, 16, 0, false, true},
-		{"ahead, ordered room", 10, 16, 0, true, false},
-		{"ahead, beyond the ordered room", 18, 16, 0, true, true},
-		{"ahead, node without prefetch", 10, 0, 0, true, true},
-		{"ahead, model limit", 10, 16, 2, true, true},
+		{"in order", 10, 16, 0, false, true, 5, false},
+		{"ahead, ordered room", 10, 16, 0, true, false, 5, false},
+		{"ahead, beyond the ordered room", 18, 16, 0, true, true, 5, false},
+		{"ahead, node without prefetch", 10, 0, 0, true, true, 5, false},
+		{"ahead, model limit", 10, 16, 2, true, true, 5, false},
+		{"ahead, normal band, its half of the room", 9, 16, 0, true, false, 0, false},
+		{"ahead, normal band, beyond its half", 10, 16, 0, true, true, 0, false},
+		{"ahead, low band, its quarter of the room", 5, 16, 0, true, false, -5, false},
+		{"ahead, low band, beyond its quarter", 6, 16, 0, true, true, -5, false},
+		{"ahead of its own band (a quiet tenant's), the whole room", 10, 16, 0, true, false, 0, true},
+		{"ahead of its own band, beyond the whole room", 18, 16, 0, true, true, 0, true},
 	}
 	for _, c := range cases {
-		d, err := e.Decide(world(c.inFlight, c.prefetch, c.lim), req(c.ahead))
+		d, err := e.Decide(world(c.inFlight, c.prefetch, c.lim), req(c.ahead, c.priority, c.inBand))
 		if err != nil || d.Model != "best" || d.Saturated != c.saturated {
 			t.Errorf("%s: %+v %v, want saturated=%v", c.name, d, err, c.saturated)
 		}

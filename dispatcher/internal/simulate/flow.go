@@ -401,7 +401,8 @@ func (s *sim) flowRequest(t *task, full bool) policy.Request {
 	}
 	// the engine applies the queue target (Options.Engine.QueueTarget,
 	// from the scenario's) per (model, node); full asks without it
-	return policy.Request{Type: t.typ, Size: t.size, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline, FullDeadline: full}
+	return policy.Request{Type: t.typ, Size: t.size, Tried: t.history, Timeout: s.sc.Timeout.D(), Deadline: deadline, FullDeadline: full,
+		Priority: t.priority}
 }
 
 // dispatchFlow is dispatch under flow control (intake.go's dispatch).
@@ -419,6 +420,7 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 	// counts one slot's wait for it there, not the queue target's worth
 	// (intake.go's dispatch).
 	req.Ahead = s.fc.leads(t, fromHold)
+	req.AheadInBand = req.Ahead && s.fc.order.BandHeld(t.key(), t.priority)
 	d, err := s.dec.peek(&req)
 	if err == nil && (d.Saturated || s.fc.heldAtLeast(t, fromHold || req.Ahead)) {
 		s.hold(t)

@@ -142,8 +142,8 @@ const runLogMessage = "running the task"
 // and whose outcome could not be stored (unreported.go), and says whether
 // there was one.
 func (w *Worker) reportAgain(msg jetstream.Msg, d dispatch, stop func()) bool {
-	if d.TaskID == "" {
-		return false
+	if d.TaskID == "" || w.unstored.kept.Load() == 0 {
+		return false // nearly always: no id to build, no lock taken
 	}
 	msgID := protocol.MsgID("o", d.TaskID, d.Submission, d.Attempt)
 	body, ok := w.unstored.take(msgID)

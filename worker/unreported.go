@@ -28,6 +28,9 @@ type unreported struct {
 	order []string // insertion order, for the bound
 	// again counts the outcomes taken to be reported again.
 	again atomic.Int64
+	// kept mirrors len(byID), so that the hot path (every dispatch asks)
+	// takes no lock while nothing is kept, which is nearly always.
+	kept atomic.Int64
 }
 
 func newUnreported() *unreported { return &unreported{byID: map[string][]byte{}} }
@@ -47,6 +50,7 @@ func (u *unreported) keep(msgID string, body []byte) {
 		delete(u.byID, u.order[0])
 		u.order = u.order[1:]
 	}
+	u.kept.Store(int64(len(u.byID)))
 	if len(u.order) > 2*unreportedMax { // taken ones left in order
 		kept := u.order[:0]
 		for _, id := range u.order {
@@ -60,11 +64,15 @@ func (u *unreported) keep(msgID string, body []byte) {
 
 // take returns and forgets the kept outcome of msgID.
 func (u *unreported) take(msgID string) ([]byte, bool) {
+	if u.kept.Load() == 0 {
+		return nil, false
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	body, ok := u.byID[msgID]
 	if ok {
 		delete(u.byID, msgID)
+		u.kept.Store(int64(len(u.byID)))
 		u.again.Add(1)
 	}
 	return body, ok

@@ -57,7 +57,7 @@
 //     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (47 files, each named once; the libraries'
+// these files, in this order (46 files, each named once; the libraries'
 // files not counted). e2e's TestDocPathIsTheTraceOfOneTask (make docpath)
 // holds the list to the code one task really runs, read from coverage
 // counters:
@@ -106,29 +106,28 @@
 //  30. dispatcher/taskack.go: to the task keeper until its result;
 //  31. dispatcher/rollouts.go: a rollout of the model would count it;
 //  32. worker/task.go: the node's consumer hands the dispatch to onMessage,
-//     process and run, then finish and report;
-//  33. worker/unreported.go: no outcome of it is kept from an earlier
-//     delivery;
-//  34. worker/admission.go: the node's admission,
-//  35. worker/slots.go: its slots, in the node's order;
-//  36. worker/worker.go: the model's typical run, against the deadline;
-//  37. worker/executor/executor.go: the executor runs the model;
-//  38. worker/observe.go: the node's metrics;
-//  39. worker/outcomes.go: the outcome publisher sends a direct report
+//     process and run (no outcome of it kept from an earlier delivery: that
+//     would be worker/unreported.go), then finish and report;
+//  33. worker/admission.go: the node's admission,
+//  34. worker/slots.go: its slots, in the node's order;
+//  35. worker/worker.go: the model's typical run, against the deadline;
+//  36. worker/executor/executor.go: the executor runs the model;
+//  37. worker/observe.go: the node's metrics;
+//  38. worker/outcomes.go: the outcome publisher sends a direct report
 //     (publisher.go's Request);
-//  40. shared/protocol/messages.go: the outcome's status and message ids;
-//  41. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome), then
+//  39. shared/protocol/messages.go: the outcome's status and message ids;
+//  40. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome), then
 //     settleOutcome checks it (trust.go again),
-//  42. dispatcher/internal/settle/settle.go: Settle says finish;
-//  43. dispatcher/stats/batcher.go: the outcome goes into the statistics;
-//  44. dispatcher/results.go: end, the one way a task ends, releases what
+//  41. dispatcher/internal/settle/settle.go: Settle says finish;
+//  42. dispatcher/stats/batcher.go: the outcome goes into the statistics;
+//  43. dispatcher/results.go: end, the one way a task ends, releases what
 //     the attempt held and finish publishes the result (on disk,
-//  45. dispatcher/types.go: the result counted by type;
-//  46. shared/jsplumb/groupcommit.go: with the results published meanwhile,
+//  44. dispatcher/types.go: the result counted by type;
+//  45. shared/jsplumb/groupcommit.go: with the results published meanwhile,
 //     through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
 //     the worker (dispatch.go's ReportAcked, read by worker/task.go);
-//  47. dispatcher/taskprune.go: the acked task is noted for the pruner;
+//  46. dispatcher/taskprune.go: the acked task is noted for the pruner;
 //     client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

@@ -34,13 +34,16 @@
 //     dashboard, `mlsched stats` and `mlsched cancel`;
 //   - the three stages, each a type built from a params struct of what it
 //     needs, and the consumers that feed them:
-//   - intake (intake.go, hold.go, unserved.go, park.go): validate a task
-//     (reject or dead-letter bad input), decide model and node with the
-//     policy engine (internal/policy), seal the dispatch (trust.go) and
-//     republish the task bytes unchanged to mlsched.node.<node>.tasks;
-//     it keeps the tasks held for want of
-//     capacity and those waiting for a node, and parks a flooding
-//     tenant's tasks beyond its share of a band;
+//   - intake (intake.go, park.go): validate a task (reject or dead-letter
+//     bad input), park a flooding tenant's tasks beyond its share of a
+//     band, and run each attempt through admission (admission.go), a chain
+//     of single-purpose steps that newChain lists in the order they run:
+//     expiry, rate quota, decide (the policy engine, internal/policy; a
+//     type no node serves waits in unserved.go), hold (for want of
+//     capacity, or behind a higher priority: hold.go), concurrency cap,
+//     budget, and publish (seal the dispatch, trust.go, and republish the
+//     task bytes unchanged to mlsched.node.<node>.tasks). A kept task
+//     resumes at the step that stopped it, with its room's decision;
 //   - outcomes (outcomes.go): a stored outcome of
 //     MLSCHED_OUTCOMES or a worker's direct report of a success (a
 //     core-NATS request on mlsched.report.<node>, answered with a
@@ -57,7 +60,7 @@
 //     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (46 files, each named once; the libraries'
+// these files, in this order (47 files, each named once; the libraries'
 // files not counted). e2e's TestDocPathIsTheTraceOfOneTask (make docpath)
 // holds the list to the code one task really runs, read from coverage
 // counters:
@@ -80,54 +83,61 @@
 //     checked;
 //  10. dispatcher/superseded.go: a cancelled task would end here;
 //  11. dispatcher/config.go: its attempts and retry rule;
-//  12. dispatcher/flow.go: its expiry (and, once sent, the flow counters);
-//  13. dispatcher/internal/quota/quota.go: the tenant's rate quota,
-//  14. dispatcher/internal/quota/concurrency.go: its concurrency cap,
-//  15. dispatcher/internal/budget/budget.go: the budgets,
-//  16. dispatcher/park.go: and whether the tenant's tasks park;
-//  17. dispatcher/hold.go: the band's hold, which this task passes by;
-//  18. dispatcher/internal/policy/engine.go: Decide picks the model and the
-//     node,
-//  19. dispatcher/internal/policy/rand.go: with the decision's own
+//  12. dispatcher/park.go: whether the tenant's tasks park (they do not);
+//  13. dispatcher/admission.go: dispatch runs admission's chain of steps,
+//     in the order newChain lists them (expiry, quota, decide, hold, cap,
+//     budget, publish), each one decision:
+//  14. dispatcher/flow.go: the expiry step: its own deadline (and, once
+//     sent, the flow counters);
+//  15. dispatcher/internal/quota/quota.go: the quota step: the tenant's
+//     rate quota;
+//  16. dispatcher/internal/policy/engine.go: the decide step: Decide picks
+//     the model and the node,
+//  17. dispatcher/internal/policy/rand.go: with the decision's own
 //     generator,
-//  20. dispatcher/internal/policy/policies.go: the policy's Choose,
-//  21. dispatcher/internal/policy/load.go: the load model,
-//  22. dispatcher/internal/policy/table.go: on the decision table, which
+//  18. dispatcher/internal/policy/policies.go: the policy's Choose,
+//  19. dispatcher/internal/policy/load.go: the load model,
+//  20. dispatcher/internal/policy/table.go: on the decision table, which
 //     counts the dispatch;
-//  23. dispatcher/internal/registry/registry.go: the node's compact dispatch
-//     form and its costs;
-//  24. dispatcher/trust.go: the dispatch is sealed;
-//  25. shared/protocol/dispatch.go: the dispatch's headers,
-//  26. shared/protocol/compact.go: in their compact form;
-//  27. shared/opshttp/labels.go: the metrics' label sets;
-//  28. shared/jsplumb/publisher.go: the dispatch is published; its
+//  21. dispatcher/hold.go: the hold step: the band's hold, which this task
+//     passes by;
+//  22. dispatcher/internal/registry/registry.go: the node's costs and its
+//     compact dispatch form;
+//  23. dispatcher/internal/quota/concurrency.go: the cap step: the
+//     tenant's concurrency cap;
+//  24. dispatcher/internal/budget/budget.go: the budget step: the budgets;
+//  25. dispatcher/trust.go: the publish step seals the dispatch;
+//  26. shared/protocol/dispatch.go: the dispatch's headers,
+//  27. shared/protocol/compact.go: in their compact form;
+//  28. shared/opshttp/labels.go: the metrics' label sets;
+//  29. shared/jsplumb/publisher.go: the dispatch is published; its
 //     acknowledgement, read in place, calls back
-//  29. shared/jsplumb/completer.go: which hands the task, unacknowledged,
-//  30. dispatcher/taskack.go: to the task keeper until its result;
-//  31. dispatcher/rollouts.go: a rollout of the model would count it;
-//  32. worker/task.go: the node's consumer hands the dispatch to onMessage,
+//  30. shared/jsplumb/completer.go: which hands the task, unacknowledged,
+//  31. dispatcher/taskack.go: to the task keeper until its result;
+//  32. dispatcher/rollouts.go: a rollout of the model would count it;
+//  33. worker/task.go: the node's consumer hands the dispatch to onMessage,
 //     process and run (no outcome of it kept from an earlier delivery: that
 //     would be worker/unreported.go), then finish and report;
-//  33. worker/admission.go: the node's admission,
-//  34. worker/slots.go: its slots, in the node's order;
-//  35. worker/worker.go: the model's typical run, against the deadline;
-//  36. worker/executor/executor.go: the executor runs the model;
-//  37. worker/observe.go: the node's metrics;
-//  38. worker/outcomes.go: the outcome publisher sends a direct report
+//  34. worker/admission.go: the node's admission,
+//  35. worker/slots.go: its slots, in the node's order;
+//  36. worker/worker.go: the model's typical run, against the deadline;
+//  37. worker/executor/executor.go: the executor runs the model;
+//  38. worker/observe.go: the node's metrics;
+//  39. worker/outcomes.go: the outcome publisher sends a direct report
 //     (publisher.go's Request);
-//  39. shared/protocol/messages.go: the outcome's status and message ids;
-//  40. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome), then
+//  40. shared/protocol/messages.go: the outcome's status and message ids;
+//  41. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome), then
 //     settleOutcome checks it (trust.go again),
-//  41. dispatcher/internal/settle/settle.go: Settle says finish;
-//  42. dispatcher/stats/batcher.go: the outcome goes into the statistics;
-//  43. dispatcher/results.go: end, the one way a task ends, releases what
+//  42. dispatcher/internal/settle/settle.go: Settle says finish;
+//  43. dispatcher/stats/batcher.go: the outcome goes into the statistics;
+//  44. dispatcher/results.go: end, the one way a task ends, releases what
 //     the attempt held and finish publishes the result (on disk,
-//  44. dispatcher/types.go: the result counted by type;
-//  45. shared/jsplumb/groupcommit.go: with the results published meanwhile,
+//  45. dispatcher/types.go: the result counted by type;
+//  46. shared/jsplumb/groupcommit.go: with the results published meanwhile,
 //     through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
 //     the worker (dispatch.go's ReportAcked, read by worker/task.go);
-//  46. dispatcher/taskprune.go: the acked task is noted for the pruner;
+//  47. dispatcher/taskprune.go: the acked task is noted for the pruner;
 //     client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

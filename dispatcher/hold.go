@@ -319,131 +319,169 @@ func (in *intake) retryHeld() {
 	if len(q) == 0 {
 		return
 	}
-	now := time.Now()
-	table := in.snaps.table.Load()
-	// candidate sets saturated, tenants over their rate quota, tenants at
-	// their concurrency cap, in this pass
-	var saturated, refused, capped []string
-	var keep []*heldTask
-	rate := in.drain.perSecond()
+	p := &holdPass{in: in, q: q, now: time.Now(), table: in.snaps.table.Load(), rate: in.drain.perSecond()}
 	for i, ht := range q {
 		if ht.gone {
 			continue // shed already (shedorder.go)
 		}
-		t := &ht.a.task
-		if in.superseded.Cancelled(t.ID, ht.a.submission) { // cancelled while held: it has its result
-			h.leave(ht)
-			in.fin.end(ht.a.endsStored(ht.msg))
-			continue
-		}
-		if !ht.expiry.IsZero() && !now.Before(ht.expiry) {
-			h.leave(ht)
-			if t.Priority < 0 {
-				in.shed(ht, len(keep), "its deadline passed while it was held")
-			} else {
-				in.shedFirst(q, i, ht.key)
-				in.expire(&ht.a, ht.msg, ht.expiry, "while it was held for want of capacity")
-			}
-			continue
-		}
-		if now.After(ht.until) && in.cfg.QueueTarget.On() && !ht.a.overLimit() && t.Priority >= 0 {
-			// Held for the queue target: if a node could still start it
-			// within its own deadline it is not saturated, only waiting its
-			// turn (the pulled part of the backlog), and waits on; a task
-			// with a deadline_ms ends at it all the same.
-			full := ht.a
-			full.fullDeadline = true
-			req := in.request(&full)
-			if dec, err := in.engine.Decide(table, &req); err == nil && !dec.Saturated {
-				ht.until = now.Add(in.holdWait(&ht.a))
-				if !ht.expiry.IsZero() && ht.expiry.Before(ht.until) {
-					ht.until = ht.expiry
-				}
-				in.keeper.keep(ht.msg, ht.a.taskAck, ht.until)
-				in.keepAlive(ht, now)
-				keep = append(keep, ht)
-				continue
-			}
-		}
-		if now.After(ht.until) {
-			h.leave(ht)
-			if ht.a.overLimit() {
-				in.rejectQuota(&ht.a, ht.msg, in.drain.retryAfter(len(keep)))
-			} else if t.Priority < 0 {
-				in.shed(ht, len(keep), "it waited its whole deadline with every candidate saturated")
-			} else {
-				in.shedFirst(q, i, ht.key)
-				in.failSaturated(ht)
-			}
-			continue
-		}
-		if t.Priority < 0 && rate > 0 && !ht.expiry.IsZero() &&
-			now.Add(time.Duration(float64(len(keep)+1)/rate*float64(time.Second))).After(ht.expiry) {
-			// At the measured drain rate it would start after its deadline.
-			h.leave(ht)
-			in.shed(ht, len(keep), "at the measured drain rate it could not start before its deadline")
+		if p.ends(i, ht) {
 			continue
 		}
 		if ht.a.overQuota {
-			if containsStr(refused, ht.tenant) {
-				in.keepAlive(ht, now)
-				keep = append(keep, ht)
+			if ht = p.quotaToken(i, ht); ht == nil {
 				continue
 			}
-			if ok, _ := in.quota.Allow(context.Background(), ht.tenant); !ok {
-				refused = append(refused, ht.tenant)
-				in.keepAlive(ht, now)
-				keep = append(keep, ht)
-				continue
-			}
-			if j := newestOverQuota(q, i, now); j > i {
-				// The token goes to the tenant's newest task of this
-				// priority instead, in this one's place (and fair tags).
-				q[i], q[j] = q[j], q[i]
-				q[i].tags, q[j].tags = q[j].tags, q[i].tags
-				ht, t = q[i], &q[i].a.task
-			}
-			ht.a.admitted, ht.a.overQuota = true, false
-			h.mu.Lock()
-			h.countLocked(ht.key, t.Priority, 1)
-			ht.counted = true
-			h.mu.Unlock()
 		}
-		if !containsStr(saturated, ht.key) {
-			req := in.request(&ht.a)
-			dec, err := in.engine.Decide(table, &req)
-			if err != nil || !dec.Saturated {
-				if ht.a.overCap && !in.capRoom(ht, &capped) {
-					in.keepAlive(ht, now)
-					keep = append(keep, ht)
-					continue
-				}
-				// dispatch decides again (and handles an error)
-				h.leave(ht)
-				h.served(ht)
-				ht.a.fromHold = true
-				in.dispatch(ht.a, ht.msg)
-				continue
-			}
-			if err == nil && !ht.expiry.IsZero() && in.ownDeadlineOnly(table, &ht.a) {
-				// Saturated only because too little of its own deadline is
-				// left: it waits here to go or expire (or be shed), and
-				// does not hold back the younger tasks of its set, which
-				// could still finish (issue 20).
-				in.keepAlive(ht, now)
-				keep = append(keep, ht)
-				continue
-			}
-			saturated = append(saturated, ht.key)
-		}
-		in.keepAlive(ht, now)
-		keep = append(keep, q[i])
+		p.sendOn(ht)
 	}
 	h.mu.Lock()
 	// tasks held meanwhile come after the older ones (the next pass orders)
-	h.q = append(keep, h.q...)
+	h.q = append(p.keep, h.q...)
 	h.n.Store(int64(len(h.q)))
 	h.mu.Unlock()
+}
+
+// holdPass is one pass of the hold over its tasks, in order.
+type holdPass struct {
+	in    *intake
+	q     []*heldTask // the tasks, in the pass's order
+	now   time.Time
+	table *policy.Table
+	rate  float64 // the measured drain rate, tasks/s
+	// candidate sets found saturated, tenants over their rate quota,
+	// tenants at their concurrency cap, in this pass
+	saturated, refused, capped []string
+	keep                       []*heldTask // still held after the pass
+}
+
+// stay keeps a task held, alive.
+func (p *holdPass) stay(ht *heldTask) {
+	p.in.keepAlive(ht, p.now)
+	p.keep = append(p.keep, ht)
+}
+
+// ends ends the i-th task if its time in the hold is over: cancelled
+// meanwhile (it has its result), past its own deadline, past its hold
+// time, or sheddable and unable to start in time at the drain rate. It
+// reports whether the task left the hold.
+func (p *holdPass) ends(i int, ht *heldTask) bool {
+	in, h, t, now := p.in, p.in.held, &ht.a.task, p.now
+	switch {
+	case in.superseded.Cancelled(t.ID, ht.a.submission):
+		h.leave(ht)
+		in.fin.end(ht.a.endsStored(ht.msg))
+	case !ht.expiry.IsZero() && !now.Before(ht.expiry):
+		h.leave(ht)
+		if t.Priority < 0 {
+			in.shed(ht, len(p.keep), "its deadline passed while it was held")
+		} else {
+			in.shedFirst(p.q, i, ht.key)
+			in.expire(&ht.a, ht.msg, ht.expiry, "while it was held for want of capacity")
+		}
+	case now.After(ht.until) && in.cfg.QueueTarget.On() && !ht.a.overLimit() && t.Priority >= 0 && p.onlyWaiting(ht):
+		p.stay(ht)
+	case now.After(ht.until):
+		h.leave(ht)
+		if ht.a.overLimit() {
+			in.rejectQuota(&ht.a, ht.msg, in.drain.retryAfter(len(p.keep)))
+		} else if t.Priority < 0 {
+			in.shed(ht, len(p.keep), "it waited its whole deadline with every candidate saturated")
+		} else {
+			in.shedFirst(p.q, i, ht.key)
+			in.failSaturated(ht)
+		}
+	case t.Priority < 0 && p.rate > 0 && !ht.expiry.IsZero() &&
+		now.Add(time.Duration(float64(len(p.keep)+1)/p.rate*float64(time.Second))).After(ht.expiry):
+		// At the measured drain rate it would start after its deadline.
+		h.leave(ht)
+		in.shed(ht, len(p.keep), "at the measured drain rate it could not start before its deadline")
+	default:
+		return false
+	}
+	return true
+}
+
+// onlyWaiting: a task held for the queue target whose hold time ran out
+// is not saturated if a node could still start it within its own
+// deadline, only waiting its turn (the pulled part of the backlog): it
+// waits on, for another hold time (a task with a deadline_ms ends at it
+// all the same).
+func (p *holdPass) onlyWaiting(ht *heldTask) bool {
+	in := p.in
+	req := in.requestAs(&ht.a, fullDeadline)
+	if dec, err := in.engine.Decide(p.table, &req); err != nil || dec.Saturated {
+		return false
+	}
+	ht.until = p.now.Add(in.holdWait(&ht.a))
+	if !ht.expiry.IsZero() && ht.expiry.Before(ht.until) {
+		ht.until = ht.expiry
+	}
+	in.keeper.keep(ht.msg, ht.a.taskAck, ht.until)
+	return true
+}
+
+// quotaToken asks the tenant's rate quota for a task held over it; a
+// tenant refused is not asked again in the pass. The token goes to the
+// tenant's newest task of the priority (newestOverQuota), which takes the
+// i-th place. It returns the task that goes on, nil if none.
+func (p *holdPass) quotaToken(i int, ht *heldTask) *heldTask {
+	in, q := p.in, p.q
+	if containsStr(p.refused, ht.tenant) {
+		p.stay(ht)
+		return nil
+	}
+	if ok, _ := in.quota.Allow(context.Background(), ht.tenant); !ok {
+		p.refused = append(p.refused, ht.tenant)
+		p.stay(ht)
+		return nil
+	}
+	if j := newestOverQuota(q, i, p.now); j > i {
+		q[i], q[j] = q[j], q[i]
+		q[i].tags, q[j].tags = q[j].tags, q[i].tags
+		ht = q[i]
+	}
+	ht.a.admitted, ht.a.overQuota = true, false
+	in.held.mu.Lock()
+	in.held.countLocked(ht.key, ht.a.task.Priority, 1)
+	ht.counted = true
+	in.held.mu.Unlock()
+	return ht
+}
+
+// sendOn decides a held task again, unless its candidate set was found
+// saturated in this pass, and sends it on when it is not saturated now
+// (and, held at its tenant's cap, its tenant has room).
+func (p *holdPass) sendOn(ht *heldTask) {
+	in, h := p.in, p.in.held
+	if containsStr(p.saturated, ht.key) {
+		p.stay(ht)
+		return
+	}
+	// Asked without the ahead credit (Request.Ahead): saturated for every
+	// task of the set. resume asks again when the task, once out of the
+	// hold, would have the credit.
+	req := in.request(&ht.a)
+	dec, err := in.engine.Decide(p.table, &req)
+	if err != nil || !dec.Saturated {
+		if ht.a.overCap && !in.capRoom(ht, &p.capped) {
+			p.stay(ht)
+			return
+		}
+		h.leave(ht)
+		h.served(ht)
+		ht.a.fromHold = true // sent on in the pass's order
+		// admission goes on from the hold step with this decision (and
+		// handles an error)
+		in.resume(ht.a, ht.msg, p.table, &req, dec, err)
+		return
+	}
+	if ht.expiry.IsZero() || !in.ownDeadlineOnly(p.table, &ht.a) {
+		p.saturated = append(p.saturated, ht.key)
+	}
+	// else saturated only because too little of its own deadline is left:
+	// it waits here to go or expire (or be shed), and does not hold back
+	// the younger tasks of its set, which could still finish (issue 20).
+	p.stay(ht)
 }
 
 // newestOverQuota returns the index of the newest task after q[i] held over
@@ -475,9 +513,7 @@ func newestOverQuota(q []*heldTask, i int, now time.Time) int {
 // its candidate set saturated for the pass, as the simulator's hold
 // (dispatcher/internal/simulate/flow.go).
 func (in *intake) ownDeadlineOnly(table *policy.Table, a *attemptSpec) bool {
-	full := *a
-	full.noExpiry = true
-	req := in.request(&full)
+	req := in.requestAs(a, noExpiry)
 	dec, err := in.engine.Decide(table, &req)
 	return err == nil && !dec.Saturated
 }

@@ -6,10 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
@@ -36,6 +34,7 @@ type intake struct {
 	park      *parking      // nil: never park
 	quotaLog  sometimes     // bounded-rate log of degraded quotas
 	budgetLog sometimes     // and of degraded budgets
+	chain     []admitStep   // admission's steps, in order (admission.go)
 }
 
 // intakeParams is what the intake stage needs.
@@ -68,6 +67,7 @@ func newIntake(p intakeParams) *intake {
 	in := &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}, redeliver: newRedeliveries()}
 	in.quotaLog.every = 10 * time.Second
 	in.budgetLog.every = 10 * time.Second
+	in.chain = newChain(in)
 	return in
 }
 
@@ -203,6 +203,23 @@ type attemptSpec struct {
 	// traceparent is the W3C trace context of the task (the producer's, or
 	// the previous attempt's dispatch span), "" when it has none.
 	traceparent string
+	// taskAck is the task message's ack subject (Dispatch.TaskAck), ""
+	// for a task dispatched by an older dispatcher.
+	taskAck string
+	// admissionMarks: where admission's steps left it, in the hold or
+	// the waiting room.
+	admissionMarks
+	// pipe is a pipeline step's sealed progress (pipeline.go), carried on
+	// its dispatches; pipeStep: a step after the first (a task message of
+	// the dispatcher's, not parked).
+	pipe     string
+	pipeStep bool
+}
+
+// admissionMarks are what admission's steps (admission.go) mark on an
+// attempt they keep: its place in the hold and the waiting room, and its
+// standing with its tenant's quota and cap.
+type admissionMarks struct {
 	// heldSince is when the task was first held for want of capacity
 	// (hold.go); zero if it was not.
 	heldSince time.Time
@@ -212,9 +229,6 @@ type attemptSpec struct {
 	// that waited in a backlog, still gets the whole wait. Zero if it has
 	// not.
 	noNodeSince time.Time
-	// taskAck is the task message's ack subject (Dispatch.TaskAck), ""
-	// for a task dispatched by an older dispatcher.
-	taskAck string
 	// fromHold: the hold's pass sends it on, in priority and fair order;
 	// it does not queue behind held tasks of its own priority.
 	fromHold bool
@@ -222,18 +236,6 @@ type attemptSpec struct {
 	// overQuota: it is held because the quota did not; overCap: it is
 	// held because its tenant has its cap of tasks in flight.
 	admitted, overQuota, overCap bool
-	// fullDeadline: decide without MLSCHED_QUEUE_TARGET (the hold asks
-	// whether a task whose hold time ran out is saturated at all).
-	fullDeadline bool
-	// noExpiry: decide as if the task had no deadline_ms of its own (the
-	// hold asks whether a task is saturated only because little of its
-	// own deadline is left).
-	noExpiry bool
-	// pipe is a pipeline step's sealed progress (pipeline.go), carried on
-	// its dispatches; pipeStep: a step after the first (a task message of
-	// the dispatcher's, not parked).
-	pipe     string
-	pipeStep bool
 }
 
 // overLimit: held over its tenant's quota or cap, not for capacity (it
@@ -264,190 +266,6 @@ func (a *attemptSpec) maxAttempts(def int) int {
 	return def
 }
 
-// dispatch decides and publishes one attempt; msg (a task or an outcome) is
-// settled once JetStream has acknowledged the dispatch.
-func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
-	t := &a.task
-	expiry := in.flow.expiry(t, a.submitted)
-	if !expiry.IsZero() && !time.Now().Before(expiry) {
-		if in.expireAfterShed(&a, msg, expiry) {
-			return // the hold ends it, after the sheddable tasks of its set
-		}
-		in.expire(&a, msg, expiry, "before it could be dispatched")
-		return
-	}
-	if a.attempt == 1 && !a.admitted && in.quota.Limited(t.TenantName()) && !in.admit(&a, msg, expiry) {
-		return // held or rejected over its tenant's quota
-	}
-	key := ""
-	if in.held.n.Load() > 0 || in.held.inPass.Load() > 0 {
-		key = candidateKey(t)
-	}
-	req := in.request(&a)
-	// A task that goes first in flow control's order (the first urgent
-	// one, or a quiet tenant's) overtakes the held ones, and a node that
-	// orders its queue starts it next: it need not wait for the queue
-	// target (docs/policies.md, "Ordering at the node").
-	req.Ahead = key != "" && in.held.leads(key, t.Priority, t.TenantName(), a.fromHold)
-	req.AheadInBand = req.Ahead && in.held.bandHeld(key, t.Priority)
-	table := in.snaps.table.Load()
-	decision := in.tracer.Start(a.traceparent, "mlsched.decision")
-	start := time.Now()
-	dec, err := in.engine.Decide(table, &req)
-	decided := time.Now() // also the deadline's start: one clock read fewer per task
-	in.metrics.decision.Observe(decided.Sub(start).Seconds())
-	if in.tracer.On() {
-		decision.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.String("mlsched.type", t.Type),
-			attribute.Int("mlsched.attempt", a.attempt), attribute.String("mlsched.model", dec.Model),
-			attribute.String("mlsched.node", dec.Node), attribute.Bool("mlsched.panic", dec.Panic))
-	}
-	decision.End(err)
-	if err != nil {
-		code := protocol.CodeOf(err)
-		if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
-			// Nodes may be starting or restarting: wait, bounded, then
-			// reject; at once when the only candidates are unready models.
-			if why := unreadyOnly(in.reg.Live(), t.Type, t.Models); why != "" {
-				err = protocol.Errorf(code, "%s: %s", err.(*protocol.Error).Msg, why)
-			} else if !a.noNodeSince.IsZero() && time.Since(a.noNodeSince) >= in.cfg.NoNodeWait {
-				err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, in.cfg.NoNodeWait)
-			} else if err = in.waitForNode(a, msg, err); err == nil {
-				return // bounded, so that no type stalls the others (unserved.go)
-			}
-		}
-		status := protocol.StatusRejected
-		if a.attempt > 1 {
-			status = protocol.StatusFailed
-		}
-		in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-		in.fin.end(a.ends(msg, err, status))
-		return
-	}
-	// Backpressure (hold.go), and no overtaking: while a task of this
-	// candidate set is held with a priority at least this one's (higher,
-	// for a task the hold sends on, or one that goes first), this one waits
-	// behind it.
-	if (dec.Saturated || (key != "" && in.held.heldAtLeast(key, t.Priority, a.fromHold || req.Ahead))) &&
-		in.hold(a, msg, dec, in.holdWait(&a), expiry) {
-		if !dec.Saturated {
-			in.held.wake() // a slot is free: the hold sends on what goes first
-		}
-		return
-	}
-	if key != "" && in.held.heldAtLeast(key, t.Priority, true) {
-		// A higher-priority task of the set was held since this one's
-		// check (by another goroutine, decided at the same moment): this
-		// one waits behind it, and the pass sends that one first.
-		if in.hold(a, msg, dec, in.holdWait(&a), expiry) {
-			in.held.wake()
-			return
-		}
-		in.counters.Inversions.Add(1) // only when the hold is closed: it must stay 0
-	}
-	if key != "" && !req.Ahead {
-		in.held.sentPlain(key, t.Priority)
-	}
-	if dec.Panic {
-		in.counters.Panic.Add(1)
-		in.log.Warn().Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).
-			Msg("panic mode: every candidate's breaker is open, routing anyway")
-	}
-	timeout := in.attemptTimeout(t, dec.Model)
-	deadline := decided.Add(timeout + in.cfg.DeadlineSlack)
-	if !expiry.IsZero() && expiry.Before(deadline) {
-		// The worker does not start an attempt past its deadline: nor,
-		// then, a task past its own.
-		deadline = expiry
-	}
-	if in.quota.Capped(t.TenantName()) && !in.acquire(&a, msg, deadline, expiry) {
-		return // held or rejected over its tenant's concurrency cap
-	}
-	cost, priced := in.reg.Cost(dec.Node, dec.Model, t.Size)
-	if in.budgets.Limited(t.TenantName(), t.Type) {
-		goes, degrade := in.spend(&a, msg, cost)
-		if !goes {
-			return // refused over its tenant's or type's budget
-		}
-		if degrade {
-			// Over a budget that degrades: the cheapest model that clears
-			// the type's bar (the cost policy), charged past the limit.
-			creq := req
-			creq.Cheapest = true
-			if cheap, err := in.engine.Decide(table, &creq); err == nil && !cheap.Saturated && cheap.Model != dec.Model {
-				dec = cheap
-				timeout = in.attemptTimeout(t, dec.Model)
-				deadline = decided.Add(timeout + in.cfg.DeadlineSlack)
-				if !expiry.IsZero() && expiry.Before(deadline) {
-					deadline = expiry
-				}
-				cost, priced = in.reg.Cost(dec.Node, dec.Model, t.Size)
-			}
-			in.budgets.Charge(context.Background(), t.TenantName(), t.Type, cost, true)
-		}
-	}
-	if priced {
-		in.metrics.spent(t.Type, t.TenantName(), dec.Model, cost)
-	}
-	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
-		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: deadline, Timeout: timeout,
-		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck, Pipeline: a.pipe}
-	span := in.tracer.Start(a.traceparent, "mlsched.dispatch")
-	pd.Traceparent = span.Traceparent() // the worker's spans are children of the dispatch
-	if in.tracer.On() {
-		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.Int("mlsched.attempt", a.attempt),
-			attribute.String("mlsched.model", dec.Model), attribute.String("mlsched.node", dec.Node))
-	}
-	in.seal(&pd, a.data)
-	hb := headerBufs.Get().(*protocol.HeaderBuf)
-	defer headerBufs.Put(hb) // once Publish has returned: nats.go has encoded the headers
-	var h nats.Header
-	if in.reg.CompactDispatch(dec.Node) { // one header instead of fourteen (protocol/compact.go)
-		h = pd.CompactHeaderInto(hb)
-	} else {
-		h = pd.HeaderInto(hb)
-	}
-	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: h}
-	hb.Put(protocol.HdrMsgID, pd.MsgID("d"))
-	id, attempt := t.ID, a.attempt
-	model, node, redispatch := dec.Model, dec.Node, a.attempt > 1
-	band, submitted := bandName(t.Priority), a.submitted
-	table.Dispatched(dec.Model, dec.Node)
-	// Publish-then-ack: msg is settled on the publisher's reply goroutine
-	// once JetStream has stored the dispatch (or refused it).
-	// The task itself is not acked when its dispatch is stored, but kept
-	// until its result is (taskack.go).
-	settled := in.keeper.dispatched(msg, a.taskAck, deadline, attemptRecord{Task: t.ID, Type: t.Type, Submission: a.submission,
-		Attempt: a.attempt, MaxAttempts: pd.MaxAttempts, Model: dec.Model, Node: dec.Node, History: a.history})
-	err = in.complete.Publish(context.Background(), in.pub, settled, out, "", func(ack *jetstream.PubAck, err error) error {
-		span.End(err)
-		if err != nil {
-			in.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
-			return err
-		}
-		if !ack.Duplicate {
-			now := time.Now()
-			in.drain.dispatched(now)
-			in.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
-			if redispatch {
-				in.counters.Redispatched.Add(1)
-			} else {
-				in.counters.Dispatched.Add(1)
-				in.metrics.admitted.Get(band).Inc()
-				in.metrics.wait.Get(band).Observe(now.Sub(submitted).Seconds())
-			}
-		}
-		in.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
-		return nil
-	})
-	if err != nil {
-		table.Completed(dec.Model, dec.Node) // not sent after all
-		in.log.Warn().Err(err).Str("task_id", id).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
-		span.End(err)
-		in.keeper.keep(msg, a.taskAck, time.Now().Add(time.Second+in.cfg.AckWait)) // a retry's task stays in progress
-		in.complete.Retry(msg, time.Second)
-	}
-}
-
 // headerBufs holds the header storage of dispatches being published
 // (the map and values of ~14 headers: most of a dispatch's allocations).
 var headerBufs = sync.Pool{New: func() any { return new(protocol.HeaderBuf) }}
@@ -455,11 +273,28 @@ var headerBufs = sync.Pool{New: func() any { return new(protocol.HeaderBuf) }}
 // request is what the policy engine needs to decide an attempt: the task's
 // constraints and history, and the attempt's timeout and deadline for the
 // load model.
-func (in *intake) request(a *attemptSpec) policy.Request {
+func (in *intake) request(a *attemptSpec) policy.Request { return in.requestAs(a, asIs) }
+
+// asking is how the hold asks about a held task besides as it is.
+type asking uint8
+
+const (
+	asIs asking = iota
+	// fullDeadline: decide without MLSCHED_QUEUE_TARGET (whether a task
+	// whose hold time ran out is saturated at all).
+	fullDeadline
+	// noExpiry: decide as if the task had no deadline_ms of its own
+	// (whether a task is saturated only because little of its own
+	// deadline is left).
+	noExpiry
+)
+
+// requestAs is request, asked as the hold asks.
+func (in *intake) requestAs(a *attemptSpec, as asking) policy.Request {
 	t := &a.task
 	timeout := in.attemptTimeout(t, "") // no model decided yet
 	deadline := timeout + in.cfg.DeadlineSlack
-	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() && !a.noExpiry {
+	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() && as != noExpiry {
 		// A task that cannot start before its own deadline makes its
 		// candidates saturated: it is held, not sent to expire on a node.
 		deadline = max(0, min(deadline, time.Until(expiry)))
@@ -468,7 +303,7 @@ func (in *intake) request(a *attemptSpec) policy.Request {
 	// rest waits in the hold, where priorities and tenants are ordered:
 	// docs/policies.md); FullDeadline asks without it.
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: a.fullDeadline,
+		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: as == fullDeadline,
 		Priority: t.Priority}
 }
 

@@ -299,16 +299,16 @@ func (in *intake) retryUnserved() {
 		}
 		if !containsStr(unserved, a.task.Type) {
 			req := in.request(a)
-			_, err := in.engine.Decide(table, &req)
+			dec, err := in.engine.Decide(table, &req)
 			switch code := protocol.CodeOf(err); {
 			case code == protocol.CodeNoModel:
 				unserved = append(unserved, a.task.Type)
 				w.err = err
 			case code == protocol.CodeUnknownModel:
 				w.err = err
-			default: // served now (dispatch decides again, and handles an error)
+			default: // served now: admission goes on from the hold step with this decision (and handles an error)
 				r.leave()
-				in.dispatch(*a, w.msg)
+				in.resume(*a, w.msg, table, &req, dec, err)
 				continue
 			}
 		}

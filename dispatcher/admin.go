@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -41,7 +42,7 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		"over_budget": c.OverBudget.Load(),
 		"inversions":  c.Inversions.Load(), "parked": c.Parked.Load(), "shed_inversions": c.ShedInversions.Load(),
 	}
-	r.Types = c.types.snapshot()
+	r.Types = c.Types.Snapshot()
 	if p.intake.budgets != nil {
 		_ = p.intake.budgets.Refresh(context.Background()) // down: this replica's last figures
 	}
@@ -110,3 +111,16 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// endedBy lists the non-zero Ended counters.
+func (c *Counters) endedBy() []protocol.EndedCount {
+	var out []protocol.EndedCount
+	for b := range c.Ended {
+		for k := range c.Ended[b] {
+			if n := c.Ended[b][k].Load(); n > 0 {
+				out = append(out, protocol.EndedCount{Band: finish.FlowBands[b], Code: finish.FlowCodes[k], Tasks: n})
+			}
+		}
+	}
+	return out
+}

@@ -229,7 +229,7 @@ func (in *intake) decided(ad *admission, err error) verdict {
 		status = protocol.StatusFailed
 	}
 	in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-	in.fin.end(a.ends(ad.msg, err, status))
+	in.fin.End(a.ends(ad.msg, err, status))
 	return ended
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/opshttp"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -122,7 +123,7 @@ func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	}
 	out := &nats.Msg{Subject: topology.ResultSubject(id), Data: data, Header: protocol.ResultHeader(id, "")}
 	if _, err := cn.js.PublishMsg(ctx, out, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
-		if !isWrongLastSequence(err) {
+		if !finish.IsWrongLastSequence(err) {
 			return fail(fmt.Errorf("publishing the cancelled result: %w", err))
 		}
 		st, _, _ := cn.storedStatus(ctx, id)
@@ -140,7 +141,7 @@ func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 	}
 	cn.counters.Results.Add(1)
 	cn.counters.Cancelled.Add(1)
-	cn.counters.types.add(taskType, protocol.StatusCancelled)
+	cn.counters.Types.Add(taskType, protocol.StatusCancelled)
 	cn.metrics.results.Get(opshttp.L2{A: taskType, B: string(protocol.StatusCancelled)}).Inc()
 	cn.log.Info().Str("task_id", id).Strs("where", reply.Where).Msg("task cancelled")
 	reply.Outcome, reply.Status = protocol.CancelDone, protocol.StatusCancelled
@@ -149,7 +150,7 @@ func (cn *canceller) Cancel(ctx context.Context, req protocol.CancelRequest) pro
 
 // storedStatus returns the status of the task's stored result, if any.
 func (cn *canceller) storedStatus(ctx context.Context, id string) (protocol.Status, bool, error) {
-	r, found, err := lookupResult(ctx, cn.results, id)
+	r, found, err := finish.Lookup(ctx, cn.results, id)
 	if !found {
 		return "", false, err
 	}

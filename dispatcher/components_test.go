@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -64,7 +65,7 @@ func TestSweeperCursorAndHeap(t *testing.T) {
 	dispatches, results, outcomes, dlq := stream(topology.StreamDispatch), stream(topology.StreamResults),
 		stream(topology.StreamOutcomes), stream(topology.StreamDLQ)
 	sw := &sweeper{js: ns.JS, dispatch: dispatches, results: results, every: 100 * time.Millisecond, slack: time.Second,
-		dlq: &deadLetters{js: ns.JS, log: zerolog.Nop(), count: new(atomic.Int64)}, log: zerolog.Nop()}
+		dlq: &finish.DeadLetters{JS: ns.JS, Log: zerolog.Nop(), Count: new(atomic.Int64)}, log: zerolog.Nop()}
 
 	send := func(id string, deadline time.Time, valid bool) uint64 {
 		pd := protocol.Dispatch{TaskID: id, Type: "x", Model: "m", Node: "n1", Attempt: 1, MaxAttempts: 2, Deadline: deadline, Submission: "7"}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -35,7 +36,7 @@ import (
 
 // Dispatcher is one dispatcher replica: the wiring of its components and
 // their lifecycle. Everything that handles a message is a stage of its own
-// (intake.go, outcomes.go, results.go), built by run from what it needs.
+// (intake.go, outcomes.go, internal/finish), built by run from what it needs.
 type Dispatcher struct {
 	cfg      Config
 	log      zerolog.Logger
@@ -77,9 +78,10 @@ type parts struct {
 
 // Counters are cumulative, per replica.
 type Counters struct {
-	Dispatched, Redispatched, Results, Rejected, DeadLettered atomic.Int64
-	// Suppressed counts results refused because the task already had one.
-	Suppressed atomic.Int64
+	// Counts are the finish stage's: results by status, suppressed second
+	// results, flow control's endings, results per type.
+	finish.Counts
+	Dispatched, Redispatched, DeadLettered atomic.Int64
 	// Late counts outcomes of attempts that had been superseded.
 	Late atomic.Int64
 	// Lost counts attempts found unanswered at their deadline.
@@ -104,10 +106,6 @@ type Counters struct {
 	// Reports counts the direct reports this replica settled (outcomes.go);
 	// ReportsDeferred those it sent back to be stored as outcomes.
 	Reports, ReportsDeferred atomic.Int64
-	// Succeeded and Failed count the stored results by status (Rejected,
-	// above, the rejected ones); Shed the failed ones that waited their
-	// deadline with every candidate saturated (code saturated).
-	Succeeded, Failed, Shed atomic.Int64
 	// Expired counts tasks whose deadline_ms passed before they started;
 	// ShedFlow the sheddable tasks shed (code shed); OverQuota the tasks
 	// found over their tenant's quota; Inversions the dispatches of a
@@ -124,12 +122,6 @@ type Counters struct {
 	// Parked counts the tasks parked over their tenant's share of a band
 	// (park.go).
 	Parked atomic.Int64
-	// Ended counts the tasks ended without being started, by priority
-	// band (flowBands) and flow-control code (flowCodes): shed counts per
-	// band, with bounded labels.
-	Ended [3][3]atomic.Int64
-	// types counts results per task type (types.go).
-	types typeCounts
 }
 
 // Option configures a Dispatcher.
@@ -420,8 +412,8 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	// back the results that finish tasks.
 	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
 	resPub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
-	dlq := &deadLetters{js: js, log: d.log, count: &d.counters.DeadLettered,
-		onStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
+	dlq := &finish.DeadLetters{JS: js, Log: d.log, Count: &d.counters.DeadLettered,
+		OnStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
 	sweep := &sweeper{js: js, dispatch: dispatchStream, results: resultsStream, dlq: dlq, live: reg.Live, nodes: kv, ttl: d.cfg.NodeTTL,
 		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log,
 		created: dispatchStream.CachedInfo().Created} // a loss before the first sweep is seen too
@@ -455,9 +447,9 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		}
 		ev.Int("attempts", n).Msg("the attempt streams were re-created (a nats-server restart): recorded the attempts dispatched here before, so that their tasks go on from them")
 	}
-	fin := newFinisher(finisherParams{log: d.log, results: results, resPub: resPub, complete: complete, dlq: dlq,
-		resultsStream: resultsStream, counters: &d.counters, metrics: d.metrics, tracer: d.tracer, quota: limiter,
-		keeper: keeper, sealer: seals})
+	fin := finish.New(finish.Params{Log: d.log, Results: results, ResPub: resPub, Complete: complete, DLQ: dlq,
+		ResultsStream: resultsStream, Counts: &d.counters.Counts, Metrics: d.metrics, Tracer: d.tracer, Quota: limiter,
+		Keeper: keeper, Pipelines: pipelineSeal{seals}})
 	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
 		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
 		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},

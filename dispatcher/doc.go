@@ -51,7 +51,8 @@
 //     sealed dispatch (trust.go) and settled by the rule of
 //     internal/settle: the final result, a retry (back to intake through
 //     the retrier interface), or a failure that is also dead-lettered;
-//   - finish (results.go, deadletter.go): publish the one final result per
+//   - finish (package internal/finish, the last stage: it imports no other,
+//     e2e's TestStagesImportForwardOnly): publish the one final result per
 //     task (a second one is refused by JetStream's expected-last-subject-
 //     sequence check) and, through the one dead-letter publisher, dead
 //     letters.
@@ -60,7 +61,7 @@
 //     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (47 files, each named once; the libraries'
+// these files, in this order (49 files, each named once; the libraries'
 // files not counted). e2e's TestDocPathIsTheTraceOfOneTask (make docpath)
 // holds the list to the code one task really runs, read from coverage
 // counters:
@@ -130,14 +131,18 @@
 //     settleOutcome checks it (trust.go again),
 //  42. dispatcher/internal/settle/settle.go: Settle says finish;
 //  43. dispatcher/stats/batcher.go: the outcome goes into the statistics;
-//  44. dispatcher/results.go: end, the one way a task ends, releases what
-//     the attempt held and finish publishes the result (on disk,
-//  45. dispatcher/types.go: the result counted by type;
-//  46. shared/jsplumb/groupcommit.go: with the results published meanwhile,
-//     through publisher.go); its acknowledgement (completer.go again) acks
+//  44. dispatcher/internal/pipeline/pipeline.go: the task's latency
+//     (MsSince), for its result;
+//  45. dispatcher/internal/finish/finish.go: the finish stage's End, the
+//     one way a task ends, releases what the attempt held and publishes
+//     the result;
+//  46. dispatcher/metrics.go: the result in the metrics (finish.Metrics),
+//  47. dispatcher/internal/finish/counts.go: and counted by type;
+//  48. shared/jsplumb/groupcommit.go: on disk, with the results published
+//     meanwhile (through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
 //     the worker (dispatch.go's ReportAcked, read by worker/task.go);
-//  47. dispatcher/taskprune.go: the acked task is noted for the pruner;
+//  49. dispatcher/taskprune.go: the acked task is noted for the pruner;
 //     client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

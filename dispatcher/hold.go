@@ -369,7 +369,7 @@ func (p *holdPass) ends(i int, ht *heldTask) bool {
 	switch {
 	case in.superseded.Cancelled(t.ID, ht.a.submission):
 		h.leave(ht)
-		in.fin.end(ht.a.endsStored(ht.msg))
+		in.fin.End(ht.a.endsStored(ht.msg))
 	case !ht.expiry.IsZero() && !now.Before(ht.expiry):
 		h.leave(ht)
 		if t.Priority < 0 {
@@ -566,8 +566,8 @@ func (in *intake) shed(ht *heldTask, ahead int, why string) {
 		a.task.Priority, why, ahead)
 	in.log.Debug().Err(err).Str("task_id", a.task.ID).Str("tenant", ht.tenant).Msg("task shed")
 	e := a.ends(ht.msg, err, protocol.StatusFailed)
-	e.retryAfter = in.drain.retryAfter(ahead)
-	in.fin.end(e)
+	e.RetryAfter = in.drain.retryAfter(ahead)
+	in.fin.End(e)
 }
 
 func (in *intake) failSaturated(ht *heldTask) {
@@ -584,7 +584,7 @@ func (in *intake) failSaturated(ht *heldTask) {
 	err := protocol.Errorf(protocol.CodeSaturated, "no node could start the task before its deadline: every candidate for type %q (%s) stayed saturated for %s, the task's timeout plus the deadline slack",
 		a.task.Type, strings.Join(models, ", "), waited)
 	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task failed: saturated")
-	in.fin.end(a.ends(ht.msg, err, protocol.StatusFailed))
+	in.fin.End(a.ends(ht.msg, err, protocol.StatusFailed))
 }
 
 // releaseHeld naks every held message, for another replica or a restart.

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -48,9 +49,9 @@ type intakeParams struct {
 	complete   *jsplumb.Completer
 	batch      *stats.Batcher
 	sealer     *sealer
-	superseded *supersededSet // cancelled tasks are not dispatched
-	keeper     *taskKeeper    // tasks stay unacknowledged until their result (taskack.go)
-	fin        *finisher      // tasks that end here (rejected, failed)
+	superseded *supersededSet   // cancelled tasks are not dispatched
+	keeper     *taskKeeper      // tasks stay unacknowledged until their result (taskack.go)
+	fin        *finish.Finisher // tasks that end here (rejected, failed)
 	counters   *Counters
 	metrics    *metrics
 	tracer     *tracing.Tracer
@@ -117,8 +118,8 @@ func (in *intake) handleParked(msg jetstream.Msg) {
 		task, _ := protocol.DecodeTask(msg.Data(), in.cfg.Limits())
 		a := attemptSpec{task: task, data: msg.Data(), attempt: 1, submitted: time.Now(), traceparent: o.traceparent}
 		e := a.ends(msg, err, protocol.StatusRejected)
-		e.subject = msg.Subject()
-		in.fin.end(e)
+		e.Subject = msg.Subject()
+		in.fin.End(e)
 		return
 	}
 	in.take(msg, o)
@@ -146,13 +147,13 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 	if err != nil {
 		in.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", o.subject).Msg("task rejected")
 		e := a.ends(msg, err, protocol.StatusRejected)
-		e.subject = o.subject
-		in.fin.end(e)
+		e.Subject = o.subject
+		in.fin.End(e)
 		return
 	}
 	if in.superseded.Cancelled(task.ID, o.submission) || a.pipeStep && in.superseded.CancelledAny(task.ID) {
 		// cancelled while it waited (a pipeline: at any step): it has its result
-		in.fin.end(a.endsStored(msg))
+		in.fin.End(a.endsStored(msg))
 		return
 	}
 	if !o.first || o.parked {
@@ -244,18 +245,18 @@ func (a *attemptSpec) overLimit() bool { return a.overQuota || a.overCap }
 
 // ends is how this attempt ends, handled by msg: with err and status, or
 // (endsStored) with the task's result stored already. The finisher ends it
-// (finisher.end); this is the one place an ending is built.
-func (a *attemptSpec) ends(msg jsplumb.Msg, err error, status protocol.Status) ending {
-	return ending{msg: msg, taskAck: a.taskAck, subject: topology.TaskSubject(a.task.Type), data: a.data, task: a.task,
-		err: err, status: status, history: a.history, attempts: a.attempt - 1, submitted: a.submitted,
-		submission: a.submission, traceparent: a.traceparent, pipe: a.pipe}
+// (finish.Finisher.End); this is the one place an ending is built.
+func (a *attemptSpec) ends(msg jsplumb.Msg, err error, status protocol.Status) finish.Ending {
+	return finish.Ending{Msg: msg, TaskAck: a.taskAck, Subject: topology.TaskSubject(a.task.Type), Data: a.data, Task: a.task,
+		Err: err, Status: status, History: a.history, Attempts: a.attempt - 1, Submitted: a.submitted,
+		Submission: a.submission, Traceparent: a.traceparent, Pipe: a.pipe}
 }
 
 // endsStored: the attempt ends with the task's result stored already (the
 // task was cancelled, or its result found on a redelivery).
-func (a *attemptSpec) endsStored(msg jsplumb.Msg) ending {
+func (a *attemptSpec) endsStored(msg jsplumb.Msg) finish.Ending {
 	e := a.ends(msg, nil, "")
-	e.stored = true
+	e.Stored = true
 	return e
 }
 
@@ -389,8 +390,8 @@ func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) (goes, de
 		status = protocol.StatusFailed
 	}
 	e := a.ends(msg, err, status)
-	e.retryAfter = max(v.RetryAfter, time.Millisecond)
-	in.fin.end(e)
+	e.RetryAfter = max(v.RetryAfter, time.Millisecond)
+	in.fin.End(e)
 	return false, false
 }
 
@@ -408,8 +409,8 @@ func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duratio
 		err = protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q has its concurrency cap of %d tasks in flight", tenant, in.flow.caps[tenant])
 	}
 	e := a.ends(msg, err, protocol.StatusRejected)
-	e.retryAfter = max(wait, time.Millisecond)
-	in.fin.end(e)
+	e.RetryAfter = max(wait, time.Millisecond)
+	in.fin.End(e)
 }
 
 // holdWait is how long a task may be held for want of capacity: its
@@ -427,8 +428,8 @@ func (in *intake) expire(a *attemptSpec, msg jsplumb.Msg, expiry time.Time, wher
 	err := expiredError(&a.task, expiry, where)
 	in.log.Info().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task expired")
 	e := a.ends(msg, err, protocol.StatusFailed)
-	e.retryAfter = in.drain.retryAfter(in.held.len())
-	in.fin.end(e)
+	e.RetryAfter = in.drain.retryAfter(in.held.len())
+	in.fin.End(e)
 }
 
 // attemptTimeout is the one rule for an attempt's timeout: the task's own

@@ -83,7 +83,7 @@ func (in *intake) resumeLost(msg jetstream.Msg, a attemptSpec, o taskOrigin, rec
 	if rec.Attempt >= maxAttempts {
 		err := protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, was %s",
 			rec.Attempt, rec.Model, rec.Node, lostWithStreams)
-		in.fin.end(a.ends(msg, err, protocol.StatusFailed))
+		in.fin.End(a.ends(msg, err, protocol.StatusFailed))
 		return
 	}
 	in.enter(msg, a, o)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/rollout"
 	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/opshttp"
@@ -232,7 +233,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEvents, &cs.Parked, "parked")
 	for b := range cs.Ended {
 		for k := range cs.Ended[b] {
-			ch <- prometheus.MustNewConstMetric(descFlowEnded, prometheus.CounterValue, float64(cs.Ended[b][k].Load()), flowBands[b], string(flowCodes[k]))
+			ch <- prometheus.MustNewConstMetric(descFlowEnded, prometheus.CounterValue, float64(cs.Ended[b][k].Load()), finish.FlowBands[b], string(finish.FlowCodes[k]))
 		}
 	}
 	p := d.parts.Load()
@@ -322,4 +323,18 @@ func collectRollouts(ro *rollouts, gauge func(*prometheus.Desc, float64, ...stri
 		gauge(descRolloutTasks, float64(r.Incumbent.Successes), v.Family, "incumbent", "success")
 		gauge(descRolloutTasks, float64(r.Incumbent.Failures), v.Family, "incumbent", "failure")
 	}
+}
+
+// Result counts a stored final result and observes the task's duration
+// (finish.Metrics).
+func (m *metrics) Result(typ string, status protocol.Status, latencyMs float64) {
+	m.results.Get(opshttp.L2{A: typ, B: string(status)}).Inc()
+	if latencyMs > 0 {
+		m.taskDur.Get(typ).Observe(latencyMs / 1000)
+	}
+}
+
+// PipelineStep counts a pipeline's step that ended (finish.Metrics).
+func (m *metrics) PipelineStep(typ string, status protocol.Status) {
+	m.pipeSteps.Get(opshttp.L2{A: typ, B: string(status)}).Inc()
 }

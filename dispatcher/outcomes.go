@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
+	"github.com/mlsched/mlsched/dispatcher/internal/pipeline"
 	"github.com/mlsched/mlsched/dispatcher/internal/settle"
 	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/jsplumb"
@@ -43,9 +45,9 @@ type outcomesParams struct {
 	snaps      *refresher // the load model learns of freed slots
 	sealer     *sealer
 	superseded *supersededSet
-	keeper     *taskKeeper // the task is acked with its result (taskack.go)
-	retry      retrier     // failed attempts go back to intake
-	fin        *finisher   // results and dead letters
+	keeper     *taskKeeper      // the task is acked with its result (taskack.go)
+	retry      retrier          // failed attempts go back to intake
+	fin        *finish.Finisher // results and dead letters
 	counters   *Counters
 	metrics    *metrics
 	rollouts   *rollouts  // counts first attempts of rolling families (rollouts.go); nil: none
@@ -70,7 +72,7 @@ func (oc *outcomes) handleOutcome(msg jetstream.Msg) {
 		if err != nil {
 			reason = "outcome is not valid JSON: " + err.Error()
 		}
-		oc.fin.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: reason, Code: protocol.CodeMalformedJSON,
+		oc.fin.DeadLetter(msg, "outcome", protocol.DeadLetter{Reason: reason, Code: protocol.CodeMalformedJSON,
 			Subject: msg.Subject(), Original: data})
 		return
 	}
@@ -79,7 +81,7 @@ func (oc *outcomes) handleOutcome(msg jetstream.Msg) {
 		// Only a dispatch the dispatcher did not build has bad headers:
 		// forged, and kept for an operator.
 		oc.counters.Forged.Add(1)
-		oc.fin.deadLetter(msg, "outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
+		oc.fin.DeadLetter(msg, "outcome", protocol.DeadLetter{Reason: "outcome echoes an invalid dispatch: " + err.Error(),
 			Code: protocol.CodeOf(err), Subject: msg.Subject(), Original: data})
 		return
 	}
@@ -162,7 +164,7 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		log(oc.log.Info()).Str("status", string(o.Status)).Msg("late outcome of a superseded attempt: counted, not final")
 		if state.Cancelled { // the cancellation stored the task's result
 			next.task.ID, next.task.Type = o.TaskID, o.Type
-			oc.fin.end(next.endsStored(msg))
+			oc.fin.End(next.endsStored(msg))
 			return
 		}
 		oc.complete.Settle(msg, nil)
@@ -174,10 +176,10 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		}
 		next.task.ID, next.task.Type = o.TaskID, o.Type
 		e := next.ends(msg, nil, dec.Status)
-		e.result = &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
+		e.Result = &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
 			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
-			LatencyMs: msSince(submitted), History: history}
-		oc.fin.end(e)
+			LatencyMs: pipeline.MsSince(submitted), History: history}
+		oc.fin.End(e)
 	case settle.Retry:
 		if dec.Backoff > 0 {
 			// Durable backoff: the redelivery re-dispatches. The task stays
@@ -192,7 +194,7 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		err := &protocol.Error{Code: dec.Code, Msg: dec.Error}
 		log(oc.log.Warn()).Err(err).Msg("task failed")
 		next.task.ID, next.task.Type = o.TaskID, o.Type
-		oc.fin.end(next.ends(msg, err, dec.Status))
+		oc.fin.End(next.ends(msg, err, dec.Status))
 	}
 }
 

@@ -101,10 +101,10 @@ func (r *redeliveries) service() lifecycle.Service {
 // again is harmless, the second result is refused).
 func (in *intake) redelivered(msg jetstream.Msg, a attemptSpec, o taskOrigin) {
 	in.redeliver.check(
-		func(ctx context.Context) bool { return in.fin.hasResult(ctx, a.task.ID) },
+		func(ctx context.Context) bool { return in.fin.HasResult(ctx, a.task.ID) },
 		func(found bool) {
 			if found {
-				in.fin.end(a.endsStored(msg))
+				in.fin.End(a.endsStored(msg))
 				return
 			}
 			if rec, ok := in.superseded.LostAttempt(a.task.ID, a.submission); ok {

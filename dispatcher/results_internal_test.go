@@ -4,12 +4,13 @@ import (
 	"context"
 	"testing"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
-// lookupResult, the one reader of MLSCHED_RESULTS, tells a stored result
+// finish.Lookup, the one reader of MLSCHED_RESULTS, tells a stored result
 // (decoded with the protocol's codec), no result, and a stored result that
 // does not decode (found, with an error) apart.
 func TestLookupResult(t *testing.T) {
@@ -34,14 +35,14 @@ func TestLookupResult(t *testing.T) {
 	if _, err := ns.JS.Publish(ctx, topology.ResultSubject("junk1"), []byte("not json")); err != nil {
 		t.Fatal(err)
 	}
-	res, found, err := lookupResult(ctx, results, "r1")
+	res, found, err := finish.Lookup(ctx, results, "r1")
 	if !found || err != nil || res.Status != protocol.StatusFailed || res.ErrorCode != protocol.CodeSaturated || res.Attempts != 2 {
 		t.Fatalf("r1: %+v found=%v err=%v, want the stored failed/saturated result of 2 attempts", res, found, err)
 	}
-	if _, found, err := lookupResult(ctx, results, "none1"); found || err != nil {
+	if _, found, err := finish.Lookup(ctx, results, "none1"); found || err != nil {
 		t.Fatalf("none1: found=%v err=%v, want not found and no error", found, err)
 	}
-	if _, found, err := lookupResult(ctx, results, "junk1"); !found || err == nil {
+	if _, found, err := finish.Lookup(ctx, results, "junk1"); !found || err == nil {
 		t.Fatalf("junk1: found=%v err=%v, want found with a decoding error", found, err)
 	}
 }

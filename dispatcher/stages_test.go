@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/dispatcher/stats"
@@ -123,15 +124,15 @@ func (e *stageEnv) stored(stream, subject string) uint64 {
 	return info.State.Subjects[subject]
 }
 
-func (e *stageEnv) finisher() *finisher {
+func (e *stageEnv) finisher() *finish.Finisher {
 	e.t.Helper()
 	results, err := e.ns.JS.Stream(e.ctx, topology.StreamResults)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	dlq := &deadLetters{js: e.ns.JS, log: zerolog.Nop(), count: &e.counters.DeadLettered}
-	return newFinisher(finisherParams{log: zerolog.Nop(), resPub: e.pub, complete: e.complete, dlq: dlq,
-		resultsStream: results, counters: e.counters, metrics: e.metrics, tracer: e.tracer})
+	dlq := &finish.DeadLetters{JS: e.ns.JS, Log: zerolog.Nop(), Count: &e.counters.DeadLettered}
+	return finish.New(finish.Params{Log: zerolog.Nop(), ResPub: e.pub, Complete: e.complete, DLQ: dlq,
+		ResultsStream: results, Counts: &e.counters.Counts, Metrics: e.metrics, Tracer: e.tracer})
 }
 
 // The finisher stores one result per task (a second is refused and
@@ -144,14 +145,14 @@ func TestFinisherStage(t *testing.T) {
 	res := func(id string) *protocol.Result {
 		return &protocol.Result{ID: id, Type: "t", Status: protocol.StatusSucceeded, Model: "m", Node: "n1", Attempts: 1}
 	}
-	fin.finish(e.consumed(), res("a"), "")
+	fin.End(finish.Ending{Msg: e.consumed(), Result: res("a")})
 	e.waitFor("a's result", func() bool { return e.counters.Results.Load() == 1 })
-	fin.finish(e.consumed(), res("a"), "") // a redelivery: refused
-	fin.reject(e.consumed(), ending{subject: topology.TaskSubject("t"), data: []byte(`{"id":"b","type":"t"}`),
-		task: protocol.Task{ID: "b", Type: "t"}, status: protocol.StatusFailed, attempts: 3, submission: "9",
-		err: protocol.Errorf(protocol.CodeAttemptsExhausted, "3 attempts failed")})
-	fin.reject(e.consumed(), ending{subject: "mlsched.tasks.t", data: []byte("junk"), status: protocol.StatusRejected,
-		err: protocol.Errorf(protocol.CodeMalformedJSON, "not JSON")})
+	fin.End(finish.Ending{Msg: e.consumed(), Result: res("a")}) // a redelivery: refused
+	fin.End(finish.Ending{Msg: e.consumed(), Subject: topology.TaskSubject("t"), Data: []byte(`{"id":"b","type":"t"}`),
+		Task: protocol.Task{ID: "b", Type: "t"}, Status: protocol.StatusFailed, Attempts: 3, Submission: "9",
+		Err: protocol.Errorf(protocol.CodeAttemptsExhausted, "3 attempts failed")})
+	fin.End(finish.Ending{Msg: e.consumed(), Subject: "mlsched.tasks.t", Data: []byte("junk"), Status: protocol.StatusRejected,
+		Err: protocol.Errorf(protocol.CodeMalformedJSON, "not JSON")})
 	e.allSettled()
 	e.complete.Wait()
 	if got := e.counters.Suppressed.Load(); got != 1 {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -37,7 +38,7 @@ type sweeper struct {
 	js       jetstream.JetStream
 	dispatch jetstream.Stream // MLSCHED_DISPATCH
 	results  jetstream.Stream // MLSCHED_RESULTS
-	dlq      *deadLetters
+	dlq      *finish.DeadLetters
 	every    time.Duration // between sweeps
 	slack    time.Duration // no dispatch younger than this is past its deadline
 	log      zerolog.Logger
@@ -254,9 +255,9 @@ func (s *sweeper) report(ctx context.Context, raw *jetstream.RawStreamMsg, statu
 	if err != nil { // not one the dispatcher built: keep it for an operator
 		return s.dlq.Publish(ctx, "dispatch", protocol.DeadLetter{Reason: "a stored dispatch is invalid: " + err.Error(),
 			Code: protocol.CodeOf(err), Subject: raw.Subject, Original: raw.Data},
-			messageEntry("dispatch", topology.StreamDispatch, raw.Sequence))
+			finish.MessageEntry("dispatch", topology.StreamDispatch, raw.Sequence))
 	}
-	if _, found, _ := lookupResult(ctx, s.results, pd.TaskID); found {
+	if _, found, _ := finish.Lookup(ctx, s.results, pd.TaskID); found {
 		return nil // the worker reported and the task is final; it only missed its ack
 	}
 	o := protocol.Outcome{

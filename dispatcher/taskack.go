@@ -132,6 +132,16 @@ func (k *taskKeeper) withTask(msg jsplumb.Msg, taskAck string) jsplumb.Msg {
 	return finalMsg{Msg: msg, task: subjectMsg{nc: k.nc, subj: taskAck}, keep: k}
 }
 
+// Release is msg, whose settling also acks the task taskAck acknowledges
+// (withTask); when msg is the task itself, nothing keeps it from now on
+// (finish.Keeper).
+func (k *taskKeeper) Release(msg jsplumb.Msg, taskAck string) jsplumb.Msg {
+	if taskAck != "" && isTask(msg, taskAck) {
+		k.remove(taskAck)
+	}
+	return k.withTask(msg, taskAck)
+}
+
 // isTask reports whether msg is the task message taskAck acknowledges.
 func isTask(msg jsplumb.Msg, taskAck string) bool {
 	r, ok := msg.(interface{ Reply() string })

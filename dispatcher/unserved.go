@@ -231,7 +231,7 @@ func (in *intake) rejectUnserved(w *unservedTask, err error) {
 		status = protocol.StatusFailed
 	}
 	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("no model for task")
-	in.fin.end(a.ends(w.msg, err, status))
+	in.fin.End(a.ends(w.msg, err, status))
 }
 
 // unservedService runs the waiting room as a component.
@@ -282,7 +282,7 @@ func (in *intake) retryUnserved() {
 		a := &w.a
 		if in.superseded.Cancelled(a.task.ID, a.submission) { // it has its result
 			r.leave()
-			in.fin.end(a.endsStored(w.msg))
+			in.fin.End(a.endsStored(w.msg))
 			continue
 		}
 		if expiry := in.flow.expiry(&a.task, a.submitted); !expiry.IsZero() && !now.Before(expiry) {

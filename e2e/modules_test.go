@@ -181,3 +181,39 @@ func TestPGOProfilesProfileTheirBinaries(t *testing.T) {
 		}
 	}
 }
+
+// stagePath is the dispatcher's stages along a task's path (intake,
+// admission, outcome, finish), as packages: each may import only stages
+// after it, and none the wiring package. Intake, admission and the outcome
+// stage still live in the wiring package itself (issue 37: the split goes
+// on); the finish stage is its own package.
+var stagePath = []string{
+	"github.com/mlsched/mlsched/dispatcher/internal/finish",
+}
+
+// The stages import forward along the path only: a stage imports no
+// earlier stage and not the wiring package (github.com/.../dispatcher),
+// and no package under dispatcher/internal imports the wiring package or
+// a stage it does not precede (a helper package like policy or pipeline
+// imports no stage at all).
+func TestStagesImportForwardOnly(t *testing.T) {
+	t.Parallel()
+	const wiring = "github.com/mlsched/mlsched/dispatcher"
+	internal := strings.Fields(goCmd(t, "dispatcher", "list", "./internal/..."))
+	for _, pkg := range internal {
+		at := slices.Index(stagePath, pkg)
+		for _, d := range strings.Fields(goCmd(t, "dispatcher", "list", "-deps", pkg)) {
+			if d == wiring {
+				t.Errorf("%s imports the wiring package %s", pkg, wiring)
+			}
+			if i := slices.Index(stagePath, d); i >= 0 && d != pkg && (at < 0 || i < at) {
+				t.Errorf("%s imports the stage %s, which is not after it on the path", pkg, d)
+			}
+		}
+	}
+	for _, s := range stagePath {
+		if !slices.Contains(internal, s) {
+			t.Errorf("stage %s is not a package under dispatcher/internal", s)
+		}
+	}
+}

@@ -1,7 +1,8 @@
-package dispatcher
+package finish
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -13,14 +14,14 @@ const maxTypes = 256
 
 const otherTypes = "(other)"
 
-// typeCounts counts final results per task type, for the dashboard's
+// TypeCounts counts final results per task type, for the dashboard's
 // per-type figures.
-type typeCounts struct {
+type TypeCounts struct {
 	mu sync.Mutex
 	m  map[string]*protocol.TypeCounts
 }
 
-func (tc *typeCounts) add(typ string, st protocol.Status) {
+func (tc *TypeCounts) Add(typ string, st protocol.Status) {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	if tc.m == nil {
@@ -48,7 +49,7 @@ func (tc *typeCounts) add(typ string, st protocol.Status) {
 	}
 }
 
-func (tc *typeCounts) snapshot() map[string]protocol.TypeCounts {
+func (tc *TypeCounts) Snapshot() map[string]protocol.TypeCounts {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	if len(tc.m) == 0 {
@@ -59,4 +60,23 @@ func (tc *typeCounts) snapshot() map[string]protocol.TypeCounts {
 		out[k] = *v
 	}
 	return out
+}
+
+// Counts are the finisher's counters, cumulative, per replica (the
+// dispatcher's Counters embed them).
+type Counts struct {
+	// Results counts the results stored, Rejected the rejected ones.
+	Results, Rejected atomic.Int64
+	// Suppressed counts results refused because the task already had one.
+	Suppressed atomic.Int64
+	// Succeeded and Failed count the stored results by status; Shed the
+	// failed ones that waited their deadline with every candidate
+	// saturated (code saturated).
+	Succeeded, Failed, Shed atomic.Int64
+	// Ended counts the tasks ended without being started, by priority
+	// band (FlowBands) and flow-control code (FlowCodes): shed counts per
+	// band, with bounded labels.
+	Ended [3][3]atomic.Int64
+	// Types counts results per task type.
+	Types TypeCounts
 }

@@ -17,10 +17,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
-	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
-	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/dispatcher/stats/redisstats"
@@ -347,247 +345,23 @@ func (d *Dispatcher) run(ctx context.Context) error {
 	if own {
 		defer nc.Close()
 	}
-	var dispatchStream, resultsStream, tasksStream jetstream.Stream
-	if err := jsplumb.Retry(ctx, d.log, "streams", func(ctx context.Context) (err error) {
-		if dispatchStream, err = js.Stream(ctx, topology.StreamDispatch); err != nil {
-			return fmt.Errorf("stream %s: %w", topology.StreamDispatch, err)
-		}
-		if tasksStream, err = js.Stream(ctx, topology.StreamTasks); err != nil {
-			return fmt.Errorf("stream %s: %w", topology.StreamTasks, err)
-		}
-		if resultsStream, err = js.Stream(ctx, topology.StreamResults); err != nil {
-			return fmt.Errorf("stream %s: %w", topology.StreamResults, err)
-		}
-		return nil
-	}); err != nil {
+	gr := &ground{nc: nc, js: js}
+	if err := d.openGround(ctx, gr); err != nil {
 		return err
 	}
-	store, kind, rc, err := d.openStore(ctx)
+	defer gr.store.Close()
+	if gr.rc != nil {
+		defer gr.rc.Close()
+	}
+	w, err := d.wire(gr)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	if rc != nil {
-		defer rc.Close()
-	}
-
-	var kv, skv, rkv jetstream.KeyValue
-	if err := jsplumb.Retry(ctx, d.log, "buckets", func(ctx context.Context) (err error) {
-		if kv, err = topology.EnsureNodesBucket(ctx, js, d.cfg.Topology()); err != nil {
-			return err
-		}
-		if rkv, err = topology.EnsureRolloutsBucket(ctx, js, d.cfg.Topology()); err != nil {
-			return err
-		}
-		skv, err = topology.EnsureSupersededBucket(ctx, js, d.cfg.Topology())
-		return err
-	}); err != nil {
-		return err
-	}
-	// On a cluster the bucket's stream may still be electing its leader
-	// (its reads get no responders): wait, as for the other buckets.
-	var seals *sealer // seals dispatches under the key every replica shares (trust.go)
-	if err := jsplumb.Retry(ctx, d.log, "seal key", func(ctx context.Context) error {
-		pkv, err := topology.EnsureDispatcherBucket(ctx, js, d.cfg.Topology())
-		if err != nil {
-			return err
-		}
-		key, err := loadSealKey(ctx, pkv)
-		if err == nil {
-			seals = newSealer(key)
-		}
-		return err
-	}); err != nil {
-		return err
-	}
-
-	// The components, each from what it needs.
-	batch := stats.NewBatcher(store, stats.BatcherConfig{MaxBuffer: d.cfg.StatsBuffer})
-	superseded := newSupersededSet(skv, d.log) // superseded attempts and cancelled tasks
-	reg := registry.New(kv, d.cfg.NodeTTL, d.log)
-	snaps := &refresher{store: store, engine: d.engine, reg: reg, interval: d.cfg.SnapshotInterval, log: d.log}
-	rolls := newRollouts(rkv, d.engine, snaps.breakerOpen, rolloutFlush, d.log.With().Str("component", "rollouts").Logger())
-	// Dispatches and results each have a publisher with room of its own: a
-	// backlog of dispatches awaiting their acknowledgements must not hold
-	// back the results that finish tasks.
-	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
-	resPub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: d.cfg.MaxInFlight, Timeout: 10 * time.Second})
-	dlq := &finish.DeadLetters{JS: js, Log: d.log, Count: &d.counters.DeadLettered,
-		OnStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
-	sweep := &sweeper{js: js, dispatch: dispatchStream, results: resultsStream, dlq: dlq, live: reg.Live, nodes: kv, ttl: d.cfg.NodeTTL,
-		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log,
-		created: dispatchStream.CachedInfo().Created} // a loss before the first sweep is seen too
-	// The stages. complete is publish-then-ack, the one place a consumed
-	// message is settled.
-	complete := &jsplumb.Completer{NakDelay: time.Second}
-	prune := newTaskPruner(js, d.log)
-	complete.Acked = prune.noteAcked
-	flow, err := parseFlowRules(&d.cfg)
-	if err != nil {
-		return err
-	}
-	limiter := quota.New(quota.Params{Rates: flow.rates, Caps: flow.caps, Redis: rc, Replica: d.cfg.Name})
-	var budgets *budget.Ledger
-	if len(flow.budgets) > 0 {
-		budgets = budget.New(budget.Params{Budgets: flow.budgets, Redis: rc, Replicas: limiter.Replicas})
-	}
-	// Results on disk are group-committed: those published while the
-	// stream is busy are stored as one batch, with one fsync.
-	results, resGroup := groupCommit(d.cfg, resPub, resultsStream)
-	// So are parked tasks: a flooding tenant's are parked by the thousand a
-	// second, and a store that fsyncs each one on its own delays every
-	// other tenant's delivery from the same stream.
-	parked, parkGroup := groupCommit(d.cfg, pub, tasksStream)
-	keeper := newTaskKeeper(nc, complete, d.cfg.AckWait, lostGrace(d.cfg.SweepInterval)+d.cfg.SweepInterval)
-	sweep.onRecreated = func(ctx context.Context, created time.Time) {
-		n, err := recordLost(ctx, keeper, superseded, created)
-		ev := d.log.Warn()
-		if err != nil {
-			ev = d.log.Error().Err(err)
-		}
-		ev.Int("attempts", n).Msg("the attempt streams were re-created (a nats-server restart): recorded the attempts dispatched here before, so that their tasks go on from them")
-	}
-	fin := finish.New(finish.Params{Log: d.log, Results: results, ResPub: resPub, Complete: complete, DLQ: dlq,
-		ResultsStream: resultsStream, Counts: &d.counters.Counts, Metrics: d.metrics, Tracer: d.tracer, Quota: limiter,
-		Keeper: keeper, Pipelines: pipelineSeal{seals}})
-	in := newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: snaps, reg: reg,
-		pub: pub, complete: complete, batch: batch, sealer: seals, superseded: superseded, fin: fin, keeper: keeper,
-		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
-		quota: limiter, budgets: budgets, reconnects: func() uint64 { return nc.Stats().Reconnects }})
-	in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
-		js: js, held: in.held, pub: parked, complete: complete, counters: &d.counters, handle: in.handleParked})
-	prune.parked = in.park.running
-	out := newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: complete, batch: batch,
-		snaps: snaps, sealer: seals, superseded: superseded, keeper: keeper, retry: in, fin: fin,
-		counters: &d.counters, metrics: d.metrics, rollouts: rolls, flow: flow})
-	cn := &canceller{cfg: d.cfg, log: d.log, nc: nc, js: js, results: resultsStream, superseded: superseded,
-		counters: &d.counters, metrics: d.metrics}
-	backlog := &backlogSampler{js: js, reg: reg, log: d.log, prune: prune}
-	streams := &streamSampler{js: js, log: d.log}
-	// One task consumer per priority band, band 0 first: it narrows the
-	// unfiltered consumer of an earlier version, which the others' filters
-	// would overlap (topology.BandConsumer).
-	var bandConsumers [len(topology.Bands)]*jsplumb.Consumer
-	for i, band := range []int{topology.BandNormal, topology.BandHigh, topology.BandLow} {
-		bandConsumers[i] = newTaskConsumer(js, d.cfg, d.log, band, in.handleTask)
-	}
-	tasks := bandConsumers[0]
-	outcomes := newConsumer(js, d.cfg, d.log, topology.StreamOutcomes, out.handleOutcome)
-	// The attempt streams are memory-backed by default, and a single
-	// nats-server restarted has lost them: the outcome consumer notices
-	// and re-creates both (their tasks are still in MLSCHED_TASKS).
-	outcomes.Recreate = func(ctx context.Context) error {
-		for _, sc := range topology.Streams(d.cfg.Topology()) {
-			if topology.IsAttemptStream(sc.Name) {
-				if _, err := topology.EnsureStream(ctx, js, sc); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	d.parts.Store(&parts{nc: nc, js: js, store: store, kind: kind, batch: batch, reg: reg, snaps: snaps,
-		intake: in, cancel: cn, backlog: backlog, streams: streams, rolls: rolls})
-
-	var g lifecycle.Group
-	start := func(name string, s lifecycle.Service) error {
-		err := g.Start(ctx, name, s)
-		if err != nil {
-			err = errors.Join(err, g.Stop())
-		}
-		return err
-	}
+	d.parts.Store(&parts{nc: nc, js: js, store: gr.store, kind: gr.kind, batch: w.batch, reg: w.reg, snaps: w.snaps,
+		intake: w.in, cancel: w.cn, backlog: w.backlog, streams: w.streams, rolls: w.rolls})
 	batchCtx, cancelBatch := context.WithCancel(context.Background())
 	defer cancelBatch()
-	components := []struct {
-		name string
-		s    lifecycle.Service
-	}{
-		// flushed at Stop, reporting what could not be written
-		{"statistics batcher", &lifecycle.Func{
-			OnStart: func(context.Context) error { batch.Start(batchCtx); return nil },
-			OnStop: func() error {
-				flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				return batch.Stop(flush)
-			}}},
-		{"superseded set", superseded},
-		// started once the bucket's contents are loaded (or after 2s), so
-		// that the first decisions see every node
-		{"node registry", lifecycle.Run(func(ctx context.Context, ready func()) error {
-			go func() {
-				select {
-				case <-reg.Ready():
-				case <-time.After(2 * time.Second):
-				case <-ctx.Done():
-				}
-				ready()
-			}()
-			return reg.Run(ctx)
-		})},
-		{"snapshot refresher", snaps},
-		// before the stages: the first decisions obey the rollouts' caps
-		{"rollouts", rolls},
-		// stopped after everything that dispatches or settles outcomes: their
-		// Stop waits for the dispatches and results in flight, which settle
-		// their messages
-		{"dispatch publisher", &lifecycle.Func{OnStart: pub.Start, OnStop: pub.Stop}},
-		{"result publisher", &lifecycle.Func{OnStart: resPub.Start, OnStop: resPub.Stop}},
-		{"result group commit", resGroup},
-		{"parking group commit", parkGroup},
-		// waits for the slow follow-ups of results (an exhausted task's dead
-		// letter), which settle their messages
-		{"completer", &lifecycle.Func{OnStop: func() error { complete.Wait(); return nil }}},
-		{"sweeper", sweep},
-		{"task pruner", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); prune.run(ctx); return nil })},
-		{"task keeper", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); keeper.run(ctx); return nil })},
-		{"backlog sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); backlog.run(ctx); return nil })},
-		{"stream sampler", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); streams.run(ctx); return nil })},
-		{"dashboard", lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); d.runDashboard(ctx, nc, js); return nil })},
-		{"admin", subscription(func() (*nats.Subscription, error) { return serveAdmin(nc, d.Report) })},
-		{"cancel", subscription(cn.serve)},
-		// after the completer (a held task's dispatch settles through it),
-		// before the consumers (which hold tasks): stopping, it naks them
-		{"hold room", in.holdService()},
-		{"unserved room", in.unservedService()},
-		// after the rooms (a check's task may wait in one), before the
-		// consumers: stopping, it waits for the lookups under way
-		{"redelivery checks", in.redeliver.service()},
-		// before the task consumer: a dispatch's report finds a replica
-		{"direct reports", out.reportsService()},
-		// the parked tasks' consumers, stopped before the hold room
-		{"parked tasks", in.park.service()},
-		{"task consumer", tasks},
-		{"task consumer (high band)", bandConsumers[1]},
-		{"task consumer (low band)", bandConsumers[2]},
-		{"outcome consumer", outcomes},
-	}
-	for _, c := range components {
-		if err := start(c.name, c.s); err != nil {
-			return err
-		}
-	}
-	d.live.Store(true)
-	d.log.Info().Str("store", kind).Str("policy", d.cfg.Policy).Msg("dispatcher started")
-
-	select {
-	case <-ctx.Done():
-	case <-tasks.Done(): // a consumer ends on its own only when it cannot go on
-	case <-bandConsumers[1].Done():
-	case <-bandConsumers[2].Done():
-	case <-outcomes.Done():
-	}
-	d.live.Store(false)
-	d.log.Info().Msg("dispatcher draining")
-	// In reverse: the consumers drain, then every publish in flight settles
-	// its message, then the loops stop and the statistics are flushed.
-	err = g.Stop()
-	if err != nil {
-		d.log.Error().Err(err).Msg("dispatcher stopped with errors")
-	} else {
-		d.log.Info().Msg("dispatcher stopped")
-	}
-	return err
+	return d.serve(ctx, d.components(gr, w, batchCtx), w)
 }
 
 // runDashboard mounts the web dashboard at / on the HTTP listener and

@@ -94,7 +94,8 @@ func (oc *outcomes) handleOutcome(msg jetstream.Msg) {
 
 // settleOutcome acts on a decoded outcome whose dispatch headers parse,
 // whether it came from MLSCHED_OUTCOMES or as a direct report (first: this
-// is its first delivery; subject: where it was published).
+// is its first delivery; subject: where it was published): checked, then
+// settled by the rule (internal/settle), recorded, and acted on.
 func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Outcome, pd protocol.Dispatch, first bool) {
 	if err := oc.checkOutcome(subject, &o, &pd); err != nil {
 		// Counted and ignored: a forged outcome must not touch the task,
@@ -106,16 +107,27 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		oc.complete.Settle(msg, nil)
 		return
 	}
+	next, state := oc.nextAttempt(&o, &pd, first)
+	dec := settle.Settle(oc.cfg.Retry(), pd, o, state)
+	if dec.Record {
+		oc.record(&o, dec, pd.Attempt)
+	}
+	if dec.Supersede {
+		if first { // a retried outcome is first nak'ed for backoff, then handled again
+			oc.counters.Lost.Add(1)
+		}
+		oc.superseded.Mark(o.TaskID, pd.Submission, pd.Attempt)
+	}
+	oc.act(msg, &o, dec, state, next)
+}
+
+// nextAttempt is the attempt after the outcome's: the retry, or (named by
+// the outcome) what ends the task, whose ending counts this attempt
+// (ends); and the task's state for the settle rule.
+func (oc *outcomes) nextAttempt(o *protocol.Outcome, pd *protocol.Dispatch, first bool) (attemptSpec, settle.State) {
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
 	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
 		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
-
-	// Built only for a line that is logged: successes are the bulk, and
-	// logged at debug level.
-	log := func(e *zerolog.Event) *zerolog.Event {
-		return e.Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", attempt)
-	}
-
 	state := settle.State{Redelivered: !first, Cancelled: oc.superseded.Cancelled(o.TaskID, submission),
 		Superseded: !o.Status.IsLost() && oc.superseded.Is(o.TaskID, submission, attempt)}
 	var task protocol.Task
@@ -135,25 +147,31 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 			oc.counters.Expired.Add(1)
 		}
 	}
-	// next is the attempt after this one: the retry, or (named by the
-	// outcome) what ends the task, whose ending counts this attempt (ends).
 	next := attemptSpec{task: task, data: o.Task, attempt: attempt + 1, history: history, submitted: submitted,
-		submission: submission, traceparent: pd.Traceparent, taskAck: taskAckFor(&pd), pipe: pd.Pipeline}
+		submission: submission, traceparent: pd.Traceparent, taskAck: taskAckFor(pd), pipe: pd.Pipeline}
 	oc.retryStep(&next) // a pipeline step's constraints (pipeline.go)
-	dec := settle.Settle(oc.cfg.Retry(), pd, o, state)
-	if dec.Record {
-		oc.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
-		oc.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
-			Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: dec.Action == settle.Late})
-		oc.snaps.table.Load().Completed(o.Model, o.Node) // the slot is free: tell the load model now
-		oc.rollouts.observe(o.Model, dec.Kind, attempt)
-		oc.retry.wake()
-	}
-	if dec.Supersede {
-		if first { // a retried outcome is first nak'ed for backoff, then handled again
-			oc.counters.Lost.Add(1)
-		}
-		oc.superseded.Mark(o.TaskID, submission, attempt)
+	return next, state
+}
+
+// record counts the attempt in the statistics and the metrics, and frees
+// its slot in the load model at once.
+func (oc *outcomes) record(o *protocol.Outcome, dec settle.Decision, attempt int) {
+	oc.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
+	oc.batch.Add(stats.Event{Model: o.Model, Node: o.Node, Kind: dec.Kind,
+		Latency: time.Duration(o.LatencyMs * float64(time.Millisecond)), Late: dec.Action == settle.Late})
+	oc.snaps.table.Load().Completed(o.Model, o.Node) // the slot is free: tell the load model now
+	oc.rollouts.observe(o.Model, dec.Kind, attempt)
+	oc.retry.wake()
+}
+
+// act carries out the settle rule's decision: a late outcome is only
+// counted, a final one ends the task, a retry goes back to admission (now,
+// or after a durable backoff), and the rest ends the task failed.
+func (oc *outcomes) act(msg jsplumb.Msg, o *protocol.Outcome, dec settle.Decision, state settle.State, next attemptSpec) {
+	// Built only for a line that is logged: successes are the bulk, and
+	// logged at debug level.
+	log := func(e *zerolog.Event) *zerolog.Event {
+		return e.Str("task_id", o.TaskID).Str("model", o.Model).Str("node", o.Node).Int("attempt", next.attempt-1)
 	}
 	switch dec.Action {
 	case settle.Late:
@@ -177,8 +195,8 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 		next.task.ID, next.task.Type = o.TaskID, o.Type
 		e := next.ends(msg, nil, dec.Status)
 		e.Result = &protocol.Result{ID: o.TaskID, Type: o.Type, Status: dec.Status, Model: o.Model,
-			Node: o.Node, Attempts: attempt, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
-			LatencyMs: pipeline.MsSince(submitted), History: history}
+			Node: o.Node, Attempts: next.attempt - 1, Output: o.Output, Error: dec.Error, ErrorCode: dec.Code,
+			LatencyMs: pipeline.MsSince(next.submitted), History: next.history}
 		oc.fin.End(e)
 	case settle.Retry:
 		if dec.Backoff > 0 {

@@ -318,8 +318,16 @@ func (in *intake) retryUnserved() {
 		}
 		keep = append(keep, w)
 	}
+	in.putBackUnserved(keep, now)
+}
+
+// putBackUnserved returns the tasks a pass kept to the room, before those
+// that came meanwhile (newer), and cuts the room back to
+// MLSCHED_UNSERVED_MAX once no outage lets it grow (trimLocked).
+func (in *intake) putBackUnserved(keep []*unservedTask, now time.Time) {
+	r := in.unserved
 	r.mu.Lock()
-	r.q, r.inPass = append(keep, r.q...), 0 // tasks that came meanwhile are newer
+	r.q, r.inPass = append(keep, r.q...), 0
 	var over []*unservedTask
 	var why []error
 	if len(r.q) > in.cfg.unservedMax() && !r.outageLocked(in, now) && !r.recoveringLocked(in, now) {

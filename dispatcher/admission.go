@@ -107,7 +107,7 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 
 // admitFrom runs the chain from the step on.
 func (in *intake) admitFrom(ad *admission, from step) {
-	ad.expiry = in.flow.expiry(&ad.a.task, ad.a.submitted)
+	ad.expiry = in.flow.expiry(&ad.a.Task, ad.a.Submitted)
 	for _, s := range in.chain[from:] {
 		if s.admit(ad) != goOn {
 			return
@@ -120,7 +120,7 @@ func (in *intake) admitFrom(ad *admission, from step) {
 // the engine the same question; else from the decide step.
 func (in *intake) resume(a attemptSpec, msg jsplumb.Msg, table *policy.Table, req *policy.Request, dec policy.Decision, err error) {
 	ad := admission{a: a, msg: msg}
-	ad.expiry = in.flow.expiry(&ad.a.task, ad.a.submitted)
+	ad.expiry = in.flow.expiry(&ad.a.Task, ad.a.Submitted)
 	in.standing(&ad)
 	if table != in.snaps.table.Load() || ad.req.Ahead != req.Ahead || ad.req.AheadInBand != req.AheadInBand {
 		in.admitFrom(&ad, stepDecide) // the table changed, or its standing in the hold: ask again
@@ -158,7 +158,7 @@ type quotaStep struct{ in *intake }
 
 func (s quotaStep) admit(ad *admission) verdict {
 	a := &ad.a
-	if a.attempt != 1 || a.admitted || !s.in.quota.Limited(a.task.TenantName()) {
+	if a.Attempt != 1 || a.admitted || !s.in.quota.Limited(a.Task.TenantName()) {
 		return goOn
 	}
 	if s.in.admit(a, ad.msg, ad.expiry) {
@@ -174,15 +174,15 @@ func (s decideStep) admit(ad *admission) verdict {
 	in := s.in
 	in.standing(ad)
 	ad.table = in.snaps.table.Load()
-	t := &ad.a.task
-	span := in.tracer.Start(ad.a.traceparent, "mlsched.decision")
+	t := &ad.a.Task
+	span := in.tracer.Start(ad.a.Traceparent, "mlsched.decision")
 	start := time.Now()
 	dec, err := in.engine.Decide(ad.table, &ad.req)
 	ad.dec, ad.decided = dec, time.Now() // also the deadline's start: one clock read fewer per task
 	in.metrics.decision.Observe(ad.decided.Sub(start).Seconds())
 	if in.tracer.On() {
 		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.String("mlsched.type", t.Type),
-			attribute.Int("mlsched.attempt", ad.a.attempt), attribute.String("mlsched.model", dec.Model),
+			attribute.Int("mlsched.attempt", ad.a.Attempt), attribute.String("mlsched.model", dec.Model),
 			attribute.String("mlsched.node", dec.Node), attribute.Bool("mlsched.panic", dec.Panic))
 	}
 	span.End(err)
@@ -195,7 +195,7 @@ func (s decideStep) admit(ad *admission) verdict {
 // a node that orders its queue starts it next: it need not wait for the
 // queue target (docs/policies.md, "Ordering at the node").
 func (in *intake) standing(ad *admission) {
-	t := &ad.a.task
+	t := &ad.a.Task
 	ad.key = ""
 	if in.held.n.Load() > 0 || in.held.inPass.Load() > 0 {
 		ad.key = candidateKey(t)
@@ -211,7 +211,7 @@ func (in *intake) decided(ad *admission, err error) verdict {
 	if err == nil {
 		return goOn
 	}
-	a, t := &ad.a, &ad.a.task
+	a, t := &ad.a, &ad.a.Task
 	code := protocol.CodeOf(err)
 	if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
 		// Nodes may be starting or restarting: wait, bounded, then
@@ -225,11 +225,11 @@ func (in *intake) decided(ad *admission, err error) verdict {
 		}
 	}
 	status := protocol.StatusRejected
-	if a.attempt > 1 {
+	if a.Attempt > 1 {
 		status = protocol.StatusFailed
 	}
-	in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.attempt).Msg("no model for task")
-	in.fin.End(a.ends(ad.msg, err, status))
+	in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.Attempt).Msg("no model for task")
+	in.fin.End(a.Ends(ad.msg, err, status))
 	return ended
 }
 
@@ -240,7 +240,7 @@ func (in *intake) decided(ad *admission, err error) verdict {
 type holdStep struct{ in *intake }
 
 func (s holdStep) admit(ad *admission) verdict {
-	in, t, key := s.in, &ad.a.task, ad.key
+	in, t, key := s.in, &ad.a.Task, ad.key
 	if (ad.dec.Saturated || (key != "" && in.held.heldAtLeast(key, t.Priority, ad.a.fromHold || ad.req.Ahead))) &&
 		in.hold(ad.a, ad.msg, ad.dec, in.holdWait(&ad.a), ad.expiry) {
 		if !ad.dec.Saturated {
@@ -274,12 +274,12 @@ func (s holdStep) admit(ad *admission) verdict {
 // deadline for the decided model: the worker does not start an attempt
 // past its deadline, nor, then, a task past its own.
 func (in *intake) deadline(ad *admission) {
-	ad.timeout = in.attemptTimeout(&ad.a.task, ad.dec.Model)
+	ad.timeout = in.attemptTimeout(&ad.a.Task, ad.dec.Model)
 	ad.deadline = ad.decided.Add(ad.timeout + in.cfg.DeadlineSlack)
 	if !ad.expiry.IsZero() && ad.expiry.Before(ad.deadline) {
 		ad.deadline = ad.expiry
 	}
-	ad.cost, ad.priced = in.reg.Cost(ad.dec.Node, ad.dec.Model, ad.a.task.Size)
+	ad.cost, ad.priced = in.reg.Cost(ad.dec.Node, ad.dec.Model, ad.a.Task.Size)
 }
 
 // capStep counts the attempt against its tenant's concurrency cap until
@@ -287,7 +287,7 @@ func (in *intake) deadline(ad *admission) {
 type capStep struct{ in *intake }
 
 func (s capStep) admit(ad *admission) verdict {
-	if !s.in.quota.Capped(ad.a.task.TenantName()) || s.in.acquire(&ad.a, ad.msg, ad.deadline, ad.expiry) {
+	if !s.in.quota.Capped(ad.a.Task.TenantName()) || s.in.acquire(&ad.a, ad.msg, ad.deadline, ad.expiry) {
 		return goOn
 	}
 	return kept // held or rejected over its tenant's concurrency cap
@@ -299,7 +299,7 @@ func (s capStep) admit(ad *admission) verdict {
 type budgetStep struct{ in *intake }
 
 func (s budgetStep) admit(ad *admission) verdict {
-	in, t := s.in, &ad.a.task
+	in, t := s.in, &ad.a.Task
 	if in.budgets.Limited(t.TenantName(), t.Type) {
 		goes, degrade := in.spend(&ad.a, ad.msg, ad.cost)
 		if !goes {
@@ -329,17 +329,17 @@ func (s budgetStep) admit(ad *admission) verdict {
 type publishStep struct{ in *intake }
 
 func (s publishStep) admit(ad *admission) verdict {
-	in, a, t, dec := s.in, &ad.a, &ad.a.task, ad.dec
+	in, a, t, dec := s.in, &ad.a, &ad.a.Task, ad.dec
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
-		Attempt: a.attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: ad.deadline, Timeout: ad.timeout,
-		Submitted: a.submitted, Submission: a.submission, History: a.history, TaskAck: a.taskAck, Pipeline: a.pipe}
-	span := in.tracer.Start(a.traceparent, "mlsched.dispatch")
+		Attempt: a.Attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: ad.deadline, Timeout: ad.timeout,
+		Submitted: a.Submitted, Submission: a.Submission, History: a.History, TaskAck: a.TaskAck, Pipeline: a.Pipe}
+	span := in.tracer.Start(a.Traceparent, "mlsched.dispatch")
 	pd.Traceparent = span.Traceparent() // the worker's spans are children of the dispatch
 	if in.tracer.On() {
-		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.Int("mlsched.attempt", a.attempt),
+		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.Int("mlsched.attempt", a.Attempt),
 			attribute.String("mlsched.model", dec.Model), attribute.String("mlsched.node", dec.Node))
 	}
-	in.seal(&pd, a.data)
+	in.seal(&pd, a.Data)
 	hb := headerBufs.Get().(*protocol.HeaderBuf)
 	defer headerBufs.Put(hb) // once Publish has returned: nats.go has encoded the headers
 	var h nats.Header
@@ -348,17 +348,17 @@ func (s publishStep) admit(ad *admission) verdict {
 	} else {
 		h = pd.HeaderInto(hb)
 	}
-	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.data, Header: h}
+	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.Data, Header: h}
 	hb.Put(protocol.HdrMsgID, pd.MsgID("d"))
 	ad.table.Dispatched(dec.Model, dec.Node)
-	settled := in.keeper.dispatched(ad.msg, a.taskAck, ad.deadline, attemptRecord{Task: t.ID, Type: t.Type, Submission: a.submission,
-		Attempt: a.attempt, MaxAttempts: pd.MaxAttempts, Model: dec.Model, Node: dec.Node, History: a.history})
-	stored := in.dispatchStored(t.ID, a.attempt, dec.Model, dec.Node, bandName(t.Priority), a.submitted, span)
+	settled := in.keeper.dispatched(ad.msg, a.TaskAck, ad.deadline, attemptRecord{Task: t.ID, Type: t.Type, Submission: a.Submission,
+		Attempt: a.Attempt, MaxAttempts: pd.MaxAttempts, Model: dec.Model, Node: dec.Node, History: a.History})
+	stored := in.dispatchStored(t.ID, a.Attempt, dec.Model, dec.Node, bandName(t.Priority), a.Submitted, span)
 	if err := in.complete.Publish(context.Background(), in.pub, settled, out, "", stored); err != nil {
 		ad.table.Completed(dec.Model, dec.Node) // not sent after all
 		in.log.Warn().Err(err).Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
 		span.End(err)
-		in.keeper.keep(ad.msg, a.taskAck, time.Now().Add(time.Second+in.cfg.AckWait)) // a retry's task stays in progress
+		in.keeper.Keep(ad.msg, a.TaskAck, time.Now().Add(time.Second+in.cfg.AckWait)) // a retry's task stays in progress
 		in.complete.Retry(ad.msg, time.Second)
 	}
 	return ended

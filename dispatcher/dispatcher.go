@@ -18,6 +18,7 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
+	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/dispatcher/stats"
@@ -34,7 +35,7 @@ import (
 
 // Dispatcher is one dispatcher replica: the wiring of its components and
 // their lifecycle. Everything that handles a message is a stage of its own
-// (intake.go, outcomes.go, internal/finish), built by run from what it needs.
+// (intake.go with admission.go, internal/outcome, internal/finish), built by run from what it needs.
 type Dispatcher struct {
 	cfg      Config
 	log      zerolog.Logger
@@ -79,11 +80,10 @@ type Counters struct {
 	// Counts are the finish stage's: results by status, suppressed second
 	// results, flow control's endings, results per type.
 	finish.Counts
+	// Counts are the outcome stage's: forged, late and lost attempts,
+	// expired tasks, direct reports.
+	outcome.Counters
 	Dispatched, Redispatched, DeadLettered atomic.Int64
-	// Late counts outcomes of attempts that had been superseded.
-	Late atomic.Int64
-	// Lost counts attempts found unanswered at their deadline.
-	Lost atomic.Int64
 	// Panic counts decisions made in panic mode: every candidate's breaker
 	// was open and the engine routed among all of them anyway.
 	Panic atomic.Int64
@@ -98,18 +98,11 @@ type Counters struct {
 	// UnservedRefused counts tasks no node served that were rejected at
 	// once because MLSCHED_UNSERVED_MAX tasks were waiting (unserved.go).
 	UnservedRefused atomic.Int64
-	// Forged counts outcomes refused because they answer no dispatch a
-	// dispatcher made, or disagree with it (trust.go).
-	Forged atomic.Int64
-	// Reports counts the direct reports this replica settled (outcomes.go);
-	// ReportsDeferred those it sent back to be stored as outcomes.
-	Reports, ReportsDeferred atomic.Int64
-	// Expired counts tasks whose deadline_ms passed before they started;
 	// ShedFlow the sheddable tasks shed (code shed); OverQuota the tasks
 	// found over their tenant's quota; Inversions the dispatches of a
 	// lower-priority task while a higher-priority held task of the same
 	// type could have used the slot (flow control: it must stay 0).
-	Expired, ShedFlow, OverQuota, Inversions atomic.Int64
+	ShedFlow, OverQuota, Inversions atomic.Int64
 	// OverBudget counts the attempts found over their tenant's or type's
 	// cost budget (refused with budget_exceeded, or degraded).
 	OverBudget atomic.Int64

@@ -44,13 +44,14 @@
 //     budget, and publish (seal the dispatch, trust.go, and republish the
 //     task bytes unchanged to mlsched.node.<node>.tasks). A kept task
 //     resumes at the step that stopped it, with its room's decision;
-//   - outcomes (outcomes.go): a stored outcome of
-//     MLSCHED_OUTCOMES or a worker's direct report of a success (a
-//     core-NATS request on mlsched.report.<node>, answered with a
-//     protocol.ReportReply once the result is stored), checked against its
-//     sealed dispatch (trust.go) and settled by the rule of
-//     internal/settle: the final result, a retry (back to intake through
-//     the retrier interface), or a failure that is also dead-lettered;
+//   - outcome (package internal/outcome, importing only finish after it):
+//     a stored outcome of MLSCHED_OUTCOMES or a worker's direct report of
+//     a success (a core-NATS request on mlsched.report.<node>, answered
+//     with a protocol.ReportReply once the result is stored), checked
+//     against its sealed dispatch and settled by the rule of
+//     internal/settle: the final result, a retry (the one way back, to
+//     admission through the outcome.Retrier it declares), or a failure
+//     that is also dead-lettered;
 //   - finish (package internal/finish, the last stage: it imports no other,
 //     e2e's TestStagesImportForwardOnly): publish the one final result per
 //     task (a second one is refused by JetStream's expected-last-subject-
@@ -61,7 +62,7 @@
 //     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (49 files, each named once; the libraries'
+// these files, in this order (50 files, each named once; the libraries'
 // files not counted). e2e's TestDocPathIsTheTraceOfOneTask (make docpath)
 // holds the list to the code one task really runs, read from coverage
 // counters:
@@ -74,75 +75,78 @@
 //  4. shared/topology/topology.go: every subject on the way (task, dispatch,
 //     outcome, report, result);
 //  5. dispatcher/intake.go: handleTask takes the task from its band's
-//     consumer, then enter and dispatch;
-//  6. dispatcher/pipeline.go: the task has no pipeline: none of its steps
-//     to run (docs/protocol.md, "Pipelines");
-//  7. shared/protocol/task.go: DecodeTask validates it, in one pass on
-//  8. shared/protocol/codec.go: the one codec of task, outcome and result
+//     consumer, then enter and dispatch (the task has no pipeline: none of
+//     pipeline.go's steps to run, docs/protocol.md, "Pipelines");
+//  6. shared/protocol/task.go: DecodeTask validates it, in one pass on
+//  7. shared/protocol/codec.go: the one codec of task, outcome and result
 //     (segmentio/encoding, held to encoding/json's rules);
-//  9. dispatcher/stats/window.go: the names a statistics key is made of are
+//  8. dispatcher/stats/window.go: the names a statistics key is made of are
 //     checked;
-//  10. dispatcher/superseded.go: a cancelled task would end here;
-//  11. dispatcher/config.go: its attempts and retry rule;
-//  12. dispatcher/park.go: whether the tenant's tasks park (they do not);
-//  13. dispatcher/admission.go: dispatch runs admission's chain of steps,
+//  9. dispatcher/superseded.go: a cancelled task would end here;
+//  10. dispatcher/config.go: its attempts and retry rule;
+//  11. dispatcher/park.go: whether the tenant's tasks park (they do not);
+//  12. dispatcher/admission.go: dispatch runs admission's chain of steps,
 //     in the order newChain lists them (expiry, quota, decide, hold, cap,
 //     budget, publish), each one decision:
-//  14. dispatcher/flow.go: the expiry step: its own deadline (and, once
+//  13. dispatcher/flow.go: the expiry step: its own deadline (and, once
 //     sent, the flow counters);
-//  15. dispatcher/internal/quota/quota.go: the quota step: the tenant's
+//  14. dispatcher/internal/quota/quota.go: the quota step: the tenant's
 //     rate quota;
-//  16. dispatcher/internal/policy/engine.go: the decide step: Decide picks
+//  15. dispatcher/internal/policy/engine.go: the decide step: Decide picks
 //     the model and the node,
-//  17. dispatcher/internal/policy/rand.go: with the decision's own
+//  16. dispatcher/internal/policy/rand.go: with the decision's own
 //     generator,
-//  18. dispatcher/internal/policy/policies.go: the policy's Choose,
-//  19. dispatcher/internal/policy/load.go: the load model,
-//  20. dispatcher/internal/policy/table.go: on the decision table, which
+//  17. dispatcher/internal/policy/policies.go: the policy's Choose,
+//  18. dispatcher/internal/policy/load.go: the load model,
+//  19. dispatcher/internal/policy/table.go: on the decision table, which
 //     counts the dispatch;
-//  21. dispatcher/hold.go: the hold step: the band's hold, which this task
+//  20. dispatcher/hold.go: the hold step: the band's hold, which this task
 //     passes by;
-//  22. dispatcher/internal/registry/registry.go: the node's costs and its
+//  21. dispatcher/internal/registry/registry.go: the node's costs and its
 //     compact dispatch form;
-//  23. dispatcher/internal/quota/concurrency.go: the cap step: the
+//  22. dispatcher/internal/quota/concurrency.go: the cap step: the
 //     tenant's concurrency cap;
-//  24. dispatcher/internal/budget/budget.go: the budget step: the budgets;
-//  25. dispatcher/trust.go: the publish step seals the dispatch;
-//  26. shared/protocol/dispatch.go: the dispatch's headers,
-//  27. shared/protocol/compact.go: in their compact form;
-//  28. shared/opshttp/labels.go: the metrics' label sets;
-//  29. shared/jsplumb/publisher.go: the dispatch is published; its
+//  23. dispatcher/internal/budget/budget.go: the budget step: the budgets;
+//  24. dispatcher/trust.go: the publish step seals the dispatch;
+//  25. shared/protocol/dispatch.go: the dispatch's headers,
+//  26. shared/protocol/compact.go: in their compact form;
+//  27. shared/opshttp/labels.go: the metrics' label sets;
+//  28. shared/jsplumb/publisher.go: the dispatch is published; its
 //     acknowledgement, read in place, calls back
-//  30. shared/jsplumb/completer.go: which hands the task, unacknowledged,
-//  31. dispatcher/taskack.go: to the task keeper until its result;
-//  32. dispatcher/rollouts.go: a rollout of the model would count it;
-//  33. worker/task.go: the node's consumer hands the dispatch to onMessage,
+//  29. shared/jsplumb/completer.go: which hands the task, unacknowledged,
+//  30. dispatcher/taskack.go: to the task keeper until its result;
+//  31. dispatcher/rollouts.go: a rollout of the model would count it;
+//  32. worker/task.go: the node's consumer hands the dispatch to onMessage,
 //     process and run (no outcome of it kept from an earlier delivery: that
 //     would be worker/unreported.go), then finish and report;
-//  34. worker/admission.go: the node's admission,
-//  35. worker/slots.go: its slots, in the node's order;
-//  36. worker/worker.go: the model's typical run, against the deadline;
-//  37. worker/executor/executor.go: the executor runs the model;
-//  38. worker/observe.go: the node's metrics;
-//  39. worker/outcomes.go: the outcome publisher sends a direct report
+//  33. worker/admission.go: the node's admission,
+//  34. worker/slots.go: its slots, in the node's order;
+//  35. worker/worker.go: the model's typical run, against the deadline;
+//  36. worker/executor/executor.go: the executor runs the model;
+//  37. worker/observe.go: the node's metrics;
+//  38. worker/outcomes.go: the outcome publisher sends a direct report
 //     (publisher.go's Request);
-//  40. shared/protocol/messages.go: the outcome's status and message ids;
-//  41. dispatcher/outcomes.go: handleReport (codec.go's DecodeOutcome), then
-//     settleOutcome checks it (trust.go again),
+//  39. shared/protocol/messages.go: the outcome's status and message ids;
+//  40. dispatcher/internal/outcome/outcome.go: HandleReport (codec.go's
+//     DecodeOutcome), then Settle checks it against the seal (trust.go
+//     again) and reads the task's ack subject from the dispatch
+//  41. dispatcher/internal/finish/taskack.go: (TaskAckFor);
 //  42. dispatcher/internal/settle/settle.go: Settle says finish;
 //  43. dispatcher/stats/batcher.go: the outcome goes into the statistics;
-//  44. dispatcher/internal/pipeline/pipeline.go: the task's latency
+//  44. dispatcher/wiring.go: its observer tells the metrics, the load model
+//     and the rollouts;
+//  45. dispatcher/internal/pipeline/pipeline.go: the task's latency
 //     (MsSince), for its result;
-//  45. dispatcher/internal/finish/finish.go: the finish stage's End, the
+//  46. dispatcher/internal/finish/finish.go: the finish stage's End, the
 //     one way a task ends, releases what the attempt held and publishes
 //     the result;
-//  46. dispatcher/metrics.go: the result in the metrics (finish.Metrics),
-//  47. dispatcher/internal/finish/counts.go: and counted by type;
-//  48. shared/jsplumb/groupcommit.go: on disk, with the results published
+//  47. dispatcher/metrics.go: the result in the metrics (finish.Metrics),
+//  48. dispatcher/internal/finish/counts.go: and counted by type;
+//  49. shared/jsplumb/groupcommit.go: on disk, with the results published
 //     meanwhile (through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
 //     the worker (dispatch.go's ReportAcked, read by worker/task.go);
-//  49. dispatcher/taskprune.go: the acked task is noted for the pruner;
+//  50. dispatcher/taskprune.go: the acked task is noted for the pruner;
 //     client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -19,7 +20,7 @@ func TestHoldOrderOneTaskPerPassWeightedFair(t *testing.T) {
 	seq := 0
 	add := func(tenant string) *heldTask {
 		seq++
-		return &heldTask{a: attemptSpec{task: protocol.Task{ID: fmt.Sprint(tenant, seq), Type: "x", Tenant: tenant}},
+		return &heldTask{a: attemptSpec{Spec: finish.Spec{Task: protocol.Task{ID: fmt.Sprint(tenant, seq), Type: "x", Tenant: tenant}}},
 			since: base.Add(time.Duration(seq) * time.Millisecond), key: "x", tenant: tenant}
 	}
 	var q []*heldTask

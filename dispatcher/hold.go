@@ -73,7 +73,7 @@ type heldTask struct {
 
 // Fair is the held task as the fair order sorts it.
 func (ht *heldTask) Fair() (int, string, time.Time, *fairorder.Tags) {
-	return ht.a.task.Priority, ht.tenant, ht.since, &ht.tags
+	return ht.a.Task.Priority, ht.tenant, ht.since, &ht.tags
 }
 
 // bandTenant keys the held tasks of one tenant in one priority band.
@@ -131,11 +131,11 @@ func (h *holdRoom) leave(ht *heldTask) {
 	}
 	h.mu.Lock()
 	if ht.counted {
-		h.countLocked(ht.key, ht.a.task.Priority, -1)
+		h.countLocked(ht.key, ht.a.Task.Priority, -1)
 		ht.counted = false
 	}
 	if ht.inTenant {
-		h.fair.CountTenant(ht.a.task.Priority, ht.tenant, -1)
+		h.fair.CountTenant(ht.a.Task.Priority, ht.tenant, -1)
 		ht.inTenant = false
 	}
 	h.mu.Unlock()
@@ -235,12 +235,12 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 		until = expiry
 	}
 	ht := &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now,
-		key: candidateKey(&a.task), tenant: a.task.TenantName()}
+		key: candidateKey(&a.Task), tenant: a.Task.TenantName()}
 	h.q = append(h.q, ht)
-	h.fair.CountTenant(a.task.Priority, ht.tenant, 1)
+	h.fair.CountTenant(a.Task.Priority, ht.tenant, 1)
 	ht.inTenant = true
 	if !a.overLimit() { // a task over its quota holds back no other tenant's
-		h.countLocked(ht.key, a.task.Priority, 1)
+		h.countLocked(ht.key, a.Task.Priority, 1)
 		ht.counted = true
 	}
 	h.n.Store(int64(len(h.q)))
@@ -251,9 +251,9 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 		h.lastLog, h.unlogged = now, 0
 	}
 	h.mu.Unlock()
-	in.keeper.keep(msg, a.taskAck, until) // a retry's task stays in progress while it is held (taskack.go)
+	in.keeper.Keep(msg, a.TaskAck, until) // a retry's task stays in progress while it is held (taskack.go)
 	if logNow {
-		in.log.Warn().Str("type", a.task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", n).Int("held", held).
+		in.log.Warn().Str("type", a.Task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", n).Int("held", held).
 			Msg("saturated: every candidate's nodes hold more work than they can start before the deadline; keeping tasks in the stream")
 	}
 	return true
@@ -365,11 +365,11 @@ func (p *holdPass) stay(ht *heldTask) {
 // time, or sheddable and unable to start in time at the drain rate. It
 // reports whether the task left the hold.
 func (p *holdPass) ends(i int, ht *heldTask) bool {
-	in, h, t, now := p.in, p.in.held, &ht.a.task, p.now
+	in, h, t, now := p.in, p.in.held, &ht.a.Task, p.now
 	switch {
-	case in.superseded.Cancelled(t.ID, ht.a.submission):
+	case in.superseded.Cancelled(t.ID, ht.a.Submission):
 		h.leave(ht)
-		in.fin.End(ht.a.endsStored(ht.msg))
+		in.fin.End(ht.a.EndsStored(ht.msg))
 	case !ht.expiry.IsZero() && !now.Before(ht.expiry):
 		h.leave(ht)
 		if t.Priority < 0 {
@@ -416,7 +416,7 @@ func (p *holdPass) onlyWaiting(ht *heldTask) bool {
 	if !ht.expiry.IsZero() && ht.expiry.Before(ht.until) {
 		ht.until = ht.expiry
 	}
-	in.keeper.keep(ht.msg, ht.a.taskAck, ht.until)
+	in.keeper.Keep(ht.msg, ht.a.TaskAck, ht.until)
 	return true
 }
 
@@ -442,7 +442,7 @@ func (p *holdPass) quotaToken(i int, ht *heldTask) *heldTask {
 	}
 	ht.a.admitted, ht.a.overQuota = true, false
 	in.held.mu.Lock()
-	in.held.countLocked(ht.key, ht.a.task.Priority, 1)
+	in.held.countLocked(ht.key, ht.a.Task.Priority, 1)
 	ht.counted = true
 	in.held.mu.Unlock()
 	return ht
@@ -499,7 +499,7 @@ func newestOverQuota(q []*heldTask, i int, now time.Time) int {
 	}
 	for j := len(q) - 1; j > i; j-- {
 		o := q[j]
-		if o.a.overQuota && o.tenant == ht.tenant && o.a.task.Priority == ht.a.task.Priority &&
+		if o.a.overQuota && o.tenant == ht.tenant && o.a.Task.Priority == ht.a.Task.Priority &&
 			!o.expiry.IsZero() && now.Before(o.expiry) && o.since.After(ht.since) {
 			return j
 		}
@@ -526,7 +526,7 @@ func (in *intake) capRoom(ht *heldTask, capped *[]string) bool {
 	if containsStr(*capped, ht.tenant) {
 		return false
 	}
-	if ok, _ := in.quota.Acquire(context.Background(), ht.tenant, ht.a.task.ID, in.holdWait(&ht.a), false); !ok {
+	if ok, _ := in.quota.Acquire(context.Background(), ht.tenant, ht.a.Task.ID, in.holdWait(&ht.a), false); !ok {
 		*capped = append(*capped, ht.tenant)
 		return false
 	}
@@ -563,9 +563,9 @@ func (in *intake) shed(ht *heldTask, ahead int, why string) {
 	a := &ht.a
 	in.counters.ShedFlow.Add(1)
 	err := protocol.Errorf(protocol.CodeShed, "priority %d is sheddable and %s (%d tasks of this replica ahead of it); retry after retry_after_ms",
-		a.task.Priority, why, ahead)
-	in.log.Debug().Err(err).Str("task_id", a.task.ID).Str("tenant", ht.tenant).Msg("task shed")
-	e := a.ends(ht.msg, err, protocol.StatusFailed)
+		a.Task.Priority, why, ahead)
+	in.log.Debug().Err(err).Str("task_id", a.Task.ID).Str("tenant", ht.tenant).Msg("task shed")
+	e := a.Ends(ht.msg, err, protocol.StatusFailed)
 	e.RetryAfter = in.drain.retryAfter(ahead)
 	in.fin.End(e)
 }
@@ -575,16 +575,16 @@ func (in *intake) failSaturated(ht *heldTask) {
 	waited := time.Since(ht.since).Round(time.Millisecond)
 	models := make([]string, 0, 4)
 	if table := in.snaps.table.Load(); table != nil {
-		for _, c := range table.Candidates(a.task.Type) {
-			if protocol.AllowedBy(a.task.Models, c.Model) {
+		for _, c := range table.Candidates(a.Task.Type) {
+			if protocol.AllowedBy(a.Task.Models, c.Model) {
 				models = append(models, c.Model)
 			}
 		}
 	}
 	err := protocol.Errorf(protocol.CodeSaturated, "no node could start the task before its deadline: every candidate for type %q (%s) stayed saturated for %s, the task's timeout plus the deadline slack",
-		a.task.Type, strings.Join(models, ", "), waited)
-	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task failed: saturated")
-	in.fin.End(a.ends(ht.msg, err, protocol.StatusFailed))
+		a.Task.Type, strings.Join(models, ", "), waited)
+	in.log.Warn().Err(err).Str("task_id", a.Task.ID).Int("attempt", a.Attempt).Msg("task failed: saturated")
+	in.fin.End(a.Ends(ht.msg, err, protocol.StatusFailed))
 }
 
 // releaseHeld naks every held message, for another replica or a restart.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
+	"github.com/mlsched/mlsched/dispatcher/internal/lograte"
+	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -26,16 +28,16 @@ import (
 // publishes the dispatch, settling the task once the dispatch is stored. It
 // owns the tasks it keeps: those held back for want of capacity (hold.go)
 // and those waiting for a node to serve them (unserved.go). The outcome
-// stage sends retries back through dispatch (the retrier interface).
+// stage sends retries back through Retry (outcome.Retrier).
 type intake struct {
 	intakeParams
 	held      *holdRoom
 	unserved  *unservedRoom
-	redeliver *redeliveries // result lookups of redelivered tasks
-	park      *parking      // nil: never park
-	quotaLog  sometimes     // bounded-rate log of degraded quotas
-	budgetLog sometimes     // and of degraded budgets
-	chain     []admitStep   // admission's steps, in order (admission.go)
+	redeliver *redeliveries     // result lookups of redelivered tasks
+	park      *parking          // nil: never park
+	quotaLog  lograte.Sometimes // bounded-rate log of degraded quotas
+	budgetLog lograte.Sometimes // and of degraded budgets
+	chain     []admitStep       // admission's steps, in order (admission.go)
 }
 
 // intakeParams is what the intake stage needs.
@@ -66,23 +68,20 @@ type intakeParams struct {
 
 func newIntake(p intakeParams) *intake {
 	in := &intake{intakeParams: p, held: newHoldRoom(), unserved: &unservedRoom{}, redeliver: newRedeliveries()}
-	in.quotaLog.every = 10 * time.Second
-	in.budgetLog.every = 10 * time.Second
+	in.quotaLog.Every = 10 * time.Second
+	in.budgetLog.Every = 10 * time.Second
 	in.chain = newChain(in)
 	return in
 }
 
-// retrier is how the outcome stage hands a failed attempt back to intake,
-// and tells it that a slot is free.
-type retrier interface {
-	// dispatch decides and publishes the next attempt; msg is settled once
-	// the dispatch is stored.
-	dispatch(a attemptSpec, msg jsplumb.Msg)
-	// wake: an outcome freed a slot, held tasks may go now.
-	wake()
-}
+var _ outcome.Retrier = (*intake)(nil)
 
-var _ retrier = (*intake)(nil)
+// Retry is the outcome stage's way back (outcome.Retrier): the next
+// attempt runs through admission.
+func (in *intake) Retry(next finish.Spec, msg jsplumb.Msg) { in.dispatch(attemptSpec{Spec: next}, msg) }
+
+// Wake: an outcome freed a slot (outcome.Retrier).
+func (in *intake) Wake() { in.wake() }
 
 // wake prompts the hold loop (hold.go).
 func (in *intake) wake() { in.held.wake() }
@@ -116,8 +115,8 @@ func (in *intake) handleParked(msg jetstream.Msg) {
 	if err != nil {
 		in.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("task rejected")
 		task, _ := protocol.DecodeTask(msg.Data(), in.cfg.Limits())
-		a := attemptSpec{task: task, data: msg.Data(), attempt: 1, submitted: time.Now(), traceparent: o.traceparent}
-		e := a.ends(msg, err, protocol.StatusRejected)
+		a := attemptSpec{Spec: finish.Spec{Task: task, Data: msg.Data(), Attempt: 1, Submitted: time.Now(), Traceparent: o.traceparent}}
+		e := a.Ends(msg, err, protocol.StatusRejected)
 		e.Subject = msg.Subject()
 		in.fin.End(e)
 		return
@@ -132,8 +131,8 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 	if err == nil {
 		err = checkTaskSubject(o.subject, &task)
 	}
-	a := attemptSpec{task: task, data: data, attempt: 1, submitted: o.submitted, submission: o.submission,
-		traceparent: o.traceparent, taskAck: msg.Reply()}
+	a := attemptSpec{Spec: finish.Spec{Task: task, Data: data, Attempt: 1, Submitted: o.submitted, Submission: o.submission,
+		Traceparent: o.traceparent, TaskAck: msg.Reply()}}
 	if err == nil && (task.Pipeline != nil || len(msg.Headers()[protocol.HdrPipeline]) > 0) {
 		err = in.pipelineTake(msg.Headers(), &a) // pipeline.go
 	}
@@ -146,14 +145,14 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 	}
 	if err != nil {
 		in.log.Warn().Err(err).Str("task_id", task.ID).Str("subject", o.subject).Msg("task rejected")
-		e := a.ends(msg, err, protocol.StatusRejected)
+		e := a.Ends(msg, err, protocol.StatusRejected)
 		e.Subject = o.subject
 		in.fin.End(e)
 		return
 	}
 	if in.superseded.Cancelled(task.ID, o.submission) || a.pipeStep && in.superseded.CancelledAny(task.ID) {
 		// cancelled while it waited (a pipeline: at any step): it has its result
-		in.fin.End(a.endsStored(msg))
+		in.fin.End(a.EndsStored(msg))
 		return
 	}
 	if !o.first || o.parked {
@@ -168,8 +167,8 @@ func (in *intake) take(msg jetstream.Msg, o taskOrigin) {
 
 // enter parks a task of a flooding tenant, or dispatches it.
 func (in *intake) enter(msg jetstream.Msg, a attemptSpec, o taskOrigin) {
-	if !o.parked && !a.pipeStep && in.park.shouldPark(topology.BandOf(a.task.Priority), a.task.TenantName()) {
-		in.park.park(msg, &a.task, a.data, o)
+	if !o.parked && !a.pipeStep && in.park.shouldPark(topology.BandOf(a.Task.Priority), a.Task.TenantName()) {
+		in.park.park(msg, &a.Task, a.Data, o)
 		return
 	}
 	in.dispatch(a, msg)
@@ -191,29 +190,16 @@ func checkTaskSubject(subject string, t *protocol.Task) error {
 	return nil
 }
 
-// attemptSpec is one attempt to dispatch.
+// attemptSpec is one attempt to dispatch: the attempt as every stage
+// knows it (finish.Spec, which also builds its ending), and what admission
+// marks on it.
 type attemptSpec struct {
-	task      protocol.Task
-	data      []byte // the task's original bytes, forwarded unchanged
-	attempt   int
-	history   []protocol.Attempt
-	submitted time.Time
-	// submission names this submission of the task (its sequence in the
-	// task stream), carried in HdrTaskSeq through every attempt.
-	submission string
-	// traceparent is the W3C trace context of the task (the producer's, or
-	// the previous attempt's dispatch span), "" when it has none.
-	traceparent string
-	// taskAck is the task message's ack subject (Dispatch.TaskAck), ""
-	// for a task dispatched by an older dispatcher.
-	taskAck string
+	finish.Spec
 	// admissionMarks: where admission's steps left it, in the hold or
 	// the waiting room.
 	admissionMarks
-	// pipe is a pipeline step's sealed progress (pipeline.go), carried on
-	// its dispatches; pipeStep: a step after the first (a task message of
-	// the dispatcher's, not parked).
-	pipe     string
+	// pipeStep: a pipeline step after the first (a task message of the
+	// dispatcher's, not parked).
 	pipeStep bool
 }
 
@@ -243,26 +229,9 @@ type admissionMarks struct {
 // holds back no other tenant's task).
 func (a *attemptSpec) overLimit() bool { return a.overQuota || a.overCap }
 
-// ends is how this attempt ends, handled by msg: with err and status, or
-// (endsStored) with the task's result stored already. The finisher ends it
-// (finish.Finisher.End); this is the one place an ending is built.
-func (a *attemptSpec) ends(msg jsplumb.Msg, err error, status protocol.Status) finish.Ending {
-	return finish.Ending{Msg: msg, TaskAck: a.taskAck, Subject: topology.TaskSubject(a.task.Type), Data: a.data, Task: a.task,
-		Err: err, Status: status, History: a.history, Attempts: a.attempt - 1, Submitted: a.submitted,
-		Submission: a.submission, Traceparent: a.traceparent, Pipe: a.pipe}
-}
-
-// endsStored: the attempt ends with the task's result stored already (the
-// task was cancelled, or its result found on a redelivery).
-func (a *attemptSpec) endsStored(msg jsplumb.Msg) finish.Ending {
-	e := a.ends(msg, nil, "")
-	e.Stored = true
-	return e
-}
-
 func (a *attemptSpec) maxAttempts(def int) int {
-	if a.task.MaxAttempts > 0 {
-		return a.task.MaxAttempts
+	if a.Task.MaxAttempts > 0 {
+		return a.Task.MaxAttempts
 	}
 	return def
 }
@@ -292,10 +261,10 @@ const (
 
 // requestAs is request, asked as the hold asks.
 func (in *intake) requestAs(a *attemptSpec, as asking) policy.Request {
-	t := &a.task
+	t := &a.Task
 	timeout := in.attemptTimeout(t, "") // no model decided yet
 	deadline := timeout + in.cfg.DeadlineSlack
-	if expiry := in.flow.expiry(t, a.submitted); !expiry.IsZero() && as != noExpiry {
+	if expiry := in.flow.expiry(t, a.Submitted); !expiry.IsZero() && as != noExpiry {
 		// A task that cannot start before its own deadline makes its
 		// candidates saturated: it is held, not sent to expire on a node.
 		deadline = max(0, min(deadline, time.Until(expiry)))
@@ -304,7 +273,7 @@ func (in *intake) requestAs(a *attemptSpec, as asking) policy.Request {
 	// rest waits in the hold, where priorities and tenants are ordered:
 	// docs/policies.md); FullDeadline asks without it.
 	return policy.Request{Type: t.Type, Models: t.Models, MaxLatencyMs: t.MaxLatencyMs,
-		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.history, Timeout: timeout, Deadline: deadline, FullDeadline: as == fullDeadline,
+		MinSuccessRate: t.MinSuccessRate, Size: t.Size, Tried: a.History, Timeout: timeout, Deadline: deadline, FullDeadline: as == fullDeadline,
 		Priority: t.Priority}
 }
 
@@ -313,7 +282,7 @@ func (in *intake) requestAs(a *attemptSpec, as asking) policy.Request {
 // MLSCHED_QUOTA_REJECT, rejected at once with CodeQuotaExceeded. It
 // reports whether the task goes on now.
 func (in *intake) admit(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
-	ok, wait := in.quota.Allow(context.Background(), a.task.TenantName())
+	ok, wait := in.quota.Allow(context.Background(), a.Task.TenantName())
 	in.logQuotaDegraded()
 	if ok {
 		a.admitted, a.overQuota = true, false
@@ -339,7 +308,7 @@ func (in *intake) admit(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool 
 // with CodeQuotaExceeded. A retry (attempt > 1) was in flight already and
 // is counted again whatever the cap. It reports whether the task goes on.
 func (in *intake) acquire(a *attemptSpec, msg jsplumb.Msg, deadline, expiry time.Time) bool {
-	ok, wait := in.quota.Acquire(context.Background(), a.task.TenantName(), a.task.ID, time.Until(deadline), a.attempt > 1)
+	ok, wait := in.quota.Acquire(context.Background(), a.Task.TenantName(), a.Task.ID, time.Until(deadline), a.Attempt > 1)
 	in.logQuotaDegraded()
 	if ok {
 		a.overCap = false
@@ -370,10 +339,10 @@ func (in *intake) acquire(a *attemptSpec, msg jsplumb.Msg, deadline, expiry time
 // type's bar) and charges that past the limit. It reports whether the
 // attempt goes on, and whether degraded.
 func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) (goes, degrade bool) {
-	t := &a.task
+	t := &a.Task
 	v := in.budgets.Charge(context.Background(), t.TenantName(), t.Type, cost, false)
 	if why := in.budgets.Degraded(); why != "" {
-		in.budgetLog.log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
+		in.budgetLog.Log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
 			"budgets degraded: charging this replica's share of each budget")
 	}
 	if v.OK {
@@ -386,10 +355,10 @@ func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) (goes, de
 	err := protocol.Errorf(protocol.CodeBudgetExceeded, "%s %q has spent its budget of %g per %s (this attempt would cost %g); it renews in %s",
 		v.Over.Scope, v.Over.Name, v.Over.Limit, v.Over.Period, cost, v.RetryAfter.Round(time.Second))
 	status := protocol.StatusRejected
-	if a.attempt > 1 {
+	if a.Attempt > 1 {
 		status = protocol.StatusFailed
 	}
-	e := a.ends(msg, err, status)
+	e := a.Ends(msg, err, status)
 	e.RetryAfter = max(v.RetryAfter, time.Millisecond)
 	in.fin.End(e)
 	return false, false
@@ -397,18 +366,18 @@ func (in *intake) spend(a *attemptSpec, msg jsplumb.Msg, cost float64) (goes, de
 
 func (in *intake) logQuotaDegraded() {
 	if why := in.quota.Degraded(); why != "" {
-		in.quotaLog.log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
+		in.quotaLog.Log(&in.log, func(e *zerolog.Event) *zerolog.Event { return e.Str("reason", why) },
 			"quota degraded: enforcing this replica's share of the tenants' quotas")
 	}
 }
 
 func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duration) {
-	tenant := a.task.TenantName()
+	tenant := a.Task.TenantName()
 	err := protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q is over its rate quota of %g tasks/s", tenant, in.flow.rates[tenant])
 	if a.overCap {
 		err = protocol.Errorf(protocol.CodeQuotaExceeded, "tenant %q has its concurrency cap of %d tasks in flight", tenant, in.flow.caps[tenant])
 	}
-	e := a.ends(msg, err, protocol.StatusRejected)
+	e := a.Ends(msg, err, protocol.StatusRejected)
 	e.RetryAfter = max(wait, time.Millisecond)
 	in.fin.End(e)
 }
@@ -417,7 +386,7 @@ func (in *intake) rejectQuota(a *attemptSpec, msg jsplumb.Msg, wait time.Duratio
 // timeout plus the deadline slack (the hold also ends it at its own
 // deadline).
 func (in *intake) holdWait(a *attemptSpec) time.Duration {
-	return in.attemptTimeout(&a.task, "") + in.cfg.DeadlineSlack // held: no model decided
+	return in.attemptTimeout(&a.Task, "") + in.cfg.DeadlineSlack // held: no model decided
 }
 
 // expire ends a task whose deadline passed before it started: failed with
@@ -425,9 +394,9 @@ func (in *intake) holdWait(a *attemptSpec) time.Duration {
 // retry_after_ms.
 func (in *intake) expire(a *attemptSpec, msg jsplumb.Msg, expiry time.Time, where string) {
 	in.counters.Expired.Add(1)
-	err := expiredError(&a.task, expiry, where)
-	in.log.Info().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("task expired")
-	e := a.ends(msg, err, protocol.StatusFailed)
+	err := expiredError(&a.Task, expiry, where)
+	in.log.Info().Err(err).Str("task_id", a.Task.ID).Int("attempt", a.Attempt).Msg("task expired")
+	e := a.Ends(msg, err, protocol.StatusFailed)
 	e.RetryAfter = in.drain.retryAfter(in.held.len())
 	in.fin.End(e)
 }

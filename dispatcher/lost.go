@@ -69,12 +69,12 @@ func recordLost(ctx context.Context, k *taskKeeper, s *supersededSet, created ti
 // flight when the attempt streams were lost: that attempt ends as lost and
 // the task continues at the next one, or ends when none is left.
 func (in *intake) resumeLost(msg jetstream.Msg, a attemptSpec, o taskOrigin, rec attemptRecord) {
-	a.history = append(slices.Clone(rec.History), protocol.Attempt{Attempt: rec.Attempt, Model: rec.Model, Node: rec.Node,
+	a.History = append(slices.Clone(rec.History), protocol.Attempt{Attempt: rec.Attempt, Model: rec.Model, Node: rec.Node,
 		Status: protocol.OutcomeLost, Error: lostWithStreams})
-	a.attempt = rec.Attempt + 1
-	in.superseded.Mark(a.task.ID, a.submission, rec.Attempt) // its late outcome is not final
+	a.Attempt = rec.Attempt + 1
+	in.superseded.Mark(a.Task.ID, a.Submission, rec.Attempt) // its late outcome is not final
 	in.counters.Lost.Add(1)
-	in.log.Warn().Str("task_id", a.task.ID).Int("attempt", rec.Attempt).Str("model", rec.Model).Str("node", rec.Node).
+	in.log.Warn().Str("task_id", a.Task.ID).Int("attempt", rec.Attempt).Str("model", rec.Model).Str("node", rec.Node).
 		Msg("attempt lost with the attempt streams: going on from it")
 	maxAttempts := rec.MaxAttempts
 	if maxAttempts <= 0 {
@@ -83,7 +83,7 @@ func (in *intake) resumeLost(msg jetstream.Msg, a attemptSpec, o taskOrigin, rec
 	if rec.Attempt >= maxAttempts {
 		err := protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, was %s",
 			rec.Attempt, rec.Model, rec.Node, lostWithStreams)
-		in.fin.End(a.ends(msg, err, protocol.StatusFailed))
+		in.fin.End(a.Ends(msg, err, protocol.StatusFailed))
 		return
 	}
 	in.enter(msg, a, o)

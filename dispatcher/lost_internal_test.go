@@ -59,7 +59,7 @@ func TestKeeperInFlight(t *testing.T) {
 	k.add("t2", until, attemptRecord{Task: "t2", Attempt: 2, Dispatched: now.Add(-time.Second)})
 	k.add("t3", until, attemptRecord{Task: "t3", Attempt: 1, Dispatched: now.Add(time.Second)})
 	k.add("t4", now.Add(-time.Second), attemptRecord{Task: "t4", Attempt: 1, Dispatched: now.Add(-2 * time.Second)})
-	k.keep(replyMsg{reply: "outcome"}, "t2", until) // t2's attempt ended: its retry waits
+	k.Keep(replyMsg{reply: "outcome"}, "t2", until) // t2's attempt ended: its retry waits
 	got := k.inFlight(now)
 	if len(got) != 1 || got[0].Task != "t1" {
 		t.Fatalf("inFlight = %+v, want t1 alone", got)

@@ -93,12 +93,12 @@ func (in *intake) pipelineTake(h nats.Header, a *attemptSpec) error {
 		v = vs[0]
 	}
 	if v == "" {
-		if a.task.Pipeline == nil {
+		if a.Task.Pipeline == nil {
 			return nil
 		}
-		t := &a.task
+		t := &a.Task
 		p := &pipeline.Progress{Def: *t.Pipeline, Type: t.Type, Priority: t.Priority, Tenant: t.Tenant, Size: t.Size,
-			Submitted: a.submitted.UnixMilli(), Seq: 1}
+			Submitted: a.Submitted.UnixMilli(), Seq: 1}
 		if t.DeadlineMs > 0 {
 			p.Deadline = p.Submitted + t.DeadlineMs
 		}
@@ -107,25 +107,14 @@ func (in *intake) pipelineTake(h nats.Header, a *attemptSpec) error {
 			return protocol.Errorf(protocol.CodeInvalidPipeline, "%v", err)
 		}
 		p.ApplyStep(t)
-		a.pipe = sealed
+		a.Pipe = sealed
 		return nil
 	}
 	p, err := in.sealer.openPipeline(v)
 	if err != nil {
 		return protocol.Errorf(protocol.CodeInvalidPipeline, "%v", err)
 	}
-	p.ApplyStep(&a.task)
-	a.pipe, a.pipeStep = v, p.Seq > 1
+	p.ApplyStep(&a.Task)
+	a.Pipe, a.pipeStep = v, p.Seq > 1
 	return nil
-}
-
-// retryStep gives a retry of a pipeline step its step's constraints again
-// (the task bytes of a first step are the producer's).
-func (oc *outcomes) retryStep(a *attemptSpec) {
-	if a.pipe == "" || a.task.ID == "" {
-		return
-	}
-	if p, err := oc.sealer.openPipeline(a.pipe); err == nil {
-		p.ApplyStep(&a.task)
-	}
 }

@@ -101,13 +101,13 @@ func (r *redeliveries) service() lifecycle.Service {
 // again is harmless, the second result is refused).
 func (in *intake) redelivered(msg jetstream.Msg, a attemptSpec, o taskOrigin) {
 	in.redeliver.check(
-		func(ctx context.Context) bool { return in.fin.HasResult(ctx, a.task.ID) },
+		func(ctx context.Context) bool { return in.fin.HasResult(ctx, a.Task.ID) },
 		func(found bool) {
 			if found {
-				in.fin.End(a.endsStored(msg))
+				in.fin.End(a.EndsStored(msg))
 				return
 			}
-			if rec, ok := in.superseded.LostAttempt(a.task.ID, a.submission); ok {
+			if rec, ok := in.superseded.LostAttempt(a.Task.ID, a.Submission); ok {
 				in.resumeLost(msg, a, o, rec) // lost.go
 				return
 			}

@@ -44,7 +44,7 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 		return
 	}
 	now := time.Now()
-	sheddable := func(o *heldTask) bool { return o.counted && o.key == key && o.a.task.Priority < 0 }
+	sheddable := func(o *heldTask) bool { return o.counted && o.key == key && o.a.Task.Priority < 0 }
 	var drop []*heldTask
 	for _, o := range q[min(i+1, len(q)):] {
 		if !o.gone && sheddable(o) {
@@ -90,7 +90,7 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 // at its next pass (woken now) after shedding them: only a pass sees the
 // tasks it has taken out. It reports whether the hold took it.
 func (in *intake) expireAfterShed(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
-	if a.task.Priority < 0 || in.held.n.Load()+in.held.inPass.Load() == 0 || !in.held.sheddableHeld(candidateKey(&a.task)) {
+	if a.Task.Priority < 0 || in.held.n.Load()+in.held.inPass.Load() == 0 || !in.held.sheddableHeld(candidateKey(&a.Task)) {
 		return false
 	}
 	if a.heldSince.IsZero() {

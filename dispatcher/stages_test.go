@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
+	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/dispatcher/stats"
@@ -167,27 +168,27 @@ func TestFinisherStage(t *testing.T) {
 	}
 }
 
-// recordingRetrier is the intake side of the retrier interface, for the
+// recordingRetrier is the admission side of outcome.Retrier, for the
 // outcome stage alone: it records the attempts handed back and settles
 // their messages as a dispatch would.
 type recordingRetrier struct {
 	complete *jsplumb.Completer
 	mu       sync.Mutex
-	got      []attemptSpec
+	got      []finish.Spec
 	wakes    atomic.Int64
 }
 
-func (r *recordingRetrier) dispatch(a attemptSpec, msg jsplumb.Msg) {
+func (r *recordingRetrier) Retry(a finish.Spec, msg jsplumb.Msg) {
 	r.mu.Lock()
 	r.got = append(r.got, a)
 	r.mu.Unlock()
 	r.complete.Settle(msg, nil)
 }
 
-func (r *recordingRetrier) wake() { r.wakes.Add(1) }
+func (r *recordingRetrier) Wake() { r.wakes.Add(1) }
 
 // The outcome stage: a failed attempt goes back to intake through the
-// retrier (attempt 2, with its history and the task's bytes), a success
+// Retrier (attempt 2, with its history and the task's bytes), a success
 // becomes the task's result, and an outcome that answers no sealed
 // dispatch is refused and counted.
 func TestOutcomeStage(t *testing.T) {
@@ -208,9 +209,11 @@ func TestOutcomeStage(t *testing.T) {
 	snaps.table.Store(policy.NewTable(&stats.Snapshot{}, nil, time.Now()))
 	sealer := newSealer(make([]byte, 32))
 	retry := &recordingRetrier{complete: e.complete}
-	oc := newOutcomes(outcomesParams{cfg: e.cfg, log: zerolog.Nop(), nc: e.ns.NC, complete: e.complete,
-		batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}), snaps: snaps,
-		sealer: sealer, superseded: sup, retry: retry, fin: e.finisher(), counters: e.counters, metrics: e.metrics})
+	oc := outcome.New(outcome.Params{Rules: e.cfg.Retry(), Limits: e.cfg.Limits(), AckWait: e.cfg.AckWait, Log: zerolog.Nop(),
+		NC: e.ns.NC, Complete: e.complete, Batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
+		Sealer: sealer, Pipelines: pipelineSeal{sealer}, Superseded: sup, Retry: retry, Fin: e.finisher(),
+		Counts: &e.counters.Counters, Observer: attemptObserver{metrics: e.metrics, snaps: snaps, rolls: nil},
+		Expiry: (&flowRules{}).expiry})
 
 	task := []byte(`{"id":"r","type":"t","payload":1}`)
 	dispatched := func(id string) protocol.Dispatch {
@@ -223,20 +226,20 @@ func TestOutcomeStage(t *testing.T) {
 	}
 	failed := protocol.Outcome{TaskID: "r", Type: "t", Attempt: 1, Model: "m", Node: "n1",
 		Status: protocol.OutcomeModelError, Error: "broke", Task: task}
-	oc.settleOutcome(e.consumed(), topology.OutcomeSubject("n1"), failed, dispatched("r"), true)
+	oc.Settle(e.consumed(), topology.OutcomeSubject("n1"), failed, dispatched("r"), true)
 	ok := protocol.Outcome{TaskID: "s", Type: "t", Attempt: 1, Model: "m", Node: "n1",
 		Status: protocol.OutcomeSuccess, Output: json.RawMessage(`"done"`)}
-	oc.settleOutcome(e.consumed(), topology.OutcomeSubject("n1"), ok, dispatched("s"), true)
+	oc.Settle(e.consumed(), topology.OutcomeSubject("n1"), ok, dispatched("s"), true)
 	forged := dispatched("s")
 	forged.Seal = "not-a-seal"
-	oc.settleOutcome(e.consumed(), topology.OutcomeSubject("n1"), ok, forged, true)
+	oc.Settle(e.consumed(), topology.OutcomeSubject("n1"), ok, forged, true)
 	e.allSettled()
 
 	retry.mu.Lock()
-	got := append([]attemptSpec(nil), retry.got...)
+	got := append([]finish.Spec(nil), retry.got...)
 	retry.mu.Unlock()
-	if len(got) != 1 || got[0].task.ID != "r" || got[0].attempt != 2 || len(got[0].history) != 1 ||
-		got[0].history[0].Status != protocol.OutcomeModelError || string(got[0].data) != string(task) {
+	if len(got) != 1 || got[0].Task.ID != "r" || got[0].Attempt != 2 || len(got[0].History) != 1 ||
+		got[0].History[0].Status != protocol.OutcomeModelError || string(got[0].Data) != string(task) {
 		t.Fatalf("retries handed to intake: %+v", got)
 	}
 	if retry.wakes.Load() != 2 { // each recorded attempt freed a slot; the forged one did not

@@ -3,15 +3,12 @@ package dispatcher
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/mlsched/mlsched/shared/jsplumb"
-	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // A task stays unacknowledged in MLSCHED_TASKS until its final result is
@@ -27,74 +24,6 @@ import (
 // the replica that dispatched an attempt keeps the task in progress until
 // the attempt's deadline (taskKeeper). Every ack, nak and in-progress
 // signal still goes through the Completer.
-
-// taskAckFor returns the dispatch's task ack subject when it acknowledges,
-// in a dispatchers' consumer of MLSCHED_TASKS (one per priority band), the submission the dispatch
-// names (its sealed Submission), else "": a worker cannot make a dispatcher
-// ack another task than the one it was given.
-func taskAckFor(pd *protocol.Dispatch) string {
-	if pd.Submission == "" {
-		return ""
-	}
-	if _, seq, ok := parseTaskAck(pd.TaskAck); !ok || seq != pd.Submission {
-		return ""
-	}
-	return pd.TaskAck
-}
-
-// parseTaskAck splits the ack subject of a message of MLSCHED_TASKS
-// delivered by a dispatchers' consumer into the consumer's name and the
-// message's stream sequence; ok is false for any other subject.
-func parseTaskAck(subj string) (consumer, seq string, ok bool) {
-	if !strings.HasPrefix(subj, "$JS.ACK.") || strings.ContainsAny(subj, "*> \t\r\n") {
-		return "", "", false
-	}
-	// Read in place, not split: this runs for every result (a profile showed
-	// strings.Split's allocation at 2% of the dispatcher's CPU).
-	var stream string
-	switch n := strings.Count(subj, ".") + 1; {
-	case n == 9: // $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-		stream, consumer, seq = subjectToken(subj, 2), subjectToken(subj, 3), subjectToken(subj, 5)
-	case n >= 12: // with the domain and account hash, and a token
-		stream, consumer, seq = subjectToken(subj, 4), subjectToken(subj, 5), subjectToken(subj, 7)
-	default:
-		return "", "", false
-	}
-	if stream != topology.StreamTasks || !isTaskConsumer(consumer) {
-		return "", "", false
-	}
-	return consumer, seq, true
-}
-
-// subjectToken returns the i-th (from 0) dot-separated token of subj, ""
-// past the last.
-func subjectToken(subj string, i int) string {
-	for ; i > 0; i-- {
-		_, rest, ok := strings.Cut(subj, ".")
-		if !ok {
-			return ""
-		}
-		subj = rest
-	}
-	tok, _, _ := strings.Cut(subj, ".")
-	return tok
-}
-
-// isTaskConsumer: the durable is one of the priority bands' consumers of
-// MLSCHED_TASKS (topology.BandConsumer) or a tenant's parked tasks'
-// (topology.ParkedConsumer), each of which a task may have been delivered
-// by.
-func isTaskConsumer(name string) bool {
-	if strings.HasPrefix(name, topology.ParkedConsumerPrefix) {
-		return true
-	}
-	for _, band := range topology.Bands {
-		if durable, _ := topology.BandConsumer(band); durable == name {
-			return true
-		}
-	}
-	return false
-}
 
 // subjectMsg is a message known only by its ack subject (a task whose
 // attempt another replica dispatched), settled as the server expects.
@@ -229,7 +158,7 @@ func (k *taskKeeper) add(subj string, until time.Time, rec attemptRecord) {
 	k.mu.Unlock()
 }
 
-// keep keeps the task in progress until at least until while msg, a
+// Keep keeps the task in progress until at least until while msg, a
 // message other than the task, stands for its next attempt: a retry held
 // for capacity, waiting for a node, or its outcome nak'ed for a backoff.
 // The previous attempt's keeping ends at that attempt's deadline, and
@@ -237,7 +166,7 @@ func (k *taskKeeper) add(subj string, until time.Time, rec attemptRecord) {
 // would deliver it again as a new first attempt beside the waiting retry.
 // The keeping ends with the task's ack (finalMsg), the next attempt's
 // deadline (dispatchedMsg), or at until.
-func (k *taskKeeper) keep(msg jsplumb.Msg, taskAck string, until time.Time) {
+func (k *taskKeeper) Keep(msg jsplumb.Msg, taskAck string, until time.Time) {
 	if k == nil || taskAck == "" || isTask(msg, taskAck) {
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -30,9 +31,9 @@ func TestTaskAckFor(t *testing.T) {
 		{"$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0", "", false}, // no submission
 		{"", "42", false},
 	} {
-		got := taskAckFor(&protocol.Dispatch{TaskAck: c.ack, Submission: c.submission})
+		got := finish.TaskAckFor(&protocol.Dispatch{TaskAck: c.ack, Submission: c.submission})
 		if (got != "") != c.ok || (c.ok && got != c.ack) {
-			t.Errorf("taskAckFor(%q, submission %q) = %q, want ok=%v", c.ack, c.submission, got, c.ok)
+			t.Errorf("finish.TaskAckFor(%q, submission %q) = %q, want ok=%v", c.ack, c.submission, got, c.ok)
 		}
 	}
 }
@@ -44,8 +45,8 @@ func TestParseTaskAckDoesNotAllocate(t *testing.T) {
 		"$JS.ACK.hub.ACCHASH.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0.tok",
 	} {
 		var seq string
-		if n := testing.AllocsPerRun(100, func() { _, seq, _ = parseTaskAck(subj) }); n != 0 || seq != "42" {
-			t.Errorf("parseTaskAck(%q): %v allocations, sequence %q", subj, n, seq)
+		if n := testing.AllocsPerRun(100, func() { _, seq, _ = finish.ParseTaskAck(subj) }); n != 0 || seq != "42" {
+			t.Errorf("finish.ParseTaskAck(%q): %v allocations, sequence %q", subj, n, seq)
 		}
 	}
 	for _, subj := range []string{
@@ -54,8 +55,8 @@ func TestParseTaskAckDoesNotAllocate(t *testing.T) {
 		"$JS.ACK..dispatcher.1.42.7.1800000000000000000.0",                  // no stream
 		"$JS.ACK.MLSCHED_TASKS..1.42.7.1800000000000000000.0",               // no consumer
 	} {
-		if _, _, ok := parseTaskAck(subj); ok {
-			t.Errorf("parseTaskAck(%q) accepted it", subj)
+		if _, _, ok := finish.ParseTaskAck(subj); ok {
+			t.Errorf("finish.ParseTaskAck(%q) accepted it", subj)
 		}
 	}
 }
@@ -77,13 +78,13 @@ func TestKeeperKeepsARetrysTask(t *testing.T) {
 	const task = "$JS.ACK.MLSCHED_TASKS.dispatcher.1.42.7.1800000000000000000.0"
 	k := newTaskKeeper(nil, nil, 30*time.Second, 2*time.Second)
 	now := time.Now()
-	k.keep(replyMsg{reply: task}, task, now.Add(time.Minute)) // the task itself: its room keeps it
+	k.Keep(replyMsg{reply: task}, task, now.Add(time.Minute)) // the task itself: its room keeps it
 	if len(k.tasks) != 0 {
 		t.Fatalf("kept %v for the task message itself", k.tasks)
 	}
 	outcome := replyMsg{reply: "$JS.ACK.MLSCHED_OUTCOMES.dispatcher.1.9.9.1800000000000000000.0"}
-	k.keep(outcome, task, now.Add(time.Minute))
-	k.keep(outcome, task, now.Add(time.Second)) // never shortened
+	k.Keep(outcome, task, now.Add(time.Minute))
+	k.Keep(outcome, task, now.Add(time.Second)) // never shortened
 	kt, ok := k.tasks[task]
 	if !ok || !kt.until.Equal(now.Add(time.Minute)) || !kt.last.IsZero() {
 		t.Fatalf("kept %+v (%v), want until a minute from now, signalled at the next tick", kt, ok)
@@ -97,6 +98,6 @@ func TestKeeperKeepsARetrysTask(t *testing.T) {
 		t.Fatalf("kept %v after its ack", k.tasks)
 	}
 	var none *taskKeeper // an older dispatcher's: nothing to keep
-	none.keep(outcome, task, now)
+	none.Keep(outcome, task, now)
 	none.remove(task)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -96,7 +97,7 @@ func (p *taskPruner) noteAcked(msg jsplumb.Msg) {
 	case interface{ Reply() string }:
 		subj = m.Reply()
 	}
-	consumer, s, ok := parseTaskAck(subj)
+	consumer, s, ok := finish.ParseTaskAck(subj)
 	if !ok {
 		return
 	}

@@ -12,13 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -159,64 +155,4 @@ func appendSealed(b []byte, d *protocol.Dispatch) []byte {
 func (in *intake) seal(pd *protocol.Dispatch, task []byte) {
 	pd.TaskSum = protocol.TaskSum(task)
 	pd.Seal = in.sealer.Seal(pd)
-}
-
-// errForged is wrapped by checkOutcome's errors.
-var errForged = errors.New("forged outcome")
-
-// checkOutcome accepts an outcome only when its subject's node, its body's
-// node and the dispatch it answers (sealed by a dispatcher) agree on task
-// id, type, attempt, node, model and submission, and its task bytes are the
-// dispatched ones.
-func (oc *outcomes) checkOutcome(subject string, o *protocol.Outcome, pd *protocol.Dispatch) error {
-	node, ok := strings.CutPrefix(subject, topology.OutcomeSubject(""))
-	if !ok {
-		node, ok = strings.CutPrefix(subject, topology.ReportSubject(""))
-	}
-	switch {
-	case !ok || node == "" || strings.Contains(node, "."):
-		return fmt.Errorf("%w: subject %q names no node", errForged, subject)
-	case pd.Seal == "":
-		return fmt.Errorf("%w: the dispatch it answers is not sealed", errForged)
-	case !oc.sealer.Valid(pd):
-		return fmt.Errorf("%w: the dispatch it answers was not made by a dispatcher (bad seal)", errForged)
-	case pd.Node != node || o.Node != node:
-		return fmt.Errorf("%w: subject node %q, body node %q, dispatch node %q", errForged, node, o.Node, pd.Node)
-	case o.TaskID != pd.TaskID || o.Type != pd.Type:
-		return fmt.Errorf("%w: body task %q (%s), dispatch task %q (%s)", errForged, o.TaskID, o.Type, pd.TaskID, pd.Type)
-	case o.Attempt != pd.Attempt:
-		return fmt.Errorf("%w: body attempt %d, dispatch attempt %d", errForged, o.Attempt, pd.Attempt)
-	case o.Model != pd.Model:
-		return fmt.Errorf("%w: body model %q, dispatch model %q", errForged, o.Model, pd.Model)
-	case len(o.Task) > 0 && protocol.TaskSum(o.Task) != pd.TaskSum:
-		return fmt.Errorf("%w: the task bytes are not the dispatched ones", errForged)
-	}
-	return nil
-}
-
-// sometimes logs at most once per interval: a flood of bad messages must
-// not become a flood of log lines. Suppressed lines are counted and the
-// count is reported with the next one logged.
-type sometimes struct {
-	every      time.Duration
-	next       atomic.Int64 // unix nanos
-	suppressed atomic.Int64
-}
-
-func (s *sometimes) log(l *zerolog.Logger, fn func(*zerolog.Event) *zerolog.Event, msg string) {
-	now := time.Now().UnixNano()
-	n := s.next.Load()
-	if now < n || !s.next.CompareAndSwap(n, now+int64(s.every)) {
-		s.suppressed.Add(1)
-		return
-	}
-	fn(l.Warn()).Int64("suppressed_since_last", s.suppressed.Swap(0)).Msg(msg)
-}
-
-// truncateID bounds an untrusted id in a log line.
-func truncateID(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
 }

@@ -178,25 +178,25 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	now := time.Now()
 	// A retry's task stays in progress while it waits (taskack.go).
 	keepUntil := a.noNodeSince.Add(in.cfg.NoNodeWait + unservedRetry)
-	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || in.typeOutage(a.task.Type, now) ||
+	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || in.typeOutage(a.Task.Type, now) ||
 		r.boundedLocked(in, now) < in.cfg.unservedMax() {
 		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 		r.mu.Unlock()
-		in.keeper.keep(msg, a.taskAck, keepUntil)
+		in.keeper.Keep(msg, a.TaskAck, keepUntil)
 		return nil
 	}
 	// Full: the type keeping the most gives way, if it keeps more than this
 	// task's type would after taking a place.
 	counts := in.boundedByType(r.q, now)
 	top := keptMost(counts)
-	if top == "" || counts[top] <= counts[a.task.Type]+1 {
+	if top == "" || counts[top] <= counts[a.Task.Type]+1 {
 		r.mu.Unlock()
 		in.counters.UnservedRefused.Add(1)
-		return in.unservedFull(err, a.task.Type, counts[a.task.Type])
+		return in.unservedFull(err, a.Task.Type, counts[a.Task.Type])
 	}
 	var evicted *unservedTask
 	for i := len(r.q) - 1; i >= 0; i-- {
-		if r.q[i].a.task.Type == top {
+		if r.q[i].a.Task.Type == top {
 			evicted = r.q[i]
 			r.q = append(r.q[:i], r.q[i+1:]...)
 			break
@@ -204,7 +204,7 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	}
 	r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
 	r.mu.Unlock()
-	in.keeper.keep(msg, a.taskAck, keepUntil)
+	in.keeper.Keep(msg, a.TaskAck, keepUntil)
 	in.counters.UnservedRefused.Add(1)
 	in.rejectUnserved(evicted, in.unservedFull(evicted.err, top, counts[top]))
 	return nil
@@ -227,11 +227,11 @@ func msgOf(err error) string {
 func (in *intake) rejectUnserved(w *unservedTask, err error) {
 	a := &w.a
 	status := protocol.StatusRejected
-	if a.attempt > 1 {
+	if a.Attempt > 1 {
 		status = protocol.StatusFailed
 	}
-	in.log.Warn().Err(err).Str("task_id", a.task.ID).Int("attempt", a.attempt).Msg("no model for task")
-	in.fin.End(a.ends(w.msg, err, status))
+	in.log.Warn().Err(err).Str("task_id", a.Task.ID).Int("attempt", a.Attempt).Msg("no model for task")
+	in.fin.End(a.Ends(w.msg, err, status))
 }
 
 // unservedService runs the waiting room as a component.
@@ -280,12 +280,12 @@ func (in *intake) retryUnserved() {
 	var keep []*unservedTask
 	for _, w := range q {
 		a := &w.a
-		if in.superseded.Cancelled(a.task.ID, a.submission) { // it has its result
+		if in.superseded.Cancelled(a.Task.ID, a.Submission) { // it has its result
 			r.leave()
-			in.fin.End(a.endsStored(w.msg))
+			in.fin.End(a.EndsStored(w.msg))
 			continue
 		}
-		if expiry := in.flow.expiry(&a.task, a.submitted); !expiry.IsZero() && !now.Before(expiry) {
+		if expiry := in.flow.expiry(&a.Task, a.Submitted); !expiry.IsZero() && !now.Before(expiry) {
 			// Its own deadline_ms came first: it ends expired, as in the
 			// hold, not after the whole no-node wait.
 			r.leave()
@@ -297,12 +297,12 @@ func (in *intake) retryUnserved() {
 			in.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), in.cfg.NoNodeWait))
 			continue
 		}
-		if !containsStr(unserved, a.task.Type) {
+		if !containsStr(unserved, a.Task.Type) {
 			req := in.request(a)
 			dec, err := in.engine.Decide(table, &req)
 			switch code := protocol.CodeOf(err); {
 			case code == protocol.CodeNoModel:
-				unserved = append(unserved, a.task.Type)
+				unserved = append(unserved, a.Task.Type)
 				w.err = err
 			case code == protocol.CodeUnknownModel:
 				w.err = err
@@ -348,7 +348,7 @@ func (r *unservedRoom) trimLocked(max int, in *intake, now time.Time) (cut []*un
 	for total := sum(counts); total > max; total-- {
 		top := keptMost(counts)
 		for i := len(r.q) - 1; i >= 0; i-- {
-			if w := r.q[i]; w.a.task.Type == top {
+			if w := r.q[i]; w.a.Task.Type == top {
 				errs = append(errs, in.unservedFull(w.err, top, counts[top]))
 				cut = append(cut, w)
 				r.q = append(r.q[:i], r.q[i+1:]...)
@@ -366,7 +366,7 @@ func (in *intake) boundedByType(q []*unservedTask, now time.Time) map[string]int
 	counts := map[string]int{}
 	outage := map[string]bool{}
 	for _, w := range q {
-		t := w.a.task.Type
+		t := w.a.Task.Type
 		o, ok := outage[t]
 		if !ok {
 			o = in.typeOutage(t, now)

@@ -12,11 +12,14 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
+	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
 	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/jsplumb"
 	"github.com/mlsched/mlsched/shared/lifecycle"
+	"github.com/mlsched/mlsched/shared/opshttp"
+	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
 
@@ -106,7 +109,7 @@ type wiring struct {
 	keeper            *taskKeeper
 	resGroup, parkGrp lifecycle.Service
 	in                *intake
-	out               *outcomes
+	out               *outcome.Stage
 	cn                *canceller
 	backlog           *backlogSampler
 	streams           *streamSampler
@@ -184,9 +187,10 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 	w.in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
 		js: g.js, held: w.in.held, pub: parked, complete: w.complete, counters: &d.counters, handle: w.in.handleParked})
 	w.prune.parked = w.in.park.running
-	w.out = newOutcomes(outcomesParams{cfg: d.cfg, log: d.log, nc: nc, complete: w.complete, batch: w.batch,
-		snaps: w.snaps, sealer: g.seals, superseded: w.superseded, keeper: w.keeper, retry: w.in, fin: fin,
-		counters: &d.counters, metrics: d.metrics, rollouts: w.rolls, flow: flow})
+	w.out = outcome.New(outcome.Params{Rules: d.cfg.Retry(), Limits: d.cfg.Limits(), AckWait: d.cfg.AckWait, Log: d.log,
+		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{g.seals},
+		Superseded: w.superseded, Keeper: w.keeper, Retry: w.in, Fin: fin, Counts: &d.counters.Counters,
+		Observer: attemptObserver{metrics: d.metrics, snaps: w.snaps, rolls: w.rolls}, Expiry: flow.expiry})
 	w.cn = &canceller{cfg: d.cfg, log: d.log, nc: nc, js: g.js, results: g.results, superseded: w.superseded,
 		counters: &d.counters, metrics: d.metrics}
 	w.backlog = &backlogSampler{js: g.js, reg: w.reg, log: d.log, prune: w.prune}
@@ -202,7 +206,7 @@ func (d *Dispatcher) wireConsumers(g *ground, w *wiring) {
 	for i, band := range []int{topology.BandNormal, topology.BandHigh, topology.BandLow} {
 		w.bands[i] = newTaskConsumer(g.js, d.cfg, d.log, band, w.in.handleTask)
 	}
-	w.outcomes = newConsumer(g.js, d.cfg, d.log, topology.StreamOutcomes, w.out.handleOutcome)
+	w.outcomes = newConsumer(g.js, d.cfg, d.log, topology.StreamOutcomes, w.out.HandleOutcome)
 	// The attempt streams are memory-backed by default, and a single
 	// nats-server restarted has lost them: the outcome consumer notices
 	// and re-creates both (their tasks are still in MLSCHED_TASKS).
@@ -260,7 +264,7 @@ func (d *Dispatcher) components(g *ground, w *wiring, batchCtx context.Context) 
 		// consumers: stopping, it waits for the lookups under way
 		{"redelivery checks", w.in.redeliver.service()},
 		// before the task consumer: a dispatch's report finds a replica
-		{"direct reports", w.out.reportsService()},
+		{"direct reports", w.out.ReportsService()},
 		// the parked tasks' consumers, stopped before the hold room
 		{"parked tasks", w.in.park.service()},
 		{"task consumer", w.bands[0]},
@@ -333,4 +337,18 @@ func registryService(reg *registry.Registry) lifecycle.Service {
 // loop runs f as a component until its context ends.
 func loop(f func(context.Context)) lifecycle.Service {
 	return lifecycle.Run(func(ctx context.Context, ready func()) error { ready(); f(ctx); return nil })
+}
+
+// attemptObserver tells the metrics, the load model and the rollouts of
+// each attempt the outcome stage records (outcome.Observer).
+type attemptObserver struct {
+	metrics *metrics
+	snaps   *refresher
+	rolls   *rollouts
+}
+
+func (a attemptObserver) Observed(o *protocol.Outcome, kind stats.Kind, attempt int) {
+	a.metrics.attempts.Get(opshttp.L3{A: o.Model, B: o.Node, C: string(o.Status)}).Inc()
+	a.snaps.table.Load().Completed(o.Model, o.Node) // the slot is free: tell the load model now
+	a.rolls.observe(o.Model, kind, attempt)
 }

@@ -255,13 +255,56 @@ func IsWrongLastSequence(err error) bool {
 	return false
 }
 
+// Spec is one attempt of a task as every stage knows it: the task, its
+// bytes and history, where it was submitted, its trace and the ack subject
+// of its task message. Admission carries it with marks of its own, the
+// outcome stage builds the next attempt's from an outcome, and its Ends is
+// the one place an ending is built.
+type Spec struct {
+	Task    protocol.Task
+	Data    []byte // the task's original bytes, forwarded unchanged
+	Attempt int
+	History []protocol.Attempt
+	// Submitted is when the task was submitted, Submission names this
+	// submission of it (its sequence in the task stream), carried in
+	// HdrTaskSeq through every attempt.
+	Submitted  time.Time
+	Submission string
+	// Traceparent is the W3C trace context of the task (the producer's, or
+	// the previous attempt's dispatch span), "" when it has none.
+	Traceparent string
+	// TaskAck is the task message's ack subject (Dispatch.TaskAck), ""
+	// for a task dispatched by an older dispatcher.
+	TaskAck string
+	// Pipe is a pipeline step's sealed progress, carried on its
+	// dispatches.
+	Pipe string
+}
+
+// Ends is how this attempt ends, handled by msg: with err and status, or
+// (EndsStored) with the task's result stored already. The finisher ends it
+// (Finisher.End); this is the one place an ending is built.
+func (a *Spec) Ends(msg jsplumb.Msg, err error, status protocol.Status) Ending {
+	return Ending{Msg: msg, TaskAck: a.TaskAck, Subject: topology.TaskSubject(a.Task.Type), Data: a.Data, Task: a.Task,
+		Err: err, Status: status, History: a.History, Attempts: a.Attempt - 1, Submitted: a.Submitted,
+		Submission: a.Submission, Traceparent: a.Traceparent, Pipe: a.Pipe}
+}
+
+// EndsStored: the attempt ends with the task's result stored already (the
+// task was cancelled, or its result found on a redelivery).
+func (a *Spec) EndsStored(msg jsplumb.Msg) Ending {
+	e := a.Ends(msg, nil, "")
+	e.Stored = true
+	return e
+}
+
 // Ending is how an attempt of a task ends, and the one value the finisher
 // ends it from (end): the message whose handling ends it, the task's ack
 // subject, and either the attempt's result (a success, a task error), the
 // reason it ends without one (rejected before it ran, failed after its
 // attempts: a result with the error, and a dead letter when it exhausted
 // them), or that its result is stored already (cancelled, or found on a
-// redelivery). Built by attemptSpec.ends alone.
+// redelivery). Built by Spec.Ends alone.
 type Ending struct {
 	// Msg is the message whose handling ends the attempt (the task, the
 	// previous attempt's outcome, a report); taskAck the task's ack subject

@@ -821,7 +821,7 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	o := protocol.Outcome{Model: a.model, Node: a.node.spec.Name, Attempt: a.n, Status: st}
 	// A task past its own deadline is not retried (settle: CodeExpired),
 	// nor one its node did not start because that deadline (the attempt's,
-	// capped at it) left too little time (outcomes.go).
+	// capped at it) left too little time (internal/outcome).
 	expired := t.expiry > 0 && (s.now >= t.expiry || st == protocol.OutcomeExpired && a.deadline >= t.expiry) &&
 		st != protocol.OutcomeSuccess && st != protocol.OutcomeTaskError
 	dec := settle.Settle(s.retry, d, o, settle.State{Expired: expired})

@@ -1,0 +1,72 @@
+package pipeline
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/mlsched/mlsched/shared/protocol"
+)
+
+// A pipeline advances from one step's output to the next step's payload:
+// in order, through a switch that picks the next step by a value of the
+// output, through an ensemble's members one by one (their outputs merged
+// under their names), and to the end with the last output as the result.
+func TestAdvance(t *testing.T) {
+	def := protocol.Pipeline{Steps: []protocol.PipelineStep{
+		{Name: "detect", Type: "lang"},
+		{Name: "route", Switch: &protocol.Switch{On: "$.lang", Cases: []protocol.SwitchCase{
+			{Equals: json.RawMessage(`"fr"`), Next: "both"}}, Default: "en"}},
+		{Name: "en", Type: "summarise-en", Input: "$.text", Next: "end"},
+		{Name: "both", Input: "$.text", Ensemble: []protocol.PipelineStep{
+			{Name: "a", Type: "sum-a"}, {Name: "b", Type: "sum-b"}}},
+	}}
+	p := &Progress{Def: def, Type: "pipe", Seq: 1}
+	rec := func(name string) protocol.StepRecord { return protocol.StepRecord{Name: name, Status: protocol.StatusSucceeded} }
+
+	next, payload, final, _, err := p.Advance(rec("detect"), json.RawMessage(`{"lang":"fr","text":"bonjour"}`))
+	if err != nil || final != nil || next == nil {
+		t.Fatalf("after detect: next %v final %s err %v", next, final, err)
+	}
+	if st, ens := next.Step(); st.Name != "a" || ens != "both" || string(payload) != `"bonjour"` || next.Seq != 2 {
+		t.Fatalf("after detect: step %s of %q, payload %s, seq %d; want a of both, \"bonjour\", 2", st.Name, ens, payload, next.Seq)
+	}
+	next2, payload, _, _, err := next.Advance(rec("a"), json.RawMessage(`"A"`))
+	if err != nil || next2 == nil {
+		t.Fatalf("after a: %v", err)
+	}
+	if st, _ := next2.Step(); st.Name != "b" || string(payload) != `"bonjour"` {
+		t.Fatalf("after a: step %s payload %s, want b with the ensemble's input", st.Name, payload)
+	}
+	end, _, final, _, err := next2.Advance(rec("b"), json.RawMessage(`"B"`))
+	if err != nil || end != nil {
+		t.Fatalf("after b: next %v err %v, want the end", end, err)
+	}
+	var merged map[string]string
+	if err := json.Unmarshal(final, &merged); err != nil || merged["a"] != "A" || merged["b"] != "B" {
+		t.Fatalf("final output %s, want the members' outputs by name", final)
+	}
+
+	// The default case, and a step that names the end.
+	next, payload, _, _, _ = p.Advance(rec("detect"), json.RawMessage(`{"lang":"en","text":"hello"}`))
+	if st, _ := next.Step(); st.Name != "en" || string(payload) != `"hello"` {
+		t.Fatalf("default case: step %s payload %s", st.Name, payload)
+	}
+	if end, _, final, _, _ := next.Advance(rec("en"), json.RawMessage(`"sum"`)); end != nil || string(final) != `"sum"` {
+		t.Fatalf("en names the end: next %v final %s", end, final)
+	}
+}
+
+// An output that lacks the next step's input ends the pipeline with an error
+// naming that step, and the records so far.
+func TestAdvanceMissingInput(t *testing.T) {
+	def := protocol.Pipeline{Steps: []protocol.PipelineStep{{Name: "one", Type: "x"}, {Name: "two", Type: "y", Input: "$.missing"}}}
+	p := &Progress{Def: def, Seq: 1}
+	next, _, _, at, err := p.Advance(protocol.StepRecord{Name: "one"}, json.RawMessage(`{"other":1}`))
+	if err == nil || at != "two" || !strings.Contains(err.Error(), "$.missing") {
+		t.Fatalf("err %v at %q, want an error at two naming the path", err, at)
+	}
+	if next == nil || len(next.Steps) != 1 || next.Steps[0].Name != "one" {
+		t.Fatalf("the records so far: %+v", next)
+	}
+}

@@ -215,48 +215,91 @@ func (h *holdRoom) len() int {
 // hold keeps a saturated task; it reports false when the room is closed
 // (shutting down), and the caller then naks the message.
 func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait time.Duration, expiry time.Time) bool {
-	h := in.held
 	now := time.Now()
-	h.mu.Lock()
-	if h.stopped {
-		h.mu.Unlock()
-		return false
+	first := a.heldSince.IsZero()
+	if first {
+		a.heldSince = now
 	}
-	since := a.heldSince
-	if since.IsZero() {
-		since = now
-		if !a.overLimit() {
-			in.counters.Saturated.Add(1)
-		}
-	}
-	a.heldSince = since
-	until := since.Add(wait)
+	until := a.heldSince.Add(wait)
 	if !expiry.IsZero() && expiry.Before(until) {
 		until = expiry
 	}
-	ht := &heldTask{a: a, msg: msg, since: since, until: until, expiry: expiry, progress: now,
+	ht := &heldTask{a: a, msg: msg, since: a.heldSince, until: until, expiry: expiry, progress: now,
 		key: candidateKey(&a.Task), tenant: a.Task.TenantName()}
-	h.q = append(h.q, ht)
-	h.fair.CountTenant(a.Task.Priority, ht.tenant, 1)
-	ht.inTenant = true
-	if !a.overLimit() { // a task over its quota holds back no other tenant's
-		h.countLocked(ht.key, a.Task.Priority, 1)
-		ht.counted = true
+	newly, held, ok := in.held.put(ht, now)
+	if !ok {
+		return false
 	}
-	h.n.Store(int64(len(h.q)))
-	logNow := now.Sub(h.lastLog) >= holdLogEvery && !a.overLimit()
-	h.unlogged++
-	n, held := h.unlogged, len(h.q)
-	if logNow {
-		h.lastLog, h.unlogged = now, 0
+	if first && !a.overLimit() {
+		in.counters.Saturated.Add(1)
 	}
-	h.mu.Unlock()
 	in.keeper.Keep(msg, a.TaskAck, until) // a retry's task stays in progress while it is held (taskack.go)
-	if logNow {
-		in.log.Warn().Str("type", a.Task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", n).Int("held", held).
+	if newly > 0 {
+		in.log.Warn().Str("type", a.Task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", newly).Int("held", held).
 			Msg("saturated: every candidate's nodes hold more work than they can start before the deadline; keeping tasks in the stream")
 	}
 	return true
+}
+
+// put adds a task to the room, counted for the fair order (a task over its
+// tenant's quota or cap holds back no other tenant's, and counts for its
+// tenant only); ok is false when the room is closed. When the saturation
+// line is due (once per holdLogEvery), newly is how many tasks were held
+// since the last one and held how many the room holds; else newly is 0.
+func (h *holdRoom) put(ht *heldTask, now time.Time) (newly int64, held int, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		return 0, 0, false
+	}
+	h.q = append(h.q, ht)
+	h.fair.CountTenant(ht.a.Task.Priority, ht.tenant, 1)
+	ht.inTenant = true
+	if !ht.a.overLimit() {
+		h.countLocked(ht.key, ht.a.Task.Priority, 1)
+		ht.counted = true
+	}
+	h.n.Store(int64(len(h.q)))
+	h.unlogged++
+	if now.Sub(h.lastLog) < holdLogEvery || ht.a.overLimit() {
+		return 0, 0, true
+	}
+	newly, held = h.unlogged, len(h.q)
+	h.lastLog, h.unlogged = now, 0
+	return newly, held, true
+}
+
+// takePass takes the held tasks out for a pass, in the fair order (order);
+// they still count as held (len, and the fair order's counts) until each
+// leaves or endPass puts it back.
+func (h *holdRoom) takePass(rules *flowRules) []*heldTask {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	q := h.q
+	h.q = nil
+	h.n.Store(0)
+	h.inPass.Store(int64(len(q)))
+	h.order(q, rules)
+	return q
+}
+
+// endPass puts back the tasks a pass kept, before those held meanwhile (the
+// next pass orders them all).
+func (h *holdRoom) endPass(keep []*heldTask) {
+	h.mu.Lock()
+	h.q = append(keep, h.q...)
+	h.n.Store(int64(len(h.q)))
+	h.mu.Unlock()
+	h.inPass.Store(0)
+}
+
+// counted: a task held over its tenant's quota was let in, and now holds
+// back its set's lower priorities like any held task.
+func (h *holdRoom) count(ht *heldTask) {
+	h.mu.Lock()
+	h.countLocked(ht.key, ht.a.Task.Priority, 1)
+	ht.counted = true
+	h.mu.Unlock()
 }
 
 // holdService runs the hold loop as a component.
@@ -307,16 +350,9 @@ func (in *intake) holdLoop(ctx context.Context) {
 // are dropped (their result is stored), never dispatched; sheddable tasks
 // that cannot start in time are shed.
 func (in *intake) retryHeld() {
-	h := in.held
-	h.mu.Lock()
-	q := h.q
-	h.q = nil
-	h.n.Store(0)
-	h.inPass.Store(int64(len(q)))
-	h.order(q, in.flow)
-	h.mu.Unlock()
-	defer h.inPass.Store(0)
+	q := in.held.takePass(in.flow)
 	if len(q) == 0 {
+		in.held.endPass(nil)
 		return
 	}
 	p := &holdPass{in: in, q: q, now: time.Now(), table: in.snaps.table.Load(), rate: in.drain.perSecond()}
@@ -334,11 +370,7 @@ func (in *intake) retryHeld() {
 		}
 		p.sendOn(ht)
 	}
-	h.mu.Lock()
-	// tasks held meanwhile come after the older ones (the next pass orders)
-	h.q = append(p.keep, h.q...)
-	h.n.Store(int64(len(h.q)))
-	h.mu.Unlock()
+	in.held.endPass(p.keep)
 }
 
 // holdPass is one pass of the hold over its tasks, in order.
@@ -441,10 +473,7 @@ func (p *holdPass) quotaToken(i int, ht *heldTask) *heldTask {
 		ht = q[i]
 	}
 	ht.a.admitted, ht.a.overQuota = true, false
-	in.held.mu.Lock()
-	in.held.countLocked(ht.key, ht.a.Task.Priority, 1)
-	ht.counted = true
-	in.held.mu.Unlock()
+	in.held.count(ht)
 	return ht
 }
 
@@ -589,16 +618,21 @@ func (in *intake) failSaturated(ht *heldTask) {
 
 // releaseHeld naks every held message, for another replica or a restart.
 func (in *intake) releaseHeld() {
-	h := in.held
+	for _, ht := range in.held.close() {
+		in.held.leave(ht)
+		in.complete.Retry(ht.msg, 0)
+	}
+}
+
+// close closes the room (put refuses from now on) and returns what it
+// held.
+func (h *holdRoom) close() []*heldTask {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	q := h.q
 	h.q, h.stopped = nil, true
 	h.n.Store(0)
-	h.mu.Unlock()
-	for _, ht := range q {
-		h.leave(ht)
-		in.complete.Retry(ht.msg, 0)
-	}
+	return q
 }
 
 func containsStr(list []string, s string) bool {

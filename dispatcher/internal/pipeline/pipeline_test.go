@@ -22,7 +22,9 @@ func TestAdvance(t *testing.T) {
 			{Name: "a", Type: "sum-a"}, {Name: "b", Type: "sum-b"}}},
 	}}
 	p := &Progress{Def: def, Type: "pipe", Seq: 1}
-	rec := func(name string) protocol.StepRecord { return protocol.StepRecord{Name: name, Status: protocol.StatusSucceeded} }
+	rec := func(name string) protocol.StepRecord {
+		return protocol.StepRecord{Name: name, Status: protocol.StatusSucceeded}
+	}
 
 	next, payload, final, _, err := p.Advance(rec("detect"), json.RawMessage(`{"lang":"fr","text":"bonjour"}`))
 	if err != nil || final != nil || next == nil {

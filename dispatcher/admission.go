@@ -108,6 +108,11 @@ func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
 // admitFrom runs the chain from the step on.
 func (in *intake) admitFrom(ad *admission, from step) {
 	ad.expiry = in.flow.expiry(&ad.a.Task, ad.a.Submitted)
+	in.runFrom(ad, from)
+}
+
+// runFrom runs the steps from the step on until one stops the attempt.
+func (in *intake) runFrom(ad *admission, from step) {
 	for _, s := range in.chain[from:] {
 		if s.admit(ad) != goOn {
 			return
@@ -128,13 +133,8 @@ func (in *intake) resume(a attemptSpec, msg jsplumb.Msg, table *policy.Table, re
 	}
 	ad.table = table
 	ad.dec, ad.decided = dec, time.Now()
-	if in.decided(&ad, err) != goOn {
-		return
-	}
-	for _, s := range in.chain[stepHold:] {
-		if s.admit(&ad) != goOn {
-			return
-		}
+	if in.decided(&ad, err) == goOn {
+		in.runFrom(&ad, stepHold)
 	}
 }
 

@@ -192,6 +192,12 @@ func notStarted(m *hosted, d dispatch, out *protocol.Outcome) bool {
 	return true
 }
 
+// tooLate reports whether a dispatch with this deadline is too late to
+// start at now on a model whose mean run is run: notStarted's rule.
+func tooLate(deadline time.Time, run time.Duration, now time.Time) bool {
+	return !now.Before(deadline) || deadline.Sub(now) < run
+}
+
 // finish counts, logs and reports a decided outcome; the outcome
 // publisher acks msg once it is stored (else msg is nak'ed).
 func (w *Worker) finish(msg jetstream.Msg, d dispatch, out protocol.Outcome, ran bool, log zerolog.Logger, stopProgress func()) {

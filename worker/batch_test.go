@@ -241,3 +241,36 @@ func TestBatchTakesWhoCannotWait(t *testing.T) {
 		t.Errorf("left waiting %v, want %v", got, want)
 	}
 }
+
+// An outcome says where its time went on the node: a batched attempt its
+// wait for the batch's call (in its latency), every attempt what was left
+// of its deadline when the node got it; an unbatched one no batch wait.
+func TestOutcomeSaysWhereTimeWent(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-batch-wait")
+	var log callLog
+	h.start(h.config(), WithBatchHandler("upper", upperBatch(&log)),
+		WithHandler("upper", func(_ context.Context, t Task) (any, error) { return string(t.Payload), nil }),
+		WithModels([]ModelSpec{batchModel("b", "upper", 2, 10*time.Second), goModel("u", "upper")}))
+	deadline := time.Now().Add(time.Minute)
+	// b1 waits for b2 (max_delay is far off): a batch wait > 0.
+	h.dispatch("b1", "b", dispatchOpts{payload: `"x"`, deadline: deadline})
+	h.dispatch("b2", "b", dispatchOpts{payload: `"y"`, deadline: deadline})
+	h.dispatch("u1", "u", dispatchOpts{payload: `"z"`, deadline: deadline})
+	h.dispatch("late", "b", dispatchOpts{payload: `"w"`, deadline: time.Now().Add(-time.Second)})
+	got := h.collect(4, 20*time.Second)
+	for _, id := range []string{"b1", "b2"} {
+		o := got[id]
+		if o.Status != protocol.OutcomeSuccess || o.BatchWaitMs <= 0 || o.BatchWaitMs > o.LatencyMs ||
+			o.DeadlineLeftMs <= 0 || o.DeadlineLeftMs > 60_000 {
+			t.Errorf("%s: %s, latency %g ms, batch wait %g ms, deadline left %g ms; want success, 0 < wait <= latency, 0 < left <= 60000",
+				id, o.Status, o.LatencyMs, o.BatchWaitMs, o.DeadlineLeftMs)
+		}
+	}
+	if o := got["u1"]; o.Status != protocol.OutcomeSuccess || o.BatchWaitMs != 0 || o.DeadlineLeftMs <= 0 || o.DeadlineLeftMs > 60_000 {
+		t.Errorf("u1: %s, batch wait %g ms, deadline left %g ms; want success, no batch wait, 0 < left <= 60000", o.Status, o.BatchWaitMs, o.DeadlineLeftMs)
+	}
+	if o := got["late"]; o.Status != protocol.OutcomeExpired || o.BatchWaitMs <= 0 || o.DeadlineLeftMs >= 0 {
+		t.Errorf("late: %s, batch wait %g ms, deadline left %g ms; want expired, its wait > 0, left < 0", o.Status, o.BatchWaitMs, o.DeadlineLeftMs)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // tracker follows the tasks of one phase: when each was submitted and when
@@ -29,6 +31,11 @@ type tracker struct {
 	// replays: per minute), when not nil.
 	failedAt []atomic.Bool
 	all      chan struct{}
+	// With deadlines (Options.Deadlines): the failed tasks' results and
+	// the successful runs (ms), explained at the phase's end (late.go).
+	lateMu  sync.Mutex
+	lateRes []lateResult
+	runs    []float64
 
 	// seen[k][i] is when the k-th traced subject (see Options.Trace) first
 	// carried task i, or 0.
@@ -125,6 +132,48 @@ func (t *tracker) failedBecause(id, reason string) {
 	t.failedBy[reason]++
 }
 
+// lateResult is a failed task's result, kept to be explained.
+type lateResult struct {
+	id         string
+	deadlineMs int
+	res        protocol.Result
+}
+
+// failedResult keeps a failed task's result (once, with its first
+// completion: call it before complete).
+func (t *tracker) failedResult(id string, deadlineMs int, res protocol.Result) {
+	if i := t.index(id); i < 0 || t.done[i].Load() != 0 {
+		return
+	}
+	t.lateMu.Lock()
+	t.lateRes = append(t.lateRes, lateResult{id, deadlineMs, res})
+	t.lateMu.Unlock()
+}
+
+// succeeded keeps a successful task's run (once, before complete).
+func (t *tracker) succeeded(id string, run float64) {
+	if i := t.index(id); i < 0 || t.done[i].Load() != 0 {
+		return
+	}
+	t.lateMu.Lock()
+	t.runs = append(t.runs, run)
+	t.lateMu.Unlock()
+}
+
+// late explains the kept failed results (late.go), the median kept run
+// standing for the run of an attempt that did not run.
+func (t *tracker) late() (late []LateTask, runP50 float64) {
+	t.lateMu.Lock()
+	defer t.lateMu.Unlock()
+	if len(t.runs) > 0 {
+		runP50 = median(slices.Clone(t.runs))
+	}
+	for _, r := range t.lateRes {
+		late = append(late, explainLate(r.id, r.deadlineMs, r.res, runP50))
+	}
+	return late, runP50
+}
+
 // span is the phase's extent: first submission, last submission, last
 // completion (Unix ns).
 func (t *tracker) span() (firstSent, lastSent, lastDone int64) {
@@ -141,7 +190,9 @@ func (t *tracker) span() (firstSent, lastSent, lastDone int64) {
 func (t *tracker) phase(cpu map[string]float64) Phase {
 	n := len(t.sent)
 	first, lastSent, lastDone := t.span()
-	p := Phase{Tasks: n, Latency: t.latency(), Failed: t.failed.Load(), CPU: cpu}
+	p := Phase{Tasks: n, Latency: t.latency(), Failed: t.failed.Load(), Duplicates: t.again.Load(), CPU: cpu}
+	p.Late, p.RunP50Ms = t.late()
+	p.LateBy = lateBy(p.Late)
 	t.failedMu.Lock()
 	if len(t.failedBy) > 0 {
 		p.FailedBy = maps.Clone(t.failedBy)

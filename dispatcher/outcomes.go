@@ -106,7 +106,7 @@ func (oc *outcomes) settleOutcome(msg jsplumb.Msg, subject string, o protocol.Ou
 	}
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
 	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
-		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
+		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs, BatchWaitMs: o.BatchWaitMs, DeadlineLeftMs: o.DeadlineLeftMs})
 
 	// Built only for a line that is logged: successes are the bulk, and
 	// logged at debug level.

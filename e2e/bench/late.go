@@ -26,7 +26,8 @@ const (
 	// (the dispatcher's queue or hold, the node's stream).
 	LateBeforeNode = "late at the node"
 	// LateSlot: a node got it with time to run, not in a batch, and it
-	// waited there for a slot until too late.
+	// waited there for a slot until too late (expired), or too late to
+	// finish (timed out).
 	LateSlot = "waited for a slot"
 	// LateNoDispatch: no node got it: the dispatcher expired it before
 	// any dispatch (queued or held).
@@ -121,7 +122,9 @@ func attemptWhy(a *protocol.Attempt, typicalRun float64) string {
 		return LateBeforeNode
 	case a.BatchWaitMs > 0 && a.DeadlineLeftMs-a.BatchWaitMs < run:
 		return LateBatchWait
-	case a.BatchWaitMs == 0 && a.Status == protocol.OutcomeExpired:
+	case a.BatchWaitMs == 0 && (a.Status == protocol.OutcomeExpired || a.Status == protocol.OutcomeTimeout):
+		// In time at the node, no batch: its time went to the wait for a
+		// slot, before the run's clock (latency_ms) started.
 		return LateSlot
 	}
 	return LateOther

@@ -30,6 +30,8 @@ func TestExplainLate(t *testing.T) {
 		{"past its deadline at the node", []protocol.Attempt{at(protocol.OutcomeExpired, 0, 0, -2)}, LateBeforeNode, "worker", 102, 0},
 		{"ran longer than was left", []protocol.Attempt{at(protocol.OutcomeTimeout, 42, 2, 30)}, LateBeforeNode, "worker", 70, 40},
 		{"slot wait, unbatched", []protocol.Attempt{at(protocol.OutcomeExpired, 0, 0, 30)}, LateSlot, "worker", 70, 0},
+		{"slot wait, unbatched, timed out", []protocol.Attempt{at(protocol.OutcomeTimeout, 12, 0, 30)}, LateSlot, "worker", 70, 12},
+		{"in time with its batch wait", []protocol.Attempt{at(protocol.OutcomeTimeout, 12, 2, 30)}, LateOther, "worker", 70, 10},
 		{"a batch wait then a retry too late", []protocol.Attempt{at(protocol.OutcomeExpired, 0, 10, 12), at(protocol.OutcomeExpired, 0, 0, 1)},
 			LateBatchWait, "worker", 88, 0},
 		{"model error", []protocol.Attempt{at(protocol.OutcomeModelError, 3, 1, 50)}, LateOther, "model", 50, 2},

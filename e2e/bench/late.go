@@ -25,15 +25,16 @@ const (
 	// its run: late with no batch wait too; its time went before the node
 	// (the dispatcher's queue or hold, the node's stream).
 	LateBeforeNode = "late at the node"
-	// LateSlot: a node got it with time to run, not in a batch, and it
-	// waited there for a slot until too late (expired), or too late to
-	// finish (timed out).
-	LateSlot = "waited for a slot"
+	// LateNodeWait: a node got it with time to run and for its batch
+	// wait as well, yet it waited there until too late to start or to
+	// finish: for a slot (unbatched), or on its way to the batcher (the
+	// time between the node's receipt and the batcher's, which no field
+	// reports: on a loaded machine, the goroutines' scheduling).
+	LateNodeWait = "waited at the node, not for a batch"
 	// LateNoDispatch: no node got it: the dispatcher expired it before
 	// any dispatch (queued or held).
 	LateNoDispatch = "expired before dispatch"
-	// LateOther: a model error, a lost attempt, or a run past the time
-	// its node had for it (not a wait).
+	// LateOther: a model error or a lost attempt.
 	LateOther = "other"
 )
 
@@ -122,10 +123,10 @@ func attemptWhy(a *protocol.Attempt, typicalRun float64) string {
 		return LateBeforeNode
 	case a.BatchWaitMs > 0 && a.DeadlineLeftMs-a.BatchWaitMs < run:
 		return LateBatchWait
-	case a.BatchWaitMs == 0 && (a.Status == protocol.OutcomeExpired || a.Status == protocol.OutcomeTimeout):
-		// In time at the node, no batch: its time went to the wait for a
-		// slot, before the run's clock (latency_ms) started.
-		return LateSlot
+	case a.Status == protocol.OutcomeExpired || a.Status == protocol.OutcomeTimeout:
+		// In time at the node even after its batch wait: its time went
+		// at the node outside it, before the run's clock started.
+		return LateNodeWait
 	}
 	return LateOther
 }

@@ -65,8 +65,10 @@ type batchItem struct {
 	slotTicket
 	d       dispatch
 	arrived time.Time
-	// held is how long it waited for its batch to be decided (set when
-	// the batch goes; the metric's batch queue delay).
+	// held is how long it waited for its batch to fill or fall due (set
+	// when the batch goes): the outcome's batch_wait_ms and the metric's
+	// batch queue delay. Its batch's wait for a slot after that is not in
+	// it.
 	held time.Duration
 	res  chan batchResult
 }
@@ -311,7 +313,7 @@ func (b *batcher) exec(ctx context.Context, items []*batchItem) {
 	for _, it := range items {
 		out := w.outcomeOf(it.d)
 		if notStarted(m, it.d, &out) {
-			out.BatchWaitMs = ms(max(time.Since(it.arrived), 0))
+			out.BatchWaitMs = ms(it.held)
 			it.res <- batchResult{out: out}
 			continue
 		}
@@ -386,10 +388,10 @@ func (b *batcher) exec(ctx context.Context, items []*batchItem) {
 			continue
 		}
 		out := w.outcomeOf(it.d)
-		// Its wait runs to the call's start: the batch filling, then its
-		// slot (held is the filling alone).
-		wait := max(start.Sub(it.arrived), 0)
-		out.LatencyMs, out.BatchWaitMs = ms(wait+took), ms(wait)
+		// Its latency is its wait for the batch plus the call; the wait
+		// for the batch's slot after that is not in it, as a lone
+		// task's wait for its slot is not.
+		out.LatencyMs, out.BatchWaitMs = ms(it.held+took), ms(it.held)
 		var output []byte
 		err := a.err
 		if err == nil {

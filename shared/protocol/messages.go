@@ -114,9 +114,10 @@ type Outcome struct {
 	Error     string          `json:"error,omitempty"`
 	LatencyMs float64         `json:"latency_ms"`
 	// BatchWaitMs is how long the attempt waited on its node for its
-	// batch's call to start (a batching model's; 0 and absent otherwise):
-	// for the batch to fill, then for the batch's slot. LatencyMs includes
-	// it.
+	// batch to fill or fall due (a batching model's; 0 and absent
+	// otherwise): what batching cost it. LatencyMs includes it; neither
+	// includes the batch's wait for a node slot after that, as a lone
+	// attempt's LatencyMs does not include its own.
 	BatchWaitMs float64 `json:"batch_wait_ms,omitempty"`
 	// DeadlineLeftMs is what was left of the dispatch's deadline when the
 	// node received the dispatch (negative: already past; absent: none).

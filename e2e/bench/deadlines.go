@@ -34,7 +34,7 @@ func (s *Suite) writeDeadlines(w io.Writer) error {
 	o := s.Reports[0].Options
 	fmt.Fprintf(w, "\ndeadlines %d-%d ms, latency phase (%d tasks at %d/s): failed tasks by why they were late and by deadline range\n",
 		o.Deadlines[0], o.Deadlines[1], o.LatencyTasks, o.Rate)
-	whys := []string{LateBatchWait, LateBeforeNode, LateNodeWait, LateNoDispatch, LateOther}
+	whys := []string{LateBatchWait, LateShortDeadline, LateBeforeNode, LateNodeWait, LateNoDispatch, LateOther}
 	ranges := []string{"<100ms", "100-500ms", ">=500ms"}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "scenario\tround\tfailed\t%s\t%s\tduplicate results\trun p50 ms\t\n", strings.Join(whys, "\t"), strings.Join(ranges, "\t"))
@@ -92,7 +92,7 @@ func (s *Suite) writeDeadlines(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "%q: a node got it with time to run, and only its batch wait made it late; %q: what was left at the node did not cover its run (its time went before the node); %q: in time at the node even after any batch wait, it waited there otherwise (a slot, the way to the batcher); %q: no node got it. Each late task's account is in the JSON (late).\n",
-		LateBatchWait, LateBeforeNode, LateNodeWait, LateNoDispatch)
+	fmt.Fprintf(w, "%q: a node got it with time to run, and only its wait for its batch to fill made it late; %q: its deadline_ms was below its run; %q: what was left at the node did not cover its run (its time went before the node); %q: in time at the node even after any batch wait, it waited there otherwise (a slot, the way to the batcher); %q: no node got it. A run is what the attempt ran (for a timeout at least the phase's median run p50), or that median for an attempt not run. Each late task's account is in the JSON (late).\n",
+		LateBatchWait, LateShortDeadline, LateBeforeNode, LateNodeWait, LateNoDispatch)
 	return nil
 }

@@ -21,9 +21,13 @@ import (
 const (
 	// LateBatchWait: the batch wait alone made it late.
 	LateBatchWait = "waited for a batch"
+	// LateShortDeadline: its deadline_ms itself was shorter than its run:
+	// late however fast the way to the node and with no wait there.
+	LateShortDeadline = "deadline shorter than the run"
 	// LateBeforeNode: what was left when a node got it did not cover
-	// its run: late with no batch wait too; its time went before the node
-	// (the dispatcher's queue or hold, the node's stream).
+	// its run, though its deadline did: late with no batch wait too; its
+	// time went before the node (the dispatcher's queue or hold, the
+	// node's stream).
 	LateBeforeNode = "late at the node"
 	// LateNodeWait: a node got it with time to run and for its batch
 	// wait as well, yet it waited there until too late to start or to
@@ -76,7 +80,7 @@ func explainLate(id string, deadlineMs int, res protocol.Result, typicalRun floa
 		if a.Status.IsLost() || a.Status == "" {
 			continue
 		}
-		w := attemptWhy(a, typicalRun)
+		w := attemptWhy(a, deadlineMs, typicalRun)
 		if explaining == nil || why != LateBatchWait {
 			explaining, why = a, w
 		}
@@ -110,15 +114,22 @@ func explainLate(id string, deadlineMs int, res protocol.Result, typicalRun floa
 	return lt
 }
 
-// attemptWhy classifies one attempt a node reported.
-func attemptWhy(a *protocol.Attempt, typicalRun float64) string {
+// attemptWhy classifies one attempt a node reported. Its run is what it
+// ran, or the phase's median for one that did not run; for one that timed
+// out, whose call may have been cut at its deadline, the larger of the two.
+func attemptWhy(a *protocol.Attempt, deadlineMs int, typicalRun float64) string {
 	run := typicalRun
-	if ran(a.Status) {
+	switch {
+	case a.Status == protocol.OutcomeTimeout:
+		run = max(a.LatencyMs-a.BatchWaitMs, typicalRun)
+	case ran(a.Status):
 		run = max(a.LatencyMs-a.BatchWaitMs, 0)
 	}
 	switch {
 	case a.Status == protocol.OutcomeModelError || a.Status == protocol.OutcomeTaskError:
 		return LateOther
+	case float64(deadlineMs) < run:
+		return LateShortDeadline
 	case a.DeadlineLeftMs < run:
 		return LateBeforeNode
 	case a.BatchWaitMs > 0 && a.DeadlineLeftMs-a.BatchWaitMs < run:

@@ -29,6 +29,11 @@ func TestExplainLate(t *testing.T) {
 		{"late at the node", []protocol.Attempt{at(protocol.OutcomeExpired, 0, 1, 3)}, LateBeforeNode, "worker", 97, 0},
 		{"past its deadline at the node", []protocol.Attempt{at(protocol.OutcomeExpired, 0, 0, -2)}, LateBeforeNode, "worker", 102, 0},
 		{"ran longer than was left", []protocol.Attempt{at(protocol.OutcomeTimeout, 42, 2, 30)}, LateBeforeNode, "worker", 70, 40},
+		{"ran longer than its deadline", []protocol.Attempt{at(protocol.OutcomeTimeout, 120, 2, 99)}, LateShortDeadline, "worker", 1, 118},
+		// Cut at its deadline after 4 ms of run: the median run (5)
+		// stands for it, and 6 ms left would have covered it.
+		{"cut, the batch wait made it late", []protocol.Attempt{at(protocol.OutcomeTimeout, 6, 2, 6)}, LateBatchWait, "worker", 94, 4},
+		{"cut after a longer run than the median", []protocol.Attempt{at(protocol.OutcomeTimeout, 30, 1, 30)}, LateNodeWait, "worker", 70, 29},
 		{"slot wait, unbatched", []protocol.Attempt{at(protocol.OutcomeExpired, 0, 0, 30)}, LateNodeWait, "worker", 70, 0},
 		{"slot wait, unbatched, timed out", []protocol.Attempt{at(protocol.OutcomeTimeout, 12, 0, 30)}, LateNodeWait, "worker", 70, 12},
 		{"in time with its batch wait", []protocol.Attempt{at(protocol.OutcomeTimeout, 12, 2, 30)}, LateNodeWait, "worker", 70, 10},
@@ -75,8 +80,8 @@ func TestWriteDeadlines(t *testing.T) {
 			med = strings.Join(strings.Fields(l), " ")
 		}
 	}
-	// failed 20; batch 1, before 20, slot 0, no dispatch 0, other 0; <100ms 19, 100-500 1, >=500 0; duplicates 0; run 2.50
-	if want := "digits-batch median of 3 20 1 20 0 0 0 19 1 0 0 2.50"; med != want {
+	// failed 20; batch 1, short 0, before 20, node wait 0, no dispatch 0, other 0; <100ms 19, 100-500 1, >=500 0; duplicates 0; run 2.50
+	if want := "digits-batch median of 3 20 1 0 20 0 0 0 19 1 0 0 2.50"; med != want {
 		t.Errorf("median row %q, want %q", med, want)
 	}
 }

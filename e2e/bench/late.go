@@ -60,8 +60,12 @@ type LateTask struct {
 	// BatchWaitMs is its wait for its batch's call (0 unbatched).
 	BatchWaitMs float64 `json:"batch_wait_ms"`
 	// RunMs is the call's run (latency less batch wait); 0 when it did not
-	// run, and the phase's median run then stands for it.
-	RunMs float64 `json:"run_ms"`
+	// run. RunEstimateMs is the run the classification takes: RunMs, or
+	// for an attempt not run the median run of its moment (the successes
+	// within a second of it, else the phase's), and for a timeout, whose
+	// call may have been cut at its deadline, the larger of the two.
+	RunMs         float64 `json:"run_ms"`
+	RunEstimateMs float64 `json:"run_estimate_ms"`
 	// EndedBy is who ended it: "dispatcher" (no node got it, or its last
 	// attempt was lost), "worker" (expired or timed out there), "model"
 	// (an error).
@@ -70,7 +74,8 @@ type LateTask struct {
 }
 
 // explainLate says where a failed task's time went; typicalRun (ms) is the
-// phase's median run, standing for the run of an attempt that did not run.
+// median run of its moment, standing for the run of an attempt that did not
+// run.
 func explainLate(id string, deadlineMs int, res protocol.Result, typicalRun float64) LateTask {
 	lt := LateTask{ID: id, DeadlineMs: deadlineMs, ErrorCode: string(res.ErrorCode), Attempts: res.Attempts}
 	var explaining *protocol.Attempt
@@ -110,6 +115,7 @@ func explainLate(id string, deadlineMs int, res protocol.Result, typicalRun floa
 	if ran(explaining.Status) {
 		lt.RunMs = max(explaining.LatencyMs-explaining.BatchWaitMs, 0)
 	}
+	lt.RunEstimateMs = runEstimate(explaining, typicalRun)
 	lt.Why = why
 	return lt
 }
@@ -118,13 +124,7 @@ func explainLate(id string, deadlineMs int, res protocol.Result, typicalRun floa
 // ran, or the phase's median for one that did not run; for one that timed
 // out, whose call may have been cut at its deadline, the larger of the two.
 func attemptWhy(a *protocol.Attempt, deadlineMs int, typicalRun float64) string {
-	run := typicalRun
-	switch {
-	case a.Status == protocol.OutcomeTimeout:
-		run = max(a.LatencyMs-a.BatchWaitMs, typicalRun)
-	case ran(a.Status):
-		run = max(a.LatencyMs-a.BatchWaitMs, 0)
-	}
+	run := runEstimate(a, typicalRun)
 	switch {
 	case a.Status == protocol.OutcomeModelError || a.Status == protocol.OutcomeTaskError:
 		return LateOther
@@ -140,6 +140,17 @@ func attemptWhy(a *protocol.Attempt, deadlineMs int, typicalRun float64) string 
 		return LateNodeWait
 	}
 	return LateOther
+}
+
+// runEstimate is the run attemptWhy takes for a (LateTask.RunEstimateMs).
+func runEstimate(a *protocol.Attempt, typicalRun float64) float64 {
+	switch {
+	case a.Status == protocol.OutcomeTimeout:
+		return max(a.LatencyMs-a.BatchWaitMs, typicalRun)
+	case ran(a.Status):
+		return max(a.LatencyMs-a.BatchWaitMs, 0)
+	}
+	return typicalRun
 }
 
 // ran reports whether an attempt of this outcome ran its model.

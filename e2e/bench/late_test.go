@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -83,5 +85,28 @@ func TestWriteDeadlines(t *testing.T) {
 	// failed 20; batch 1, short 0, before 20, node wait 0, no dispatch 0, other 0; <100ms 19, 100-500 1, >=500 0; duplicates 0; run 2.50
 	if want := "digits-batch median of 3 20 1 0 20 0 0 0 19 1 0 0 2.50"; med != want {
 		t.Errorf("median row %q, want %q", med, want)
+	}
+}
+
+// The run of a late attempt not run is the run of its moment: the median
+// of the successes within a second of it, not the phase's.
+func TestLateRunOfItsMoment(t *testing.T) {
+	tr := newTracker("l-", 20, 0)
+	t0 := time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC)
+	for i := range 12 {
+		at, run := t0, 40.0
+		if i >= 6 { // a stall, 10 s later: calls of 150 ms
+			at, run = t0.Add(10*time.Second), 150
+		}
+		tr.succeeded(fmt.Sprintf("l-%d", i), protocol.Result{FinishedAt: at}, run)
+	}
+	// 140 ms left at the node, 60 of them waiting for a batch: late with
+	// no wait too at the stall's 150 ms run (the phase's median is 95).
+	res := protocol.Result{Status: protocol.StatusFailed, ErrorCode: protocol.CodeExpired, Attempts: 1, FinishedAt: t0.Add(10*time.Second + 300*time.Millisecond),
+		History: []protocol.Attempt{{Attempt: 1, Status: protocol.OutcomeExpired, BatchWaitMs: 60, DeadlineLeftMs: 140}}}
+	tr.failedResult("l-13", 160, res)
+	late, p50 := tr.late()
+	if p50 != 95 || len(late) != 1 || late[0].Why != LateBeforeNode || late[0].RunEstimateMs != 150 {
+		t.Fatalf("late %+v, run p50 %g; want late at the node with the stall's run 150, p50 95", late, p50)
 	}
 }

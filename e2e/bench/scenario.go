@@ -569,7 +569,7 @@ func (r *run) startMlsched(ctx context.Context) error {
 				tr.failedBecause(subj[prefix:], reason)
 			} else if hi > 0 {
 				if run, ok := runOf(res); ok {
-					tr.succeeded(subj[prefix:], run)
+					tr.succeeded(subj[prefix:], res, run)
 				}
 			}
 			tr.complete(subj[prefix:], ok, time.Now())

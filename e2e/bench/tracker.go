@@ -32,10 +32,10 @@ type tracker struct {
 	failedAt []atomic.Bool
 	all      chan struct{}
 	// With deadlines (Options.Deadlines): the failed tasks' results and
-	// the successful runs (ms), explained at the phase's end (late.go).
+	// the successful runs, explained at the phase's end (late.go).
 	lateMu  sync.Mutex
 	lateRes []lateResult
-	runs    []float64
+	runs    []timedRun
 
 	// seen[k][i] is when the k-th traced subject (see Options.Trace) first
 	// carried task i, or 0.
@@ -150,26 +150,56 @@ func (t *tracker) failedResult(id string, deadlineMs int, res protocol.Result) {
 	t.lateMu.Unlock()
 }
 
+// timedRun is a successful task's run (ms) and when its result was
+// published (Unix ns).
+type timedRun struct {
+	at  int64
+	run float64
+}
+
 // succeeded keeps a successful task's run (once, before complete).
-func (t *tracker) succeeded(id string, run float64) {
+func (t *tracker) succeeded(id string, res protocol.Result, run float64) {
 	if i := t.index(id); i < 0 || t.done[i].Load() != 0 {
 		return
 	}
 	t.lateMu.Lock()
-	t.runs = append(t.runs, run)
+	t.runs = append(t.runs, timedRun{res.FinishedAt.UnixNano(), run})
 	t.lateMu.Unlock()
 }
 
-// late explains the kept failed results (late.go), the median kept run
-// standing for the run of an attempt that did not run.
+// runWindow is how near a success's result must be to a late task's to
+// tell the run of its moment, and minRunsNear how many it takes.
+const (
+	runWindow   = time.Second
+	minRunsNear = 5
+)
+
+// late explains the kept failed results (late.go). The run of a late
+// attempt that did not run is taken to be the median run of the successes
+// whose results came within runWindow of its own (the run of that moment:
+// a stalled machine runs slower), or the phase's median run.
 func (t *tracker) late() (late []LateTask, runP50 float64) {
 	t.lateMu.Lock()
 	defer t.lateMu.Unlock()
-	if len(t.runs) > 0 {
-		runP50 = median(slices.Clone(t.runs))
+	all := make([]float64, len(t.runs))
+	for i, r := range t.runs {
+		all[i] = r.run
+	}
+	if len(all) > 0 {
+		runP50 = median(all)
 	}
 	for _, r := range t.lateRes {
-		late = append(late, explainLate(r.id, r.deadlineMs, r.res, runP50))
+		at, run := r.res.FinishedAt.UnixNano(), runP50
+		var near []float64
+		for _, s := range t.runs {
+			if s.at >= at-int64(runWindow) && s.at <= at+int64(runWindow) {
+				near = append(near, s.run)
+			}
+		}
+		if len(near) >= minRunsNear {
+			run = median(near)
+		}
+		late = append(late, explainLate(r.id, r.deadlineMs, r.res, run))
 	}
 	return late, runP50
 }

@@ -92,7 +92,7 @@ func (s *Suite) writeDeadlines(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "%q: a node got it with time to run, and only its wait for its batch to fill made it late; %q: its deadline_ms was below its run; %q: what was left at the node did not cover its run (its time went before the node); %q: in time at the node even after any batch wait, it waited there otherwise (a slot, the way to the batcher); %q: no node got it. A run is what the attempt ran (for a timeout at least the phase's median run p50), or that median for an attempt not run. Each late task's account is in the JSON (late).\n",
+	fmt.Fprintf(w, "%q: a node got it with time to run, and only its wait for its batch to fill made it late; %q: its deadline_ms was below its run; %q: what was left at the node did not cover its run (its time went before the node); %q: in time at the node even after any batch wait, it waited there otherwise (a slot, the way to the batcher); %q: no node got it. A run is what the attempt ran (for a timeout at least the median run of its moment), or that median for an attempt not run (the successes within a second, else the phase's run p50). Each late task's account is in the JSON (late).\n",
 		LateBatchWait, LateShortDeadline, LateBeforeNode, LateNodeWait, LateNoDispatch)
 	return nil
 }

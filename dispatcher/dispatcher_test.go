@@ -330,7 +330,7 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 		}
 		status, errText := n.models[model](task, attempt)
 		o := protocol.Outcome{TaskID: task.ID, Type: task.Type, Attempt: attempt, Model: model, Node: id,
-			Status: status, Error: errText, LatencyMs: 1}
+			Status: status, Error: errText, LatencyMs: 1, BatchWaitMs: 0.5, DeadlineLeftMs: 2}
 		if status == protocol.OutcomeSuccess {
 			o.Output = json.RawMessage(`{"by":"` + model + `"}`)
 			n.mu.Lock()
@@ -372,6 +372,10 @@ func TestDispatchRunsTaskAndPublishesOneResult(t *testing.T) {
 	}
 	if string(res.Output) != `{"by":"m1"}` || len(res.History) != 1 || res.History[0].Status != protocol.OutcomeSuccess {
 		t.Fatalf("result output/history = %s %+v", res.Output, res.History)
+	}
+	// where the attempt's time went on the node, as its outcome said
+	if a := res.History[0]; a.LatencyMs != 1 || a.BatchWaitMs != 0.5 || a.DeadlineLeftMs != 2 {
+		t.Errorf("history entry %+v, want the outcome's latency 1, batch wait 0.5 and deadline left 2 ms", a)
 	}
 	// the dispatch carries the task bytes unchanged and the headers of protocol v1
 	n.mu.Lock()

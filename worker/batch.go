@@ -26,7 +26,8 @@ import (
 // model's mean batch run (and a margin) is all it may be held. The node's
 // order decides who goes: the batch waits for a slot at the place of its
 // best waiting task (priority, then tenants in turn), and when it gets one
-// the best max_size waiting tasks make it up.
+// the best max_size waiting tasks make it up, those whose deadline cannot
+// wait for another batch first (take).
 //
 // Everything else stays per task: a task too close to its deadline when
 // its batch starts is reported expired without running, as a lone task
@@ -64,7 +65,10 @@ type batchItem struct {
 	slotTicket
 	d       dispatch
 	arrived time.Time
-	// held is how long it waited for its batch (set when the batch goes).
+	// held is how long it waited for its batch to fill or fall due (set
+	// when the batch goes): the outcome's batch_wait_ms and the metric's
+	// batch queue delay. Its batch's wait for a slot after that is not in
+	// it.
 	held time.Duration
 	res  chan batchResult
 }
@@ -132,22 +136,26 @@ func (b *batcher) held() int {
 }
 
 // due is when it must leave: max_delay after it arrived, or earlier when
-// its deadline leaves no more (the model's mean batch run and a margin
-// before it).
+// its deadline leaves no more (latest).
 func (b *batcher) due(it *batchItem) time.Time {
 	due := it.arrived.Add(b.delay)
-	if it.d.Deadline.IsZero() {
-		return due
+	if latest, ok := b.latest(it, b.m.typicalRun()); ok && latest.Before(due) {
+		due = latest
 	}
-	run := b.m.typicalRun()
+	return due
+}
+
+// latest is when it must leave for its deadline (ok false: it has none):
+// the model's mean batch run (run) and a margin before it.
+func (b *batcher) latest(it *batchItem, run time.Duration) (time.Time, bool) {
+	if it.d.Deadline.IsZero() {
+		return time.Time{}, false
+	}
 	// The margin covers the mean's error and the way from the decision to
 	// the call (a slot, the call's set-up): a quarter of the mean run, 2 ms,
 	// and a tenth of the task's time here (the mean is 0 until measured).
 	margin := run/4 + 2*time.Millisecond + it.d.Deadline.Sub(it.arrived)/10
-	if latest := it.d.Deadline.Add(-run - margin); latest.Before(due) {
-		due = latest
-	}
-	return due
+	return it.d.Deadline.Add(-run - margin), true
 }
 
 // run forms and starts batches until ctx ends, then fails what waits as
@@ -214,25 +222,59 @@ func (it *batchItem) before(o *batchItem) bool {
 	return it.seq < o.seq
 }
 
-// take removes the best size waiting items, in the node's order, and
-// sets how long each was held for its batch.
+// take removes the batch that goes now from what waits, and sets how long
+// each was held for its batch (decided: when the batch was decided). The
+// batch is up to size tasks: first those that cannot wait for another
+// batch (their latest is before one mean run from now: the earliest the
+// next batch on this slot could start), then the rest, each group in the
+// node's order. Those too late to run at all go too, without taking a
+// place: exec reports them expired at once, as lone tasks would be.
 func (b *batcher) take(decided time.Time) []*batchItem {
+	now, run := time.Now(), b.m.typicalRun()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	slices.SortFunc(b.pending, func(x, y *batchItem) int {
+	type ranked struct {
+		it   *batchItem
+		rank int // 0 too late to run, 1 cannot wait, 2 can wait
+	}
+	rs := make([]ranked, len(b.pending))
+	for i, it := range b.pending {
+		rs[i] = ranked{it, 2}
+		if latest, ok := b.latest(it, run); ok {
+			switch {
+			case tooLate(it.d.Deadline, run, now):
+				rs[i].rank = 0
+			case latest.Before(now.Add(run)):
+				rs[i].rank = 1
+			}
+		}
+	}
+	slices.SortFunc(rs, func(x, y ranked) int {
 		switch {
-		case x.before(y):
+		case x.rank != y.rank:
+			return x.rank - y.rank
+		case x.it.before(y.it):
 			return -1
-		case y.before(x):
+		case y.it.before(x.it):
 			return 1
 		}
 		return 0
 	})
-	n := min(b.size, len(b.pending))
-	items := slices.Clone(b.pending[:n])
-	b.pending = slices.Delete(b.pending, 0, n)
-	for _, it := range items {
-		it.held = max(decided.Sub(it.arrived), 0)
+	n, places := 0, 0
+	for n < len(rs) && (rs[n].rank == 0 || places < b.size) {
+		if rs[n].rank != 0 {
+			places++
+		}
+		n++
+	}
+	items := make([]*batchItem, n)
+	for i := range n {
+		items[i] = rs[i].it
+		items[i].held = max(decided.Sub(items[i].arrived), 0)
+	}
+	b.pending = b.pending[:0]
+	for _, r := range rs[n:] {
+		b.pending = append(b.pending, r.it)
 	}
 	return items
 }
@@ -271,6 +313,7 @@ func (b *batcher) exec(ctx context.Context, items []*batchItem) {
 	for _, it := range items {
 		out := w.outcomeOf(it.d)
 		if notStarted(m, it.d, &out) {
+			out.BatchWaitMs = ms(it.held)
 			it.res <- batchResult{out: out}
 			continue
 		}
@@ -345,7 +388,10 @@ func (b *batcher) exec(ctx context.Context, items []*batchItem) {
 			continue
 		}
 		out := w.outcomeOf(it.d)
-		out.LatencyMs = float64(it.held+took) / float64(time.Millisecond)
+		// Its latency is its wait for the batch plus the call; the wait
+		// for the batch's slot after that is not in it, as a lone
+		// task's wait for its slot is not.
+		out.LatencyMs, out.BatchWaitMs = ms(it.held+took), ms(it.held)
 		var output []byte
 		err := a.err
 		if err == nil {

@@ -198,3 +198,79 @@ func histogram(t *testing.T, w *Worker, name, modelName string) *dto.Histogram {
 	t.Fatalf("no %s{model=%q}", name, modelName)
 	return nil
 }
+
+// A task whose deadline cannot wait for another batch goes in the batch
+// that goes now, ahead of tasks before it in the node's order that can
+// wait (issue 41: the batcher never holds a task past its deadline less
+// the model's expected batch run); one too late to run at all takes no
+// place in it (it is reported expired, not run).
+func TestBatchTakesWhoCannotWait(t *testing.T) {
+	t.Parallel()
+	m := &hosted{}
+	m.meanRun.Store(int64(100 * time.Millisecond))
+	b := &batcher{m: m, size: 2, delay: 10 * time.Second}
+	now := time.Now()
+	item := func(id string, prio int, seq uint64, deadline time.Time) *batchItem {
+		it := &batchItem{slotTicket: slotTicket{priority: prio, seq: seq}, arrived: now.Add(-time.Duration(10-seq) * time.Millisecond)}
+		it.d.TaskID, it.d.Deadline = id, deadline
+		return it
+	}
+	later := now.Add(time.Minute)
+	b.pending = []*batchItem{
+		item("old1", 0, 1, later),
+		item("old2", 0, 2, later),
+		item("high", 1, 3, later),
+		// Due (its deadline less the mean run and the margin) before a
+		// batch after this one could start (now + the mean run).
+		item("urgent", 0, 4, now.Add(250*time.Millisecond)),
+		item("soon", 0, 5, now.Add(5*time.Second)),
+		item("hopeless", 0, 6, now.Add(50*time.Millisecond)),
+	}
+	ids := func(items []*batchItem) []string {
+		var s []string
+		for _, it := range items {
+			s = append(s, it.d.TaskID)
+		}
+		slices.Sort(s)
+		return s
+	}
+	if got, want := ids(b.take(now)), []string{"high", "hopeless", "urgent"}; !slices.Equal(got, want) {
+		t.Fatalf("batch %v, want %v: urgent cannot wait for the next batch, hopeless takes no place, high goes first of the rest", got, want)
+	}
+	if got, want := ids(b.pending), []string{"old1", "old2", "soon"}; !slices.Equal(got, want) {
+		t.Errorf("left waiting %v, want %v", got, want)
+	}
+}
+
+// An outcome says where its time went on the node: a batched attempt its
+// wait for its batch to fill (in its latency), every attempt what was left
+// of its deadline when the node got it; an unbatched one no batch wait.
+func TestOutcomeSaysWhereTimeWent(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "n-batch-wait")
+	var log callLog
+	h.start(h.config(), WithBatchHandler("upper", upperBatch(&log)),
+		WithHandler("upper", func(_ context.Context, t Task) (any, error) { return string(t.Payload), nil }),
+		WithModels([]ModelSpec{batchModel("b", "upper", 2, 10*time.Second), goModel("u", "upper")}))
+	deadline := time.Now().Add(time.Minute)
+	// b1 waits for b2 (max_delay is far off): a batch wait > 0.
+	h.dispatch("b1", "b", dispatchOpts{payload: `"x"`, deadline: deadline})
+	h.dispatch("b2", "b", dispatchOpts{payload: `"y"`, deadline: deadline})
+	h.dispatch("u1", "u", dispatchOpts{payload: `"z"`, deadline: deadline})
+	h.dispatch("late", "b", dispatchOpts{payload: `"w"`, deadline: time.Now().Add(-time.Second)})
+	got := h.collect(4, 20*time.Second)
+	for _, id := range []string{"b1", "b2"} {
+		o := got[id]
+		if o.Status != protocol.OutcomeSuccess || (id == "b1" && o.BatchWaitMs <= 0) || o.BatchWaitMs < 0 || o.BatchWaitMs > o.LatencyMs ||
+			o.DeadlineLeftMs <= 0 || o.DeadlineLeftMs > 60_000 {
+			t.Errorf("%s: %s, latency %g ms, batch wait %g ms, deadline left %g ms; want success, 0 < wait <= latency, 0 < left <= 60000",
+				id, o.Status, o.LatencyMs, o.BatchWaitMs, o.DeadlineLeftMs)
+		}
+	}
+	if o := got["u1"]; o.Status != protocol.OutcomeSuccess || o.BatchWaitMs != 0 || o.DeadlineLeftMs <= 0 || o.DeadlineLeftMs > 60_000 {
+		t.Errorf("u1: %s, batch wait %g ms, deadline left %g ms; want success, no batch wait, 0 < left <= 60000", o.Status, o.BatchWaitMs, o.DeadlineLeftMs)
+	}
+	if o := got["late"]; o.Status != protocol.OutcomeExpired || o.BatchWaitMs < 0 || o.DeadlineLeftMs >= 0 {
+		t.Errorf("late: %s, batch wait %g ms, deadline left %g ms; want expired, its wait >= 0, left < 0", o.Status, o.BatchWaitMs, o.DeadlineLeftMs)
+	}
+}

@@ -42,6 +42,9 @@ type dispatch struct {
 	priority int
 	tenant   string
 	size     float64
+	// received is when the node got the dispatch (outcomeOf's
+	// deadline_left_ms).
+	received time.Time
 }
 
 // parseDispatch reads the headers and body. It fills what it can even on
@@ -86,6 +89,7 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 	w.tasks.Add(1) // until its goroutine ends, below: the one Done
 	w.admit.Unlock()
 	d, perr := parseDispatch(msg)
+	d.received = time.Now()
 	ticket := w.queue(d) // its place in the node's order, in delivery order
 	go func() {
 		defer w.tasks.Done()
@@ -168,8 +172,15 @@ func (w *Worker) taskLog(d dispatch) zerolog.Logger {
 
 // outcomeOf is the outcome of d before it is decided.
 func (w *Worker) outcomeOf(d dispatch) protocol.Outcome {
-	return protocol.Outcome{TaskID: d.TaskID, Type: d.Type, Attempt: d.Attempt, Model: d.Model, Node: w.node}
+	o := protocol.Outcome{TaskID: d.TaskID, Type: d.Type, Attempt: d.Attempt, Model: d.Model, Node: w.node}
+	if !d.Deadline.IsZero() && !d.received.IsZero() {
+		o.DeadlineLeftMs = ms(d.Deadline.Sub(d.received))
+	}
+	return o
 }
+
+// ms is d in milliseconds, as outcomes give durations.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // notStarted reports, filling out, whether d is too late to start on m:
 // its deadline has passed, or leaves less than the model's mean run here
@@ -190,6 +201,12 @@ func notStarted(m *hosted, d dispatch, out *protocol.Outcome) bool {
 		return false
 	}
 	return true
+}
+
+// tooLate reports whether a dispatch with this deadline is too late to
+// start at now on a model whose mean run is run: notStarted's rule.
+func tooLate(deadline time.Time, run time.Duration, now time.Time) bool {
+	return !now.Before(deadline) || deadline.Sub(now) < run
 }
 
 // finish counts, logs and reports a decided outcome; the outcome

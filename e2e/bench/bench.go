@@ -268,6 +268,16 @@ type Phase struct {
 	// worker before the model started; "expired/none": before any
 	// dispatch), so that a deadline run says where its late tasks waited.
 	FailedBy map[string]int64 `json:"failed_by,omitempty"`
+	// Duplicates counts results beyond a task's first seen in the phase
+	// (every task has exactly one result: 0).
+	Duplicates int64 `json:"duplicates"`
+	// With deadlines: Late says where each failed task's time went and
+	// why it was late (late.go), LateBy counts them by why, and RunP50Ms
+	// is the median run (latency less batch wait) of the successes, which
+	// stands for the run of a late attempt that did not run.
+	Late     []LateTask       `json:"late,omitempty"`
+	LateBy   map[string]int64 `json:"late_by,omitempty"`
+	RunP50Ms float64          `json:"run_p50_ms,omitempty"`
 	// CPU seconds used during the phase, per process (workers summed).
 	CPU map[string]float64 `json:"cpu_seconds"`
 	// Hops splits the latency by hop (with Options.Trace).

@@ -557,12 +557,20 @@ func (r *run) startMlsched(ctx context.Context) error {
 		ok := err == nil && res.Status == protocol.StatusSucceeded
 		if subj := m.Subject(); len(subj) > prefix {
 			tr := r.tr.Load()
+			lo, hi := r.o.Deadlines[0], r.o.Deadlines[1]
 			if !ok {
 				reason := failReason(res, err)
-				if lo, hi := r.o.Deadlines[0], r.o.Deadlines[1]; hi > 0 {
+				if hi > 0 {
 					reason += deadlineBucket(deadlineOf(subj[prefix:], lo, hi))
+					if err == nil {
+						tr.failedResult(subj[prefix:], deadlineOf(subj[prefix:], lo, hi), res)
+					}
 				}
 				tr.failedBecause(subj[prefix:], reason)
+			} else if hi > 0 {
+				if run, ok := runOf(res); ok {
+					tr.succeeded(subj[prefix:], res, run)
+				}
 			}
 			tr.complete(subj[prefix:], ok, time.Now())
 		}
@@ -629,8 +637,8 @@ func (r *run) phase(ctx context.Context, pub *publisher, label, prefix string, n
 			p.Hops = append(p.Hops, Hop{Name: name, Latency: tr.hop(k-1, k)})
 		}
 	}
-	r.log("%-18s %7d tasks in %6.2fs: %8.0f tasks/s, p50 %7.2fms p99 %7.2fms, failed %d%s",
-		label, n, p.Seconds, p.Throughput, p.Latency.P50, p.Latency.P99, p.Failed, failedByString(p.FailedBy))
+	r.log("%-18s %7d tasks in %6.2fs: %8.0f tasks/s, p50 %7.2fms p99 %7.2fms, failed %d%s%s, duplicate results %d",
+		label, n, p.Seconds, p.Throughput, p.Latency.P50, p.Latency.P99, p.Failed, failedByString(p.FailedBy), lateByString(p.LateBy), p.Duplicates)
 	return p, nil
 }
 

@@ -356,5 +356,8 @@ func (s *Suite) WriteSummary(w io.Writer) error {
 	if len(s.Medians()) > 0 {
 		fmt.Fprintln(w, "with several rounds, judge the targets by the median rows: each ratio is taken against the relay of its own round, then the median over the rounds.")
 	}
+	if err := s.writeDeadlines(w); err != nil {
+		return err
+	}
 	return s.writeAuthCosts(w)
 }

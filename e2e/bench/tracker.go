@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // tracker follows the tasks of one phase: when each was submitted and when
@@ -29,6 +31,11 @@ type tracker struct {
 	// replays: per minute), when not nil.
 	failedAt []atomic.Bool
 	all      chan struct{}
+	// With deadlines (Options.Deadlines): the failed tasks' results and
+	// the successful runs, explained at the phase's end (late.go).
+	lateMu  sync.Mutex
+	lateRes []lateResult
+	runs    []timedRun
 
 	// seen[k][i] is when the k-th traced subject (see Options.Trace) first
 	// carried task i, or 0.
@@ -125,6 +132,78 @@ func (t *tracker) failedBecause(id, reason string) {
 	t.failedBy[reason]++
 }
 
+// lateResult is a failed task's result, kept to be explained.
+type lateResult struct {
+	id         string
+	deadlineMs int
+	res        protocol.Result
+}
+
+// failedResult keeps a failed task's result (once, with its first
+// completion: call it before complete).
+func (t *tracker) failedResult(id string, deadlineMs int, res protocol.Result) {
+	if i := t.index(id); i < 0 || t.done[i].Load() != 0 {
+		return
+	}
+	t.lateMu.Lock()
+	t.lateRes = append(t.lateRes, lateResult{id, deadlineMs, res})
+	t.lateMu.Unlock()
+}
+
+// timedRun is a successful task's run (ms) and when its result was
+// published (Unix ns).
+type timedRun struct {
+	at  int64
+	run float64
+}
+
+// succeeded keeps a successful task's run (once, before complete).
+func (t *tracker) succeeded(id string, res protocol.Result, run float64) {
+	if i := t.index(id); i < 0 || t.done[i].Load() != 0 {
+		return
+	}
+	t.lateMu.Lock()
+	t.runs = append(t.runs, timedRun{res.FinishedAt.UnixNano(), run})
+	t.lateMu.Unlock()
+}
+
+// runWindow is how near a success's result must be to a late task's to
+// tell the run of its moment, and minRunsNear how many it takes.
+const (
+	runWindow   = time.Second
+	minRunsNear = 5
+)
+
+// late explains the kept failed results (late.go). The run of a late
+// attempt that did not run is taken to be the median run of the successes
+// whose results came within runWindow of its own (the run of that moment:
+// a stalled machine runs slower), or the phase's median run.
+func (t *tracker) late() (late []LateTask, runP50 float64) {
+	t.lateMu.Lock()
+	defer t.lateMu.Unlock()
+	all := make([]float64, len(t.runs))
+	for i, r := range t.runs {
+		all[i] = r.run
+	}
+	if len(all) > 0 {
+		runP50 = median(all)
+	}
+	for _, r := range t.lateRes {
+		at, run := r.res.FinishedAt.UnixNano(), runP50
+		var near []float64
+		for _, s := range t.runs {
+			if s.at >= at-int64(runWindow) && s.at <= at+int64(runWindow) {
+				near = append(near, s.run)
+			}
+		}
+		if len(near) >= minRunsNear {
+			run = median(near)
+		}
+		late = append(late, explainLate(r.id, r.deadlineMs, r.res, run))
+	}
+	return late, runP50
+}
+
 // span is the phase's extent: first submission, last submission, last
 // completion (Unix ns).
 func (t *tracker) span() (firstSent, lastSent, lastDone int64) {
@@ -141,7 +220,9 @@ func (t *tracker) span() (firstSent, lastSent, lastDone int64) {
 func (t *tracker) phase(cpu map[string]float64) Phase {
 	n := len(t.sent)
 	first, lastSent, lastDone := t.span()
-	p := Phase{Tasks: n, Latency: t.latency(), Failed: t.failed.Load(), CPU: cpu}
+	p := Phase{Tasks: n, Latency: t.latency(), Failed: t.failed.Load(), Duplicates: t.again.Load(), CPU: cpu}
+	p.Late, p.RunP50Ms = t.late()
+	p.LateBy = lateBy(p.Late)
 	t.failedMu.Lock()
 	if len(t.failedBy) > 0 {
 		p.FailedBy = maps.Clone(t.failedBy)

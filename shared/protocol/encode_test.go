@@ -40,7 +40,8 @@ func FuzzEncodeResult(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string, raw []byte, ms float64, nanos int64) {
 		res := protocol.Result{ID: text, Type: "t" + text, Status: protocol.StatusSucceeded, Model: text, Node: "n",
 			Attempts: 2, Output: raw, Error: text, ErrorCode: protocol.Code(text), LatencyMs: ms,
-			History:    []protocol.Attempt{{Attempt: 1, Model: text, Node: "n", Status: protocol.OutcomeTimeout, Error: text, LatencyMs: ms}, {}},
+			History: []protocol.Attempt{{Attempt: 1, Model: text, Node: "n", Status: protocol.OutcomeTimeout, Error: text, LatencyMs: ms,
+				BatchWaitMs: ms / 3, DeadlineLeftMs: -ms}, {}},
 			FinishedAt: time.Unix(0, nanos).UTC(), RetryAfterMs: len(text)}
 		checkResultEncode(t, &res)
 		res.Output, res.History, res.Error = nil, nil, ""
@@ -55,7 +56,7 @@ func FuzzEncodeOutcome(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, text string, raw []byte, ms float64) {
 		o := protocol.Outcome{TaskID: text, Type: text, Attempt: 1, Model: text, Node: text, Status: protocol.OutcomeSuccess,
-			Output: raw, Error: text, LatencyMs: ms, Task: raw}
+			Output: raw, Error: text, LatencyMs: ms, BatchWaitMs: ms / 3, DeadlineLeftMs: -ms, Task: raw}
 		checkOutcomeEncode(t, &o)
 		o.Task = nil
 		checkOutcomeEncode(t, &o)
@@ -67,7 +68,8 @@ func TestEncodeMatchesJSON(t *testing.T) {
 		res := protocol.Result{ID: s.text, Output: json.RawMessage(s.raw), LatencyMs: s.f, Error: s.text,
 			History: []protocol.Attempt{{Model: s.text, LatencyMs: s.f}}, FinishedAt: time.Now()}
 		checkResultEncode(t, &res)
-		o := protocol.Outcome{TaskID: s.text, Output: json.RawMessage(s.raw), LatencyMs: s.f, Task: json.RawMessage(s.raw)}
+		o := protocol.Outcome{TaskID: s.text, Output: json.RawMessage(s.raw), LatencyMs: s.f, BatchWaitMs: s.f, DeadlineLeftMs: -s.f,
+			Task: json.RawMessage(s.raw)}
 		checkOutcomeEncode(t, &o)
 	}
 	// Values encoding/json refuses: the error is encoding/json's own.

@@ -52,6 +52,10 @@ type Attempt struct {
 	Status    OutcomeStatus `json:"status"`
 	Error     string        `json:"error,omitempty"`
 	LatencyMs float64       `json:"latency_ms"`
+	// BatchWaitMs and DeadlineLeftMs are the outcome's (Outcome): where
+	// the attempt's time went on its node.
+	BatchWaitMs    float64 `json:"batch_wait_ms,omitempty"`
+	DeadlineLeftMs float64 `json:"deadline_left_ms,omitempty"`
 }
 
 // OutcomeStatus is how one attempt ended, as a worker reports it.
@@ -109,7 +113,19 @@ type Outcome struct {
 	Output    json.RawMessage `json:"output,omitempty"`
 	Error     string          `json:"error,omitempty"`
 	LatencyMs float64         `json:"latency_ms"`
-	Task      json.RawMessage `json:"task,omitempty"`
+	// BatchWaitMs is how long the attempt waited on its node for its
+	// batch to fill or fall due (a batching model's; 0 and absent
+	// otherwise): what batching cost it. LatencyMs includes it; neither
+	// includes the batch's wait for a node slot after that, as a lone
+	// attempt's LatencyMs does not include its own.
+	BatchWaitMs float64 `json:"batch_wait_ms,omitempty"`
+	// DeadlineLeftMs is what was left of the dispatch's deadline when the
+	// node received the dispatch (negative: already past; absent: none).
+	// With the task's deadline_ms it tells the time spent before the node
+	// (deadline_ms - deadline_left_ms when the task's deadline bounds the
+	// dispatch) from the time spent on it.
+	DeadlineLeftMs float64         `json:"deadline_left_ms,omitempty"`
+	Task           json.RawMessage `json:"task,omitempty"`
 }
 
 // MsgID builds the Nats-Msg-Id of a message about one attempt of one

@@ -20,6 +20,8 @@ import (
 var outcomeSeeds = []string{
 	`{"task_id":"t-1","type":"echo","attempt":1,"model":"m1","node":"n1","status":"success","output":{"x":[1,2.5,"y",null,true]},"latency_ms":0.125}`,
 	`{"task_id":"t-1","type":"echo","attempt":2,"model":"m1","node":"n1","status":"model_error","error":"boom \"quoted\"\n","latency_ms":3,"task":{"id":"t-1","type":"echo","payload":"p"}}`,
+	`{"task_id":"t-1","type":"echo","attempt":1,"model":"m1","node":"n1","status":"timeout","error":"late","latency_ms":41.5,"batch_wait_ms":30.25,"deadline_left_ms":-2.5}`,
+	`{"batch_wait_ms":"1"}`, `{"deadline_left_ms":null}`, `{"batch_wait_ms":1e400}`,
 	``, ` `, `null`, ` null `, `nul`, `{}`, `[]`, `"x"`, `1`, `true`, `{"task_id":"a"} {}`, `{"task_id":"a"}x`, `{"task_id":"a",}`,
 	`{"task_id":null,"attempt":null,"latency_ms":null,"output":null,"task":null}`,
 	`{"task_id":"a","task_id":null}`, `{"task_id":"a","task_id":"b"}`, `{"output":1,"output":[2]}`,
@@ -80,6 +82,8 @@ func checkOutcomeDecode(t *testing.T, data []byte) {
 	if got.TaskID != want.TaskID || got.Type != want.Type || got.Attempt != want.Attempt || got.Model != want.Model ||
 		got.Node != want.Node || got.Status != want.Status || got.Error != want.Error ||
 		math.Float64bits(got.LatencyMs) != math.Float64bits(want.LatencyMs) ||
+		math.Float64bits(got.BatchWaitMs) != math.Float64bits(want.BatchWaitMs) ||
+		math.Float64bits(got.DeadlineLeftMs) != math.Float64bits(want.DeadlineLeftMs) ||
 		!sameRaw(got.Output, want.Output) || !sameRaw(got.Task, want.Task) {
 		t.Fatalf("%q:\n got  %+v\n want %+v", data, got, want)
 	}
@@ -137,6 +141,7 @@ func FuzzDecodeTaskHead(f *testing.F) {
 var resultSeeds = []string{
 	`{"id":"t-1","type":"echo","status":"succeeded","model":"m1","node":"n1","attempts":1,"output":{"x":[1,"y"]},"latency_ms":7.5,"history":[{"attempt":1,"model":"m1","node":"n1","status":"success","latency_ms":3.2}],"finished_at":"2026-12-01T08:00:00.123456789Z"}`,
 	`{"id":"t-2","type":"echo","status":"failed","attempts":3,"error":"all failed","error_code":"attempts_exhausted","latency_ms":12,"history":[{"attempt":1,"model":"a","node":"n","status":"timeout","error":"slow","latency_ms":5},{"attempt":2},null],"finished_at":"2026-12-01T08:00:00+01:00"}`,
+	`{"history":[{"attempt":1,"status":"expired","latency_ms":0,"batch_wait_ms":12.5,"deadline_left_ms":20}]}`, `{"history":[{"batch_wait_ms":[]}]}`,
 	`{"history":null}`, `{"history":[]}`, `{"history":{}}`, `{"history":[1]}`, `{"history":[{"attempt":"1"}]}`, `{"history":[{"x":[{}]}]}`,
 	`{"history":[{"error":"a"},{"error":"b"}],"history":[{}],"history":[{},{}]}`, `{"history":[{"error":"a"}],"history":[]}`,
 	`{"finished_at":null}`, `{"finished_at":"x"}`, `{"finished_at":1}`, `{"finished_at":{}}`, `{"finished_at":"2026-12-01T08:00:00Z","finished_at":null}`,

@@ -65,7 +65,7 @@ func benchMain(args []string) int {
 	fs.StringVar(&o.TraceSizeColumn, "trace-size-column", "ContextTokens", "-trace-file: the column each task's size comes from (empty: none)")
 	fs.IntVar(&o.TraceTasks, "trace-tasks", 0, "-trace-file: replay only the first so many rows (0: all)")
 	fs.IntVar(&o.Dispatchers, "dispatchers", 1, "dispatcher replicas mlsched runs")
-	deadlines := fs.String("deadlines", "", "give every task a deadline_ms drawn uniformly in LO,HI (e.g. 20,2000; empty: the default deadline)")
+	deadlines := fs.String("deadlines", "", "give every task a deadline_ms drawn uniformly in LO,HI (e.g. 20,2000; empty: the default deadline); each failed task is then explained (where its time went, why it was late: the JSON's late, the summary's deadline table)")
 	bin := fs.String("bin", "", "directory of prebuilt dispatcher, worker and nats-server binaries (empty: build them)")
 	dir := fs.String("dir", "", "keep the servers' stores and process logs here (empty: a temporary directory, removed)")
 	if err := fs.Parse(args); err != nil {

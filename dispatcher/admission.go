@@ -197,7 +197,7 @@ func (s decideStep) admit(ad *admission) verdict {
 func (in *intake) standing(ad *admission) {
 	t := &ad.a.Task
 	ad.key = ""
-	if in.held.n.Load() > 0 || in.held.inPass.Load() > 0 {
+	if in.held.any() {
 		ad.key = candidateKey(t)
 	}
 	ad.req = in.request(&ad.a)

@@ -111,6 +111,10 @@ func newHoldRoom() *holdRoom {
 	return &holdRoom{kick: make(chan struct{}, 1), fair: fairorder.New()}
 }
 
+// any reports whether the room holds a task (those a pass has taken out
+// included), without its lock.
+func (h *holdRoom) any() bool { return h.n.Load() > 0 || h.inPass.Load() > 0 }
+
 // tenantHeld is how many tasks of the tenant's band the room holds.
 func (h *holdRoom) tenantHeld(band int, tenant string) int {
 	if h.n.Load() == 0 && h.inPass.Load() == 0 {

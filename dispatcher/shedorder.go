@@ -90,7 +90,7 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 // at its next pass (woken now) after shedding them: only a pass sees the
 // tasks it has taken out. It reports whether the hold took it.
 func (in *intake) expireAfterShed(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
-	if a.Task.Priority < 0 || in.held.n.Load()+in.held.inPass.Load() == 0 || !in.held.sheddableHeld(candidateKey(&a.Task)) {
+	if a.Task.Priority < 0 || !in.held.any() || !in.held.sheddableHeld(candidateKey(&a.Task)) {
 		return false
 	}
 	if a.heldSince.IsZero() {

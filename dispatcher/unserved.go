@@ -165,49 +165,96 @@ func (r *unservedRoom) leave() {
 // returns nil when the task waits (or was given back to the stream), or the
 // error to reject it with now.
 func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
-	r := in.unserved
-	r.mu.Lock()
-	if r.stopped { // shutting down: another replica decides
-		r.mu.Unlock()
+	now := time.Now()
+	if a.noNodeSince.IsZero() {
+		a.noNodeSince = now
+	}
+	p := in.unserved.place(in, &unservedTask{a: a, msg: msg, err: err, progress: now}, now)
+	switch {
+	case p.closed: // shutting down: another replica decides
 		in.complete.Retry(msg, time.Second)
 		return nil
-	}
-	if a.noNodeSince.IsZero() {
-		a.noNodeSince = time.Now()
-	}
-	now := time.Now()
-	// A retry's task stays in progress while it waits (taskack.go).
-	keepUntil := a.noNodeSince.Add(in.cfg.NoNodeWait + unservedRetry)
-	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || in.typeOutage(a.Task.Type, now) ||
-		r.boundedLocked(in, now) < in.cfg.unservedMax() {
-		r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
-		r.mu.Unlock()
-		in.keeper.Keep(msg, a.TaskAck, keepUntil)
-		return nil
-	}
-	// Full: the type keeping the most gives way, if it keeps more than this
-	// task's type would after taking a place.
-	counts := in.boundedByType(r.q, now)
-	top := keptMost(counts)
-	if top == "" || counts[top] <= counts[a.Task.Type]+1 {
-		r.mu.Unlock()
+	case !p.placed:
 		in.counters.UnservedRefused.Add(1)
-		return in.unservedFull(err, a.Task.Type, counts[a.Task.Type])
+		return in.unservedFull(err, a.Task.Type, p.counts[a.Task.Type])
 	}
-	var evicted *unservedTask
+	// A retry's task stays in progress while it waits (taskack.go).
+	in.keeper.Keep(msg, a.TaskAck, a.noNodeSince.Add(in.cfg.NoNodeWait+unservedRetry))
+	if p.evicted != nil {
+		in.counters.UnservedRefused.Add(1)
+		in.rejectUnserved(p.evicted, in.unservedFull(p.evicted.err, p.top, p.counts[p.top]))
+	}
+	return nil
+}
+
+// placement is where the waiting room put a task (place).
+type placement struct {
+	closed, placed bool
+	// evicted is the task that gave w its place (nil: none), of type top;
+	// counts are the bounded tasks per type the room judged by.
+	evicted *unservedTask
+	top     string
+	counts  map[string]int
+}
+
+// place gives a waiting task a place: at once while the room has one, or
+// an outage lets it grow (the band consumer's MaxAckPending bounds it
+// then); when full, in place of the newest task of the type keeping the
+// most, if that type keeps more than this task's would after taking a
+// place.
+func (r *unservedRoom) place(in *intake, w *unservedTask, now time.Time) (p placement) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return placement{closed: true}
+	}
+	typ := w.a.Task.Type
+	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || in.typeOutage(typ, now) ||
+		r.boundedLocked(in, now) < in.cfg.unservedMax() {
+		r.q = append(r.q, w)
+		return placement{placed: true}
+	}
+	p.counts = in.boundedByType(r.q, now)
+	p.top = keptMost(p.counts)
+	if p.top == "" || p.counts[p.top] <= p.counts[typ]+1 {
+		return p
+	}
 	for i := len(r.q) - 1; i >= 0; i-- {
-		if r.q[i].a.Task.Type == top {
-			evicted = r.q[i]
+		if r.q[i].a.Task.Type == p.top {
+			p.evicted = r.q[i]
 			r.q = append(r.q[:i], r.q[i+1:]...)
 			break
 		}
 	}
-	r.q = append(r.q, &unservedTask{a: a, msg: msg, err: err, progress: time.Now()})
+	r.q = append(r.q, w)
+	p.placed = true
+	return p
+}
+
+// takePass takes the waiting tasks out for a pass; they still count as
+// waiting (len) until each leaves or the pass puts it back.
+func (r *unservedRoom) takePass() []*unservedTask {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.q
+	r.q, r.inPass = nil, len(q)
+	return q
+}
+
+// open opens the room; close closes it (place refuses from then on) and
+// returns what it held.
+func (r *unservedRoom) open() {
+	r.mu.Lock()
+	r.stopped = false
 	r.mu.Unlock()
-	in.keeper.Keep(msg, a.TaskAck, keepUntil)
-	in.counters.UnservedRefused.Add(1)
-	in.rejectUnserved(evicted, in.unservedFull(evicted.err, top, counts[top]))
-	return nil
+}
+
+func (r *unservedRoom) close() []*unservedTask {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.q
+	r.q, r.stopped = nil, true
+	return q
 }
 
 // unservedFull is the error of a task refused a place in the full room.
@@ -237,21 +284,14 @@ func (in *intake) rejectUnserved(w *unservedTask, err error) {
 // unservedService runs the waiting room as a component.
 func (in *intake) unservedService() lifecycle.Service {
 	return lifecycle.Run(func(ctx context.Context, ready func()) error {
-		r := in.unserved
-		r.mu.Lock()
-		r.stopped = false
-		r.mu.Unlock()
+		in.unserved.open()
 		ready()
 		t := time.NewTicker(unservedRetry)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
-				r.mu.Lock()
-				q := r.q
-				r.q, r.stopped = nil, true
-				r.mu.Unlock()
-				for _, w := range q {
+				for _, w := range in.unserved.close() {
 					in.complete.Retry(w.msg, 0)
 				}
 				return nil
@@ -267,10 +307,7 @@ func (in *intake) unservedService() lifecycle.Service {
 // those cancelled meanwhile dropped.
 func (in *intake) retryUnserved() {
 	r := in.unserved
-	r.mu.Lock()
-	q := r.q
-	r.q, r.inPass = nil, len(q)
-	r.mu.Unlock()
+	q := r.takePass()
 	if len(q) == 0 {
 		return
 	}
@@ -318,26 +355,25 @@ func (in *intake) retryUnserved() {
 		}
 		keep = append(keep, w)
 	}
-	in.putBackUnserved(keep, now)
-}
-
-// putBackUnserved returns the tasks a pass kept to the room, before those
-// that came meanwhile (newer), and cuts the room back to
-// MLSCHED_UNSERVED_MAX once no outage lets it grow (trimLocked).
-func (in *intake) putBackUnserved(keep []*unservedTask, now time.Time) {
-	r := in.unserved
-	r.mu.Lock()
-	r.q, r.inPass = append(keep, r.q...), 0
-	var over []*unservedTask
-	var why []error
-	if len(r.q) > in.cfg.unservedMax() && !r.outageLocked(in, now) && !r.recoveringLocked(in, now) {
-		over, why = r.trimLocked(in.cfg.unservedMax(), in, now)
-	}
-	r.mu.Unlock()
+	over, why := r.endPass(in, keep, now)
 	for i, w := range over {
 		in.counters.UnservedRefused.Add(1)
 		in.rejectUnserved(w, why[i])
 	}
+}
+
+// endPass returns the tasks a pass kept to the room, before those that
+// came meanwhile (newer), and cuts the room back to MLSCHED_UNSERVED_MAX
+// once no outage lets it grow (trimLocked): it returns the tasks cut, and
+// the error each is rejected with.
+func (r *unservedRoom) endPass(in *intake, keep []*unservedTask, now time.Time) (over []*unservedTask, why []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.q, r.inPass = append(keep, r.q...), 0
+	if len(r.q) > in.cfg.unservedMax() && !r.outageLocked(in, now) && !r.recoveringLocked(in, now) {
+		over, why = r.trimLocked(in.cfg.unservedMax(), in, now)
+	}
+	return over, why
 }
 
 // trimLocked cuts the room back to max after an outage let it grow: the

@@ -190,7 +190,7 @@ func (oc *Stage) Settle(msg jsplumb.Msg, subject string, o protocol.Outcome, pd 
 func (oc *Stage) nextAttempt(o *protocol.Outcome, pd *protocol.Dispatch, first bool) (finish.Spec, settle.State) {
 	attempt, submitted, submission := pd.Attempt, pd.Submitted, pd.Submission
 	history := append(pd.History, protocol.Attempt{Attempt: attempt, Model: o.Model, Node: o.Node,
-		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs})
+		Status: o.Status, Error: o.Error, LatencyMs: o.LatencyMs, BatchWaitMs: o.BatchWaitMs, DeadlineLeftMs: o.DeadlineLeftMs})
 	state := settle.State{Redelivered: !first, Cancelled: oc.Superseded.Cancelled(o.TaskID, submission),
 		Superseded: !o.Status.IsLost() && oc.Superseded.Is(o.TaskID, submission, attempt)}
 	var task protocol.Task

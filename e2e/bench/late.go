@@ -1,11 +1,6 @@
 package bench
 
 import (
-	"fmt"
-	"maps"
-	"slices"
-	"strings"
-
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -182,14 +177,4 @@ func lateBy(late []LateTask) map[string]int64 {
 }
 
 // lateByString is " [why n, ...]", or "" without late tasks.
-func lateByString(by map[string]int64) string {
-	if len(by) == 0 {
-		return ""
-	}
-	keys := slices.Sorted(maps.Keys(by))
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %d", k, by[k])
-	}
-	return " [" + strings.Join(parts, ", ") + "]"
-}
+func lateByString(by map[string]int64) string { return countsString(by, " [", "]") }

@@ -669,7 +669,11 @@ func deadlineBucket(ms int) string {
 }
 
 // failedByString is " (reason n, ...)", or "" without failures.
-func failedByString(by map[string]int64) string {
+func failedByString(by map[string]int64) string { return countsString(by, " (", ")") }
+
+// countsString lists the counts by key, sorted, between open and close;
+// "" when there are none.
+func countsString(by map[string]int64, open, close string) string {
 	if len(by) == 0 {
 		return ""
 	}
@@ -678,7 +682,7 @@ func failedByString(by map[string]int64) string {
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%s %d", k, by[k])
 	}
-	return " (" + strings.Join(parts, ", ") + ")"
+	return open + strings.Join(parts, ", ") + close
 }
 
 // trace subscribes, with core NATS on a connection of its own, to the

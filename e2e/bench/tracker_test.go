@@ -83,4 +83,10 @@ func TestTrackerFailedBecause(t *testing.T) {
 	if s := failedByString(p.FailedBy); s != " (expired/expired 1, expired/none 1)" {
 		t.Fatalf("failedByString = %q", s)
 	}
+	if s := lateByString(map[string]int64{"waited for a batch": 2, "before dispatch": 1}); s != " [before dispatch 1, waited for a batch 2]" {
+		t.Fatalf("lateByString = %q", s)
+	}
+	if s := lateByString(nil); s != "" {
+		t.Fatalf("lateByString(nil) = %q, want nothing", s)
+	}
 }

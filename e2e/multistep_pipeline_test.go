@@ -15,7 +15,6 @@ import (
 	"github.com/mlsched/mlsched/e2e/harness"
 	"github.com/mlsched/mlsched/shared/client"
 	"github.com/mlsched/mlsched/shared/protocol"
-	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // multiStepPipeline is TestMultiStepPipelines' pipeline: extract, a switch
@@ -91,18 +90,8 @@ func runMultiStep(t *testing.T, n int, kill bool) {
 		}
 		return nil
 	})
-	nc, js := c.Connect(nats.Name("e2e-pipelines"))
-	seen := newResultCounter()
-	sub, err := nc.Subscribe(topology.SubjectResultsAll, seen.observe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	_, js := c.Connect(nats.Name("e2e-pipelines"))
+	seen := newResultCounter(ctx, t, js)
 	cl := client.New(js)
 
 	// Paced: every 10 ms two pipelines and, every other tick, one plain task

@@ -43,10 +43,10 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		"inversions":  c.Inversions.Load(), "parked": c.Parked.Load(), "shed_inversions": c.ShedInversions.Load(),
 	}
 	r.Types = c.Types.Snapshot()
-	if p.intake.budgets != nil {
-		_ = p.intake.budgets.Refresh(context.Background()) // down: this replica's last figures
+	if p.adm.Budgets != nil {
+		_ = p.adm.Budgets.Refresh(context.Background()) // down: this replica's last figures
 	}
-	for _, b := range p.intake.budgets.Statuses() {
+	for _, b := range p.adm.Budgets.Statuses() {
 		r.Budgets = append(r.Budgets, protocol.BudgetReport{Scope: string(b.Scope), Name: b.Name, Limit: b.Limit,
 			Period: b.Period, Action: string(b.Action), Spent: b.Spent, Ends: b.Ends})
 	}
@@ -74,12 +74,12 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 			last.LastAt, last.LastTo, last.LastReason = e.At, string(e.To), e.Reason
 		}
 	}
-	r.Held = p.intake.held.len()
-	r.HeldBy = p.intake.held.waiting(20)
+	r.Held = p.adm.Held()
+	r.HeldBy = p.adm.HeldBy(20)
 	r.EndedBy = c.endedBy()
-	r.QuotaDegraded = p.intake.quota.Degraded()
-	r.Unserved = p.intake.unserved.len()
-	for _, pt := range p.intake.engine.QueueTargets(p.snaps.table.Load()) {
+	r.QuotaDegraded = p.adm.Quota.Degraded()
+	r.Unserved = p.adm.Unserved()
+	for _, pt := range p.adm.Engine.QueueTargets(p.snaps.table.Load()) {
 		r.QueueTargets = append(r.QueueTargets, protocol.QueueTargetReport{Model: pt.Model, Node: pt.Node,
 			ServiceMs: float64(pt.Service) / float64(time.Millisecond), Samples: pt.Samples,
 			TargetMs: float64(pt.Target) / float64(time.Millisecond), Mode: pt.Mode})

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/settle"
 	"github.com/mlsched/mlsched/dispatcher/stats"
@@ -347,9 +348,14 @@ func (c *Config) Retry() settle.Rules {
 	return settle.Rules{Backoff: c.RetryBackoff, BackoffMax: c.RetryBackoffMax}
 }
 
-// unservedMax is UnservedMax capped at MaxInFlight, so that tasks waiting
-// for a node leave at least half the consumers' MaxAckPending to the rest.
-func (c *Config) unservedMax() int { return min(c.UnservedMax, c.MaxInFlight) }
+// admission is the configuration admission reads. Its UnservedMax is
+// capped at MaxInFlight, so that tasks waiting for a node leave at least
+// half the consumers' MaxAckPending to the rest.
+func (c *Config) admission() admission.Config {
+	return admission.Config{TaskTimeout: c.TaskTimeout, DeadlineSlack: c.DeadlineSlack, MaxAttempts: c.MaxAttempts,
+		AckWait: c.AckWait, NoNodeWait: c.NoNodeWait, NodeTTL: c.NodeTTL, UnservedMax: min(c.UnservedMax, c.MaxInFlight),
+		QueueTargetOn: c.QueueTarget.On(), QuotaReject: c.QuotaReject}
+}
 
 // Limits are the task validation limits.
 func (c *Config) Limits() protocol.Limits {

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/dashboard"
+	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
@@ -69,6 +70,7 @@ type parts struct {
 	reg     *registry.Registry
 	snaps   *refresher // statistics snapshot and decision table
 	intake  *intake
+	adm     *admission.Stage
 	cancel  *canceller
 	backlog *backlogSampler // streams.go
 	streams *streamSampler  // streams.go
@@ -83,33 +85,15 @@ type Counters struct {
 	// Counts are the outcome stage's: forged, late and lost attempts,
 	// expired tasks, direct reports.
 	outcome.Counters
-	Dispatched, Redispatched, DeadLettered atomic.Int64
-	// Panic counts decisions made in panic mode: every candidate's breaker
-	// was open and the engine routed among all of them anyway.
-	Panic atomic.Int64
+	// Tallies are admission's: dispatches, holds, flow control's
+	// refusals.
+	admission.Tallies
+	DeadLettered atomic.Int64
 	// Cancelled counts the cancel requests this replica carried out.
 	Cancelled atomic.Int64
-	// Saturated counts tasks held back because every candidate was
-	// saturated (hold.go).
-	Saturated atomic.Int64
 	// StoreResets counts the times this replica found the Redis statistics
 	// store reset (restarted empty, or failed over) and re-seeded it.
 	StoreResets atomic.Int64
-	// UnservedRefused counts tasks no node served that were rejected at
-	// once because MLSCHED_UNSERVED_MAX tasks were waiting (unserved.go).
-	UnservedRefused atomic.Int64
-	// ShedFlow the sheddable tasks shed (code shed); OverQuota the tasks
-	// found over their tenant's quota; Inversions the dispatches of a
-	// lower-priority task while a higher-priority held task of the same
-	// type could have used the slot (flow control: it must stay 0).
-	ShedFlow, OverQuota, Inversions atomic.Int64
-	// OverBudget counts the attempts found over their tenant's or type's
-	// cost budget (refused with budget_exceeded, or degraded).
-	OverBudget atomic.Int64
-	// ShedInversions counts the non-sheddable tasks that ended for want
-	// of capacity (expired, or failed saturated) while a sheddable task of
-	// their candidate set was still held (shedorder.go: it must stay 0).
-	ShedInversions atomic.Int64
 	// Parked counts the tasks parked over their tenant's share of a band
 	// (park.go).
 	Parked atomic.Int64
@@ -351,7 +335,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return err
 	}
 	d.parts.Store(&parts{nc: nc, js: js, store: gr.store, kind: gr.kind, batch: w.batch, reg: w.reg, snaps: w.snaps,
-		intake: w.in, cancel: w.cn, backlog: w.backlog, streams: w.streams, rolls: w.rolls})
+		intake: w.in, adm: w.adm, cancel: w.cn, backlog: w.backlog, streams: w.streams, rolls: w.rolls})
 	batchCtx, cancelBatch := context.WithCancel(context.Background())
 	defer cancelBatch()
 	return d.serve(ctx, d.components(gr, w, batchCtx), w)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
 
@@ -37,17 +38,7 @@ import (
 // creation.
 
 // attemptRecord is one attempt a replica dispatched, as lost.go records it.
-type attemptRecord struct {
-	Task        string             `json:"task"`
-	Type        string             `json:"type"`
-	Submission  string             `json:"submission"`
-	Attempt     int                `json:"attempt"`
-	MaxAttempts int                `json:"max_attempts"`
-	Model       string             `json:"model"`
-	Node        string             `json:"node"`
-	History     []protocol.Attempt `json:"history,omitempty"` // the attempts before this one
-	Dispatched  time.Time          `json:"dispatched"`
-}
+type attemptRecord = admission.Record
 
 // lostWithStreams is the lost attempt's error in the task's history.
 const lostWithStreams = "lost with the attempt streams: the nats-server restarted while it ran"
@@ -68,7 +59,7 @@ func recordLost(ctx context.Context, k *taskKeeper, s *supersededSet, created ti
 // resumeLost goes on with a task delivered again whose attempt rec was in
 // flight when the attempt streams were lost: that attempt ends as lost and
 // the task continues at the next one, or ends when none is left.
-func (in *intake) resumeLost(msg jetstream.Msg, a attemptSpec, o taskOrigin, rec attemptRecord) {
+func (in *intake) resumeLost(msg jetstream.Msg, a admission.Attempt, o taskOrigin, rec attemptRecord) {
 	a.History = append(slices.Clone(rec.History), protocol.Attempt{Attempt: rec.Attempt, Model: rec.Model, Node: rec.Node,
 		Status: protocol.OutcomeLost, Error: lostWithStreams})
 	a.Attempt = rec.Attempt + 1
@@ -78,7 +69,7 @@ func (in *intake) resumeLost(msg jetstream.Msg, a attemptSpec, o taskOrigin, rec
 		Msg("attempt lost with the attempt streams: going on from it")
 	maxAttempts := rec.MaxAttempts
 	if maxAttempts <= 0 {
-		maxAttempts = a.maxAttempts(in.cfg.MaxAttempts)
+		maxAttempts = a.MaxAttemptsOr(in.cfg.MaxAttempts)
 	}
 	if rec.Attempt >= maxAttempts {
 		err := protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, was %s",

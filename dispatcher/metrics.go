@@ -52,9 +52,18 @@ type metrics struct {
 // maxCostTenants bounds the tenant label of mlsched_tenant_cost_total.
 const maxCostTenants = 200
 
-// spent counts an attempt's declared cost, in the metrics and in the
+// Decision observes one decision's duration (admission.Metrics).
+func (m *metrics) Decision(seconds float64) { m.decision.Observe(seconds) }
+
+// Admitted counts a first attempt of the band dispatched (flow control).
+func (m *metrics) Admitted(band string) { m.admitted.Get(band).Inc() }
+
+// Waited observes a first attempt's wait from submission to its dispatch.
+func (m *metrics) Waited(band string, seconds float64) { m.wait.Get(band).Observe(seconds) }
+
+// Spent counts an attempt's declared cost, in the metrics and in the
 // totals `mlsched stats` shows.
-func (m *metrics) spent(typ, tenant, model string, cost float64) {
+func (m *metrics) Spent(typ, tenant, model string, cost float64) {
 	m.cost.Get(opshttp.L2{A: typ, B: model}).Add(cost)
 	if _, ok := m.costTenants.Load(tenant); !ok {
 		if m.nCostTenants.Add(1) > maxCostTenants {
@@ -246,18 +255,18 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descDegraded, degraded)
 	quotaDegraded := 0.0
-	if p.intake.quota.Degraded() != "" {
+	if p.adm.Quota.Degraded() != "" {
 		quotaDegraded = 1
 	}
 	gauge(descQuotaDegraded, quotaDegraded)
-	if p.intake.budgets != nil {
-		_ = p.intake.budgets.Refresh(context.Background()) // down: this replica's last figures
+	if p.adm.Budgets != nil {
+		_ = p.adm.Budgets.Refresh(context.Background()) // down: this replica's last figures
 	}
-	for _, b := range p.intake.budgets.Statuses() {
+	for _, b := range p.adm.Budgets.Statuses() {
 		gauge(descBudgetSpent, b.Spent, string(b.Scope), b.Name)
 		gauge(descBudgetLimit, b.Limit, string(b.Scope), b.Name)
 	}
-	for _, w := range p.intake.held.waiting(20) {
+	for _, w := range p.adm.HeldBy(20) {
 		gauge(descHeldBand, float64(w.Held), w.Band, w.Tenant)
 	}
 	if snap := p.snaps.snap.Load(); snap != nil {
@@ -280,7 +289,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		silent = 1
 	}
 	gauge(descNodeOutage, silent, "registry_silent")
-	_, gone := p.intake.outage(time.Now())
+	_, gone := p.adm.Outage(time.Now())
 	gauge(descNodeOutage, float64(gone), "types_without_nodes")
 	nodes := p.reg.Live()
 	gauge(descNodes, float64(len(nodes)))

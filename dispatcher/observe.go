@@ -103,7 +103,7 @@ func (p *parts) ready(ctx context.Context) opshttp.Status {
 	}
 	// An outage of the nodes leaves the replica ready (tasks are taken and
 	// wait for nodes), and says so.
-	if why, _ := p.intake.outage(time.Now()); why != "" {
+	if why, _ := p.adm.Outage(time.Now()); why != "" {
 		if st.Degraded != "" {
 			st.Degraded += "; "
 		}

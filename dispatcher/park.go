@@ -72,11 +72,22 @@ type parkingParams struct {
 	cfg      Config
 	log      zerolog.Logger
 	js       jetstream.JetStream
-	held     *holdRoom
+	held     heldCounts     // admission: how many of a tenant's tasks it holds
 	pub      jsplumb.Sender // where parked tasks are published
 	complete *jsplumb.Completer
 	counters *Counters
 	handle   jetstream.MessageHandler // intake's handleParked
+}
+
+// heldCounts is what parking reads of admission's hold.
+type heldCounts interface {
+	TenantHeld(band int, tenant string) int
+}
+
+// bandTenant keys one tenant's tasks of one priority band.
+type bandTenant struct {
+	band   int
+	tenant string
 }
 
 type parkedConsumer struct {
@@ -106,7 +117,7 @@ func (p *parking) shouldPark(band int, tenant string) bool {
 	}
 	shared := !p.otherAt[i].IsZero() && now.Sub(p.otherAt[i]) < parkMemory
 	p.mu.Unlock()
-	return shared && p.held.tenantHeld(band, tenant) >= p.above
+	return shared && p.held.TenantHeld(band, tenant) >= p.above
 }
 
 // park publishes the task on its tenant's parked subject and acks msg once

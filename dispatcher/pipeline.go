@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/pipeline"
 	"github.com/mlsched/mlsched/shared/protocol"
 )
@@ -87,7 +88,7 @@ func (s *sealer) pipelineMAC(data []byte) []byte {
 // pipelineTake reads a task message's pipeline: the progress of a later
 // step (verified), or a new pipeline task, whose progress starts here. It
 // sets a.pipe and the step's constraints on a.task.
-func (in *intake) pipelineTake(h nats.Header, a *attemptSpec) error {
+func (in *intake) pipelineTake(h nats.Header, a *admission.Attempt) error {
 	var v string
 	if vs := h[protocol.HdrPipeline]; len(vs) > 0 {
 		v = vs[0]
@@ -115,6 +116,6 @@ func (in *intake) pipelineTake(h nats.Header, a *attemptSpec) error {
 		return protocol.Errorf(protocol.CodeInvalidPipeline, "%v", err)
 	}
 	p.ApplyStep(&a.Task)
-	a.Pipe, a.pipeStep = v, p.Seq > 1
+	a.Pipe, a.PipeStep = v, p.Seq > 1
 	return nil
 }

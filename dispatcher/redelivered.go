@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/shared/lifecycle"
 )
 
@@ -99,7 +100,7 @@ func (r *redeliveries) service() lifecycle.Service {
 // unless its result is stored, which the lookup off the consumer's
 // goroutine tells (hasResult: false when the lookup fails, dispatching
 // again is harmless, the second result is refused).
-func (in *intake) redelivered(msg jetstream.Msg, a attemptSpec, o taskOrigin) {
+func (in *intake) redelivered(msg jetstream.Msg, a admission.Attempt, o taskOrigin) {
 	in.redeliver.check(
 		func(ctx context.Context) bool { return in.fin.HasResult(ctx, a.Task.ID) },
 		func(found bool) {

@@ -116,6 +116,13 @@ func (r *refresher) rebuild(now time.Time, snap *stats.Snapshot) {
 	r.table.Store(policy.NewTable(snap, nodes, now))
 }
 
+// Table is the decision table of the last snapshot (admission.Tables).
+func (r *refresher) Table() *policy.Table { return r.table.Load() }
+
+// Timeouts are the models' announced per-task timeouts (ms) of the last
+// snapshot.
+func (r *refresher) Timeouts() *map[string]int64 { return r.timeouts.Load() }
+
 // breakerOpen reports whether a model's breaker is open in the last
 // snapshot (rollouts roll back a version whose breaker opens).
 func (r *refresher) breakerOpen(model string) bool {

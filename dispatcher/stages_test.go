@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
@@ -213,7 +214,7 @@ func TestOutcomeStage(t *testing.T) {
 		NC: e.ns.NC, Complete: e.complete, Batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
 		Sealer: sealer, Pipelines: pipelineSeal{sealer}, Superseded: sup, Retry: retry, Fin: e.finisher(),
 		Counts: &e.counters.Counters, Observer: attemptObserver{metrics: e.metrics, snaps: snaps, rolls: nil},
-		Expiry: (&flowRules{}).expiry})
+		Expiry: (&flowRules{}).Expiry})
 
 	task := []byte(`{"id":"r","type":"t","payload":1}`)
 	dispatched := func(id string) protocol.Dispatch {
@@ -286,10 +287,12 @@ func TestIntakeStage(t *testing.T) {
 		t.Fatal(err)
 	}
 	sealer := newSealer(make([]byte, 32))
-	in := newIntake(intakeParams{cfg: e.cfg, log: zerolog.Nop(), engine: engine, snaps: snaps, reg: reg, pub: e.pub,
-		complete: e.complete, batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
-		sealer: sealer, superseded: newSupersededSet(skv, zerolog.Nop()), fin: e.finisher(),
-		counters: e.counters, metrics: e.metrics, tracer: e.tracer})
+	sup := newSupersededSet(skv, zerolog.Nop())
+	adm := admission.New(admission.Params{Config: e.cfg.admission(), Log: zerolog.Nop(), Engine: engine, Tables: snaps,
+		Reg: reg, Pub: e.pub, Complete: e.complete, Batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
+		Sealer: sealer, Superseded: sup, Fin: e.finisher(), Counters: &e.counters.Tallies, Metrics: e.metrics, Tracer: e.tracer})
+	in := &intake{cfg: e.cfg, log: zerolog.Nop(), adm: adm, fin: e.finisher(), complete: e.complete, sealer: sealer,
+		superseded: sup, counters: e.counters, metrics: e.metrics, redeliver: newRedeliveries()}
 
 	// The stage reads a task from MLSCHED_TASKS: consume it from there.
 	cons, err := e.ns.JS.CreateOrUpdateConsumer(ctx, topology.StreamTasks, jetstream.ConsumerConfig{Durable: "stage",

@@ -99,10 +99,10 @@ func (d dispatchedMsg) Ack() error {
 	return d.Msg.Ack()
 }
 
-// dispatched returns what intake settles once an attempt's dispatch is
+// Dispatched returns what admission settles once an attempt's dispatch is
 // stored: msg itself when the task has no ack subject (a task dispatched
 // by an older dispatcher).
-func (k *taskKeeper) dispatched(msg jsplumb.Msg, taskAck string, deadline time.Time, rec attemptRecord) jsplumb.Msg {
+func (k *taskKeeper) Dispatched(msg jsplumb.Msg, taskAck string, deadline time.Time, rec attemptRecord) jsplumb.Msg {
 	if k == nil || taskAck == "" {
 		return msg
 	}

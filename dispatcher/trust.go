@@ -150,9 +150,3 @@ func appendSealed(b []byte, d *protocol.Dispatch) []byte {
 	}
 	return b
 }
-
-// seal makes a dispatch verifiable when its outcome comes back.
-func (in *intake) seal(pd *protocol.Dispatch, task []byte) {
-	pd.TaskSum = protocol.TaskSum(task)
-	pd.Seal = in.sealer.Seal(pd)
-}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
@@ -109,6 +110,7 @@ type wiring struct {
 	keeper            *taskKeeper
 	resGroup, parkGrp lifecycle.Service
 	in                *intake
+	adm               *admission.Stage
 	out               *outcome.Stage
 	cn                *canceller
 	backlog           *backlogSampler
@@ -180,17 +182,19 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 		ResultsStream: g.results, Counts: &d.counters.Counts, Metrics: d.metrics, Tracer: d.tracer, Quota: limiter,
 		Keeper: w.keeper, Pipelines: pipelineSeal{g.seals}})
 	nc := g.nc
-	w.in = newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: w.snaps, reg: w.reg,
-		pub: w.pub, complete: w.complete, batch: w.batch, sealer: g.seals, superseded: w.superseded, fin: fin, keeper: w.keeper,
-		counters: &d.counters, metrics: d.metrics, tracer: d.tracer, flow: flow, drain: &drainMeter{},
-		quota: limiter, budgets: budgets, reconnects: func() uint64 { return nc.Stats().Reconnects }})
+	w.adm = admission.New(admission.Params{Config: d.cfg.admission(), Log: d.log, Engine: d.engine, Tables: w.snaps,
+		Reg: w.reg, Pub: w.pub, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Superseded: w.superseded,
+		Keeper: w.keeper, Fin: fin, Counters: &d.counters.Tallies, Metrics: d.metrics, Tracer: d.tracer, Rules: flow,
+		Quota: limiter, Budgets: budgets, Reconnects: func() uint64 { return nc.Stats().Reconnects }})
+	w.in = &intake{cfg: d.cfg, log: d.log, adm: w.adm, fin: fin, complete: w.complete, sealer: g.seals,
+		superseded: w.superseded, counters: &d.counters, metrics: d.metrics, redeliver: newRedeliveries()}
 	w.in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
-		js: g.js, held: w.in.held, pub: parked, complete: w.complete, counters: &d.counters, handle: w.in.handleParked})
+		js: g.js, held: w.adm, pub: parked, complete: w.complete, counters: &d.counters, handle: w.in.handleParked})
 	w.prune.parked = w.in.park.running
 	w.out = outcome.New(outcome.Params{Rules: d.cfg.Retry(), Limits: d.cfg.Limits(), AckWait: d.cfg.AckWait, Log: d.log,
 		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{g.seals},
-		Superseded: w.superseded, Keeper: w.keeper, Retry: w.in, Fin: fin, Counts: &d.counters.Counters,
-		Observer: attemptObserver{metrics: d.metrics, snaps: w.snaps, rolls: w.rolls}, Expiry: flow.expiry})
+		Superseded: w.superseded, Keeper: w.keeper, Retry: w.adm, Fin: fin, Counts: &d.counters.Counters,
+		Observer: attemptObserver{metrics: d.metrics, snaps: w.snaps, rolls: w.rolls}, Expiry: flow.Expiry})
 	w.cn = &canceller{cfg: d.cfg, log: d.log, nc: nc, js: g.js, results: g.results, superseded: w.superseded,
 		counters: &d.counters, metrics: d.metrics}
 	w.backlog = &backlogSampler{js: g.js, reg: w.reg, log: d.log, prune: w.prune}
@@ -258,8 +262,8 @@ func (d *Dispatcher) components(g *ground, w *wiring, batchCtx context.Context) 
 		{"cancel", subscription(w.cn.serve)},
 		// after the completer (a held task's dispatch settles through it),
 		// before the consumers (which hold tasks): stopping, it naks them
-		{"hold room", w.in.holdService()},
-		{"unserved room", w.in.unservedService()},
+		{"hold room", w.adm.HoldService()},
+		{"unserved room", w.adm.UnservedService()},
 		// after the rooms (a check's task may wait in one), before the
 		// consumers: stopping, it waits for the lookups under way
 		{"redelivery checks", w.in.redeliver.service()},

@@ -184,10 +184,11 @@ func TestPGOProfilesProfileTheirBinaries(t *testing.T) {
 
 // stagePath is the dispatcher's stages along a task's path (intake,
 // admission, outcome, finish), as packages: each may import only stages
-// after it, and none the wiring package. Intake and admission still live in
-// the wiring package itself (issue 37: the split goes on); the outcome and
-// finish stages are packages of their own.
+// after it, and none the wiring package. Intake, the entry (a task message
+// read, validated and handed to admission), lives in the wiring package:
+// nothing imports it.
 var stagePath = []string{
+	"github.com/mlsched/mlsched/dispatcher/internal/admission",
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome",
 	"github.com/mlsched/mlsched/dispatcher/internal/finish",
 }

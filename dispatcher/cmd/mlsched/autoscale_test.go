@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,13 +34,14 @@ func TestAutoscaleDryRunRecommendsFromHeartbeats(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A dispatcher replica's report: 1000 more classify tasks finished at
-	// every request, of 100 ms each.
-	var finished atomic.Int64
+	// A dispatcher replica's report: classify tasks of 100 ms each finish
+	// at 1000/s of real time, however late the scaler's polls come on a
+	// loaded machine.
+	start := time.Now()
 	sub, err := srv.NC.Subscribe(protocol.SubjectAdminStats, func(m *nats.Msg) {
 		r := protocol.StatsReport{Dispatcher: "d1", Nodes: hbs, SnapshotAt: time.Now(),
 			Models:  []protocol.ModelReport{{Name: "steady", P50Ms: 100, SuccessRate: 1, TrafficShare: 1}},
-			Types:   map[string]protocol.TypeCounts{"classify": {Succeeded: finished.Add(1000)}},
+			Types:   map[string]protocol.TypeCounts{"classify": {Succeeded: int64(time.Since(start).Seconds() * 1000)}},
 			Backlog: map[string]int64{"classify": 0}}
 		data, _ := json.Marshal(r)
 		_ = m.Respond(data)

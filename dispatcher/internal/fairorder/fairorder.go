@@ -1,7 +1,7 @@
 // Package fairorder is the order in which a dispatcher's held tasks go on:
 // strict by priority, start-time fair between tenants by weight inside a
 // priority, and no priority inversion inside a candidate set. The
-// dispatcher's hold (dispatcher/hold.go, intake.go) and the simulator
+// dispatcher's hold (dispatcher/internal/admission: hold.go) and the simulator
 // (dispatcher/internal/simulate/flow.go) both use it, so that what the
 // simulator measures is the order the dispatcher applies (the simulator
 // used to mirror it, and the copies drifted: it keyed by type only).

@@ -77,6 +77,9 @@ type Counts struct {
 	// band (FlowBands) and flow-control code (FlowCodes): shed counts per
 	// band, with bounded labels.
 	Ended [3][3]atomic.Int64
+	// Expired counts tasks whose deadline_ms passed before they started:
+	// found by admission, or by the outcome stage at the node.
+	Expired atomic.Int64
 	// Types counts results per task type.
 	Types TypeCounts
 }

@@ -108,9 +108,6 @@ type Counters struct {
 	// Late counts outcomes of attempts that had been superseded; Lost the
 	// attempts found unanswered at their deadline.
 	Late, Lost atomic.Int64
-	// Expired counts tasks whose deadline_ms passed before they started
-	// (admission counts them too).
-	Expired atomic.Int64
 	// Reports counts the direct reports this replica settled;
 	// ReportsDeferred those it sent back to be stored as outcomes.
 	Reports, ReportsDeferred atomic.Int64
@@ -207,7 +204,7 @@ func (oc *Stage) nextAttempt(o *protocol.Outcome, pd *protocol.Dispatch, first b
 		if exp := oc.Expiry(&task, submitted); state.TaskErr == nil && !exp.IsZero() &&
 			(!time.Now().Before(exp) || o.Status == protocol.OutcomeExpired && !pd.Deadline.Before(exp.Add(-time.Millisecond))) {
 			state.Expired = true
-			oc.Counts.Expired.Add(1)
+			oc.Fin.Counts.Expired.Add(1)
 		}
 	}
 	next := finish.Spec{Task: task, Data: o.Task, Attempt: attempt + 1, History: history, Submitted: submitted,

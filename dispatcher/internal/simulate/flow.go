@@ -19,7 +19,7 @@ import (
 // Flow control in the simulator: a scenario with arrival.flows gives its
 // tasks a priority, a tenant and a deadline, and the simulated dispatcher
 // applies the dispatcher's flow-control rules (docs/policies.md, "Flow
-// control"; dispatcher/hold.go, intake.go, flow.go) to every policy's run,
+// control"; dispatcher/internal/admission, dispatcher/flow.go) to every policy's run,
 // the oracle's included. The order of the held tasks, with its counts (no
 // inversion, who goes first), is the dispatcher's own: package fairorder,
 // keyed as the dispatcher keys it (a simulated task has no allow-list, so

@@ -2,7 +2,7 @@ package simulate
 
 import "github.com/mlsched/mlsched/dispatcher/internal/fairorder"
 
-// shedFirst is the dispatcher's shedding order (dispatcher/shedorder.go):
+// shedFirst is the dispatcher's shedding order (dispatcher/internal/admission/shedorder.go):
 // a non-sheddable task of typ is about to end for want of capacity
 // (expired, or saturated), so the sheddable tasks of its type held are
 // shed first (they come after it in the hold's order): those of the

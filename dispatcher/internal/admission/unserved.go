@@ -1,4 +1,4 @@
-package dispatcher
+package admission
 
 import (
 	"context"
@@ -55,7 +55,7 @@ import (
 const unservedRetry = 250 * time.Millisecond
 
 type unservedTask struct {
-	a        attemptSpec
+	a        Attempt
 	msg      jsplumb.Msg
 	err      error     // why no node serves it, as last decided
 	progress time.Time // last InProgress
@@ -78,10 +78,10 @@ type unservedRoom struct {
 // outageLocked reports whether no node at all is live, and notes when an
 // outage was last seen: now, if none is live, and when the connection has
 // come back since the last look.
-func (r *unservedRoom) outageLocked(in *intake, now time.Time) bool {
-	none := len(in.reg.Live()) == 0
-	if in.reconnects != nil {
-		if n := in.reconnects(); n != r.reconnects {
+func (r *unservedRoom) outageLocked(in *Stage, now time.Time) bool {
+	none := len(in.Reg.Live()) == 0
+	if in.Reconnects != nil {
+		if n := in.Reconnects(); n != r.reconnects {
 			r.reconnects, r.reconnected = n, now
 		}
 	}
@@ -98,17 +98,17 @@ func (r *unservedRoom) outageLocked(in *intake, now time.Time) bool {
 // room's bound (the band consumer's MaxAckPending bounds them), and no
 // other type's task takes their place; a type not served for longer is
 // bounded as before.
-func (in *intake) typeOutage(typ string, now time.Time) bool {
-	served := in.reg.Served(typ)
-	return !served.IsZero() && now.Sub(served) < in.cfg.NoNodeWait+in.cfg.NodeTTL
+func (in *Stage) typeOutage(typ string, now time.Time) bool {
+	served := in.Reg.Served(typ)
+	return !served.IsZero() && now.Sub(served) < in.Config.NoNodeWait+in.Config.NodeTTL
 }
 
-// outage says what outage of the nodes this replica sees, "" when none:
+// Outage says what outage of the nodes this replica sees, "" when none:
 // the registry silent, or types whose every node went within the no-node
 // wait plus the node TTL (their tasks wait without the room's bound).
-func (in *intake) outage(now time.Time) (why string, types int) {
+func (in *Stage) Outage(now time.Time) (why string, types int) {
 	live := map[string]bool{}
-	for _, hb := range in.reg.Live() {
+	for _, hb := range in.Reg.Live() {
 		for _, m := range hb.Models {
 			for _, t := range m.Types {
 				live[t] = true
@@ -116,14 +116,14 @@ func (in *intake) outage(now time.Time) (why string, types int) {
 		}
 	}
 	var gone []string
-	for t := range in.reg.ServedTypes() {
+	for t := range in.Reg.ServedTypes() {
 		if !live[t] && in.typeOutage(t, now) {
 			gone = append(gone, t)
 		}
 	}
 	sort.Strings(gone)
 	switch {
-	case in.reg.Silent():
+	case in.Reg.Silent():
 		why = "the node registry is silent (no node heard from for half the node TTL): nodes are kept, tasks that find none wait"
 	case len(gone) > 0:
 		why = fmt.Sprintf("no live node serves %d type(s) served within the no-node wait (%s): their tasks wait for nodes", len(gone), strings.Join(firstN(gone, 5), ", "))
@@ -141,9 +141,9 @@ func firstN(s []string, n int) []string {
 // recoveringLocked: an outage was seen within the node TTL, or a
 // reconnection within twice that; nodes may still be announcing
 // themselves.
-func (r *unservedRoom) recoveringLocked(in *intake, now time.Time) bool {
-	return !r.outage.IsZero() && now.Sub(r.outage) < in.cfg.NodeTTL ||
-		!r.reconnected.IsZero() && now.Sub(r.reconnected) < 2*in.cfg.NodeTTL
+func (r *unservedRoom) recoveringLocked(in *Stage, now time.Time) bool {
+	return !r.outage.IsZero() && now.Sub(r.outage) < in.Config.NodeTTL ||
+		!r.reconnected.IsZero() && now.Sub(r.reconnected) < 2*in.Config.NodeTTL
 }
 
 func (r *unservedRoom) len() int {
@@ -164,7 +164,7 @@ func (r *unservedRoom) leave() {
 // passed since this attempt first found no node (a.noNodeSince). It
 // returns nil when the task waits (or was given back to the stream), or the
 // error to reject it with now.
-func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
+func (in *Stage) waitForNode(a Attempt, msg jsplumb.Msg, err error) error {
 	now := time.Now()
 	if a.noNodeSince.IsZero() {
 		a.noNodeSince = now
@@ -172,16 +172,16 @@ func (in *intake) waitForNode(a attemptSpec, msg jsplumb.Msg, err error) error {
 	p := in.unserved.place(in, &unservedTask{a: a, msg: msg, err: err, progress: now}, now)
 	switch {
 	case p.closed: // shutting down: another replica decides
-		in.complete.Retry(msg, time.Second)
+		in.Complete.Retry(msg, time.Second)
 		return nil
 	case !p.placed:
-		in.counters.UnservedRefused.Add(1)
+		in.Counters.UnservedRefused.Add(1)
 		return in.unservedFull(err, a.Task.Type, p.counts[a.Task.Type])
 	}
-	// A retry's task stays in progress while it waits (taskack.go).
-	in.keeper.Keep(msg, a.TaskAck, a.noNodeSince.Add(in.cfg.NoNodeWait+unservedRetry))
+	// A retry's task stays in progress while it waits (the Keeper).
+	in.Keeper.Keep(msg, a.TaskAck, a.noNodeSince.Add(in.Config.NoNodeWait+unservedRetry))
 	if p.evicted != nil {
-		in.counters.UnservedRefused.Add(1)
+		in.Counters.UnservedRefused.Add(1)
 		in.rejectUnserved(p.evicted, in.unservedFull(p.evicted.err, p.top, p.counts[p.top]))
 	}
 	return nil
@@ -202,7 +202,7 @@ type placement struct {
 // then); when full, in place of the newest task of the type keeping the
 // most, if that type keeps more than this task's would after taking a
 // place.
-func (r *unservedRoom) place(in *intake, w *unservedTask, now time.Time) (p placement) {
+func (r *unservedRoom) place(in *Stage, w *unservedTask, now time.Time) (p placement) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
@@ -210,7 +210,7 @@ func (r *unservedRoom) place(in *intake, w *unservedTask, now time.Time) (p plac
 	}
 	typ := w.a.Task.Type
 	if r.outageLocked(in, now) || r.recoveringLocked(in, now) || in.typeOutage(typ, now) ||
-		r.boundedLocked(in, now) < in.cfg.unservedMax() {
+		r.boundedLocked(in, now) < in.Config.UnservedMax {
 		r.q = append(r.q, w)
 		return placement{placed: true}
 	}
@@ -258,9 +258,9 @@ func (r *unservedRoom) close() []*unservedTask {
 }
 
 // unservedFull is the error of a task refused a place in the full room.
-func (in *intake) unservedFull(err error, typ string, ofType int) error {
+func (in *Stage) unservedFull(err error, typ string, ofType int) error {
 	return protocol.Errorf(protocol.CodeOf(err), "%s; rejected at once: this dispatcher already keeps %d tasks waiting for a node (MLSCHED_UNSERVED_MAX), %d of them of type %q",
-		msgOf(err), in.cfg.unservedMax(), ofType, typ)
+		msgOf(err), in.Config.UnservedMax, ofType, typ)
 }
 
 func msgOf(err error) string {
@@ -271,18 +271,18 @@ func msgOf(err error) string {
 }
 
 // rejectUnserved ends a waiting task with err.
-func (in *intake) rejectUnserved(w *unservedTask, err error) {
+func (in *Stage) rejectUnserved(w *unservedTask, err error) {
 	a := &w.a
 	status := protocol.StatusRejected
 	if a.Attempt > 1 {
 		status = protocol.StatusFailed
 	}
-	in.log.Warn().Err(err).Str("task_id", a.Task.ID).Int("attempt", a.Attempt).Msg("no model for task")
-	in.fin.End(a.Ends(w.msg, err, status))
+	in.Log.Warn().Err(err).Str("task_id", a.Task.ID).Int("attempt", a.Attempt).Msg("no model for task")
+	in.Fin.End(a.Ends(w.msg, err, status))
 }
 
-// unservedService runs the waiting room as a component.
-func (in *intake) unservedService() lifecycle.Service {
+// UnservedService runs the waiting room as a component.
+func (in *Stage) UnservedService() lifecycle.Service {
 	return lifecycle.Run(func(ctx context.Context, ready func()) error {
 		in.unserved.open()
 		ready()
@@ -292,7 +292,7 @@ func (in *intake) unservedService() lifecycle.Service {
 			select {
 			case <-ctx.Done():
 				for _, w := range in.unserved.close() {
-					in.complete.Retry(w.msg, 0)
+					in.Complete.Retry(w.msg, 0)
 				}
 				return nil
 			case <-t.C:
@@ -305,38 +305,38 @@ func (in *intake) unservedService() lifecycle.Service {
 // retryUnserved decides again for the waiting tasks, oldest first: those
 // now served are dispatched, those past MLSCHED_NO_NODE_WAIT rejected,
 // those cancelled meanwhile dropped.
-func (in *intake) retryUnserved() {
+func (in *Stage) retryUnserved() {
 	r := in.unserved
 	q := r.takePass()
 	if len(q) == 0 {
 		return
 	}
 	now := time.Now()
-	table := in.snaps.table.Load()
+	table := in.Tables.Table()
 	var unserved []string // types no node serves at all, in this pass
 	var keep []*unservedTask
 	for _, w := range q {
 		a := &w.a
-		if in.superseded.Cancelled(a.Task.ID, a.Submission) { // it has its result
+		if in.Superseded.Cancelled(a.Task.ID, a.Submission) { // it has its result
 			r.leave()
-			in.fin.End(a.EndsStored(w.msg))
+			in.Fin.End(a.EndsStored(w.msg))
 			continue
 		}
-		if expiry := in.flow.expiry(&a.Task, a.Submitted); !expiry.IsZero() && !now.Before(expiry) {
+		if expiry := in.Rules.Expiry(&a.Task, a.Submitted); !expiry.IsZero() && !now.Before(expiry) {
 			// Its own deadline_ms came first: it ends expired, as in the
 			// hold, not after the whole no-node wait.
 			r.leave()
 			in.expire(a, w.msg, expiry, "while it waited for a node that serves its type")
 			continue
 		}
-		if now.Sub(a.noNodeSince) >= in.cfg.NoNodeWait {
+		if now.Sub(a.noNodeSince) >= in.Config.NoNodeWait {
 			r.leave()
-			in.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), in.cfg.NoNodeWait))
+			in.rejectUnserved(w, protocol.Errorf(protocol.CodeOf(w.err), "%s (waited %s for a node)", msgOf(w.err), in.Config.NoNodeWait))
 			continue
 		}
 		if !containsStr(unserved, a.Task.Type) {
 			req := in.request(a)
-			dec, err := in.engine.Decide(table, &req)
+			dec, err := in.Engine.Decide(table, &req)
 			switch code := protocol.CodeOf(err); {
 			case code == protocol.CodeNoModel:
 				unserved = append(unserved, a.Task.Type)
@@ -349,15 +349,15 @@ func (in *intake) retryUnserved() {
 				continue
 			}
 		}
-		if now.Sub(w.progress) >= in.cfg.AckWait/3 {
-			in.complete.Progress(w.msg)
+		if now.Sub(w.progress) >= in.Config.AckWait/3 {
+			in.Complete.Progress(w.msg)
 			w.progress = now
 		}
 		keep = append(keep, w)
 	}
 	over, why := r.endPass(in, keep, now)
 	for i, w := range over {
-		in.counters.UnservedRefused.Add(1)
+		in.Counters.UnservedRefused.Add(1)
 		in.rejectUnserved(w, why[i])
 	}
 }
@@ -366,12 +366,12 @@ func (in *intake) retryUnserved() {
 // came meanwhile (newer), and cuts the room back to MLSCHED_UNSERVED_MAX
 // once no outage lets it grow (trimLocked): it returns the tasks cut, and
 // the error each is rejected with.
-func (r *unservedRoom) endPass(in *intake, keep []*unservedTask, now time.Time) (over []*unservedTask, why []error) {
+func (r *unservedRoom) endPass(in *Stage, keep []*unservedTask, now time.Time) (over []*unservedTask, why []error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.q, r.inPass = append(keep, r.q...), 0
-	if len(r.q) > in.cfg.unservedMax() && !r.outageLocked(in, now) && !r.recoveringLocked(in, now) {
-		over, why = r.trimLocked(in.cfg.unservedMax(), in, now)
+	if len(r.q) > in.Config.UnservedMax && !r.outageLocked(in, now) && !r.recoveringLocked(in, now) {
+		over, why = r.trimLocked(in.Config.UnservedMax, in, now)
 	}
 	return over, why
 }
@@ -379,7 +379,7 @@ func (r *unservedRoom) endPass(in *intake, keep []*unservedTask, now time.Time) 
 // trimLocked cuts the room back to max after an outage let it grow: the
 // type keeping the most gives way, newest first. It returns the tasks cut
 // and the error each is rejected with.
-func (r *unservedRoom) trimLocked(max int, in *intake, now time.Time) (cut []*unservedTask, errs []error) {
+func (r *unservedRoom) trimLocked(max int, in *Stage, now time.Time) (cut []*unservedTask, errs []error) {
 	counts := in.boundedByType(r.q, now)
 	for total := sum(counts); total > max; total-- {
 		top := keptMost(counts)
@@ -398,7 +398,7 @@ func (r *unservedRoom) trimLocked(max int, in *intake, now time.Time) (cut []*un
 
 // boundedByType counts the waiting tasks the room's bound applies to by
 // type: those of types not in an outage (typeOutage).
-func (in *intake) boundedByType(q []*unservedTask, now time.Time) map[string]int {
+func (in *Stage) boundedByType(q []*unservedTask, now time.Time) map[string]int {
 	counts := map[string]int{}
 	outage := map[string]bool{}
 	for _, w := range q {
@@ -417,7 +417,7 @@ func (in *intake) boundedByType(q []*unservedTask, now time.Time) map[string]int
 
 // boundedLocked is how many waiting tasks count against the room's bound:
 // those of types not in an outage, and the tasks of the pass under way.
-func (r *unservedRoom) boundedLocked(in *intake, now time.Time) int {
+func (r *unservedRoom) boundedLocked(in *Stage, now time.Time) int {
 	return sum(in.boundedByType(r.q, now)) + r.inPass
 }
 

@@ -1,4 +1,4 @@
-package dispatcher
+package admission
 
 import (
 	"context"
@@ -66,7 +66,7 @@ const (
 
 // newChain lists the steps in the order they run (the const block above
 // indexes it).
-func newChain(in *intake) []admitStep {
+func newChain(in *Stage) []admitStep {
 	return []admitStep{
 		stepExpiry:  expiryStep{in},
 		stepQuota:   quotaStep{in},
@@ -82,7 +82,7 @@ func newChain(in *intake) []admitStep {
 // the message that settles with it, and what the steps have found so far.
 // It lives for one run of the chain.
 type admission struct {
-	a      attemptSpec
+	a      Attempt
 	msg    jsplumb.Msg
 	expiry time.Time     // the task's own deadline (zero: none)
 	key    string        // its candidate set, "" while nothing is held
@@ -98,21 +98,21 @@ type admission struct {
 	priced   bool // the node announced a price for the model
 }
 
-// dispatch runs one attempt through the whole chain; msg (a task or an
+// Dispatch runs one attempt through the whole chain; msg (a task or an
 // outcome) is settled once JetStream has acknowledged the dispatch.
-func (in *intake) dispatch(a attemptSpec, msg jsplumb.Msg) {
+func (in *Stage) Dispatch(a Attempt, msg jsplumb.Msg) {
 	ad := admission{a: a, msg: msg}
 	in.admitFrom(&ad, stepExpiry)
 }
 
 // admitFrom runs the chain from the step on.
-func (in *intake) admitFrom(ad *admission, from step) {
-	ad.expiry = in.flow.expiry(&ad.a.Task, ad.a.Submitted)
+func (in *Stage) admitFrom(ad *admission, from step) {
+	ad.expiry = in.Rules.Expiry(&ad.a.Task, ad.a.Submitted)
 	in.runFrom(ad, from)
 }
 
 // runFrom runs the steps from the step on until one stops the attempt.
-func (in *intake) runFrom(ad *admission, from step) {
+func (in *Stage) runFrom(ad *admission, from step) {
 	for _, s := range in.chain[from:] {
 		if s.admit(ad) != goOn {
 			return
@@ -123,11 +123,11 @@ func (in *intake) runFrom(ad *admission, from step) {
 // resume runs a kept attempt on from the hold step with the decision its
 // room's pass made (dec, err, on table, for req), when the chain would ask
 // the engine the same question; else from the decide step.
-func (in *intake) resume(a attemptSpec, msg jsplumb.Msg, table *policy.Table, req *policy.Request, dec policy.Decision, err error) {
+func (in *Stage) resume(a Attempt, msg jsplumb.Msg, table *policy.Table, req *policy.Request, dec policy.Decision, err error) {
 	ad := admission{a: a, msg: msg}
-	ad.expiry = in.flow.expiry(&ad.a.Task, ad.a.Submitted)
+	ad.expiry = in.Rules.Expiry(&ad.a.Task, ad.a.Submitted)
 	in.standing(&ad)
-	if table != in.snaps.table.Load() || ad.req.Ahead != req.Ahead || ad.req.AheadInBand != req.AheadInBand {
+	if table != in.Tables.Table() || ad.req.Ahead != req.Ahead || ad.req.AheadInBand != req.AheadInBand {
 		in.admitFrom(&ad, stepDecide) // the table changed, or its standing in the hold: ask again
 		return
 	}
@@ -140,7 +140,7 @@ func (in *intake) resume(a attemptSpec, msg jsplumb.Msg, table *policy.Table, re
 
 // expiryStep: a task whose own deadline has passed ends expired (after the
 // sheddable tasks held ahead of it: shedorder.go).
-type expiryStep struct{ in *intake }
+type expiryStep struct{ in *Stage }
 
 func (s expiryStep) admit(ad *admission) verdict {
 	if ad.expiry.IsZero() || time.Now().Before(ad.expiry) {
@@ -154,11 +154,11 @@ func (s expiryStep) admit(ad *admission) verdict {
 }
 
 // quotaStep charges a first attempt to its tenant's rate quota (admit).
-type quotaStep struct{ in *intake }
+type quotaStep struct{ in *Stage }
 
 func (s quotaStep) admit(ad *admission) verdict {
 	a := &ad.a
-	if a.Attempt != 1 || a.admitted || !s.in.quota.Limited(a.Task.TenantName()) {
+	if a.Attempt != 1 || a.admitted || !s.in.Quota.Limited(a.Task.TenantName()) {
 		return goOn
 	}
 	if s.in.admit(a, ad.msg, ad.expiry) {
@@ -168,19 +168,19 @@ func (s quotaStep) admit(ad *admission) verdict {
 }
 
 // decideStep asks the policy engine for the model and the node.
-type decideStep struct{ in *intake }
+type decideStep struct{ in *Stage }
 
 func (s decideStep) admit(ad *admission) verdict {
 	in := s.in
 	in.standing(ad)
-	ad.table = in.snaps.table.Load()
+	ad.table = in.Tables.Table()
 	t := &ad.a.Task
-	span := in.tracer.Start(ad.a.Traceparent, "mlsched.decision")
+	span := in.Tracer.Start(ad.a.Traceparent, "mlsched.decision")
 	start := time.Now()
-	dec, err := in.engine.Decide(ad.table, &ad.req)
+	dec, err := in.Engine.Decide(ad.table, &ad.req)
 	ad.dec, ad.decided = dec, time.Now() // also the deadline's start: one clock read fewer per task
-	in.metrics.decision.Observe(ad.decided.Sub(start).Seconds())
-	if in.tracer.On() {
+	in.Metrics.Decision(ad.decided.Sub(start).Seconds())
+	if in.Tracer.On() {
 		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.String("mlsched.type", t.Type),
 			attribute.Int("mlsched.attempt", ad.a.Attempt), attribute.String("mlsched.model", dec.Model),
 			attribute.String("mlsched.node", dec.Node), attribute.Bool("mlsched.panic", dec.Panic))
@@ -194,7 +194,7 @@ func (s decideStep) admit(ad *admission) verdict {
 // (the first urgent one, or a quiet tenant's) overtakes the held ones, and
 // a node that orders its queue starts it next: it need not wait for the
 // queue target (docs/policies.md, "Ordering at the node").
-func (in *intake) standing(ad *admission) {
+func (in *Stage) standing(ad *admission) {
 	t := &ad.a.Task
 	ad.key = ""
 	if in.held.any() {
@@ -207,7 +207,7 @@ func (in *intake) standing(ad *admission) {
 
 // decided handles the engine's error: a type no live node serves waits for
 // one, bounded (unserved.go); any other error ends the attempt.
-func (in *intake) decided(ad *admission, err error) verdict {
+func (in *Stage) decided(ad *admission, err error) verdict {
 	if err == nil {
 		return goOn
 	}
@@ -216,10 +216,10 @@ func (in *intake) decided(ad *admission, err error) verdict {
 	if code == protocol.CodeNoModel || code == protocol.CodeUnknownModel {
 		// Nodes may be starting or restarting: wait, bounded, then
 		// reject; at once when the only candidates are unready models.
-		if why := unreadyOnly(in.reg.Live(), t.Type, t.Models); why != "" {
+		if why := unreadyOnly(in.Reg.Live(), t.Type, t.Models); why != "" {
 			err = protocol.Errorf(code, "%s: %s", err.(*protocol.Error).Msg, why)
-		} else if !a.noNodeSince.IsZero() && time.Since(a.noNodeSince) >= in.cfg.NoNodeWait {
-			err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, in.cfg.NoNodeWait)
+		} else if !a.noNodeSince.IsZero() && time.Since(a.noNodeSince) >= in.Config.NoNodeWait {
+			err = protocol.Errorf(code, "%s (waited %s for a node)", err.(*protocol.Error).Msg, in.Config.NoNodeWait)
 		} else if err = in.waitForNode(*a, ad.msg, err); err == nil {
 			return kept // bounded, so that no type stalls the others (unserved.go)
 		}
@@ -228,8 +228,8 @@ func (in *intake) decided(ad *admission, err error) verdict {
 	if a.Attempt > 1 {
 		status = protocol.StatusFailed
 	}
-	in.log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.Attempt).Msg("no model for task")
-	in.fin.End(a.Ends(ad.msg, err, status))
+	in.Log.Warn().Err(err).Str("task_id", t.ID).Int("attempt", a.Attempt).Msg("no model for task")
+	in.Fin.End(a.Ends(ad.msg, err, status))
 	return ended
 }
 
@@ -237,7 +237,7 @@ func (in *intake) decided(ad *admission, err error) verdict {
 // this candidate set is held with a priority at least this one's (higher,
 // for a task the hold sends on, or one that goes first), this one waits
 // behind it.
-type holdStep struct{ in *intake }
+type holdStep struct{ in *Stage }
 
 func (s holdStep) admit(ad *admission) verdict {
 	in, t, key := s.in, &ad.a.Task, ad.key
@@ -256,14 +256,14 @@ func (s holdStep) admit(ad *admission) verdict {
 			in.held.wake()
 			return kept
 		}
-		in.counters.Inversions.Add(1) // only when the hold is closed: it must stay 0
+		in.Counters.Inversions.Add(1) // only when the hold is closed: it must stay 0
 	}
 	if key != "" && !ad.req.Ahead {
 		in.held.sentPlain(key, t.Priority)
 	}
 	if ad.dec.Panic {
-		in.counters.Panic.Add(1)
-		in.log.Warn().Str("task_id", t.ID).Str("model", ad.dec.Model).Str("node", ad.dec.Node).
+		in.Counters.Panic.Add(1)
+		in.Log.Warn().Str("task_id", t.ID).Str("model", ad.dec.Model).Str("node", ad.dec.Node).
 			Msg("panic mode: every candidate's breaker is open, routing anyway")
 	}
 	in.deadline(ad)
@@ -273,21 +273,21 @@ func (s holdStep) admit(ad *admission) verdict {
 // deadline sets the attempt's timeout (attemptTimeout, the one rule) and
 // deadline for the decided model: the worker does not start an attempt
 // past its deadline, nor, then, a task past its own.
-func (in *intake) deadline(ad *admission) {
+func (in *Stage) deadline(ad *admission) {
 	ad.timeout = in.attemptTimeout(&ad.a.Task, ad.dec.Model)
-	ad.deadline = ad.decided.Add(ad.timeout + in.cfg.DeadlineSlack)
+	ad.deadline = ad.decided.Add(ad.timeout + in.Config.DeadlineSlack)
 	if !ad.expiry.IsZero() && ad.expiry.Before(ad.deadline) {
 		ad.deadline = ad.expiry
 	}
-	ad.cost, ad.priced = in.reg.Cost(ad.dec.Node, ad.dec.Model, ad.a.Task.Size)
+	ad.cost, ad.priced = in.Reg.Cost(ad.dec.Node, ad.dec.Model, ad.a.Task.Size)
 }
 
 // capStep counts the attempt against its tenant's concurrency cap until
 // its deadline (acquire).
-type capStep struct{ in *intake }
+type capStep struct{ in *Stage }
 
 func (s capStep) admit(ad *admission) verdict {
-	if !s.in.quota.Capped(ad.a.Task.TenantName()) || s.in.acquire(&ad.a, ad.msg, ad.deadline, ad.expiry) {
+	if !s.in.Quota.Capped(ad.a.Task.TenantName()) || s.in.acquire(&ad.a, ad.msg, ad.deadline, ad.expiry) {
 		return goOn
 	}
 	return kept // held or rejected over its tenant's concurrency cap
@@ -296,11 +296,11 @@ func (s capStep) admit(ad *admission) verdict {
 // budgetStep charges the attempt's cost to its tenant's and type's
 // budgets (spend); over one that degrades, the cheapest model that clears
 // the type's bar (the cost policy) goes instead, charged past the limit.
-type budgetStep struct{ in *intake }
+type budgetStep struct{ in *Stage }
 
 func (s budgetStep) admit(ad *admission) verdict {
 	in, t := s.in, &ad.a.Task
-	if in.budgets.Limited(t.TenantName(), t.Type) {
+	if in.Budgets.Limited(t.TenantName(), t.Type) {
 		goes, degrade := in.spend(&ad.a, ad.msg, ad.cost)
 		if !goes {
 			return ended // refused over its tenant's or type's budget
@@ -308,15 +308,15 @@ func (s budgetStep) admit(ad *admission) verdict {
 		if degrade {
 			creq := ad.req
 			creq.Cheapest = true
-			if cheap, err := in.engine.Decide(ad.table, &creq); err == nil && !cheap.Saturated && cheap.Model != ad.dec.Model {
+			if cheap, err := in.Engine.Decide(ad.table, &creq); err == nil && !cheap.Saturated && cheap.Model != ad.dec.Model {
 				ad.dec = cheap
 				in.deadline(ad)
 			}
-			in.budgets.Charge(context.Background(), t.TenantName(), t.Type, ad.cost, true)
+			in.Budgets.Charge(context.Background(), t.TenantName(), t.Type, ad.cost, true)
 		}
 	}
 	if ad.priced {
-		in.metrics.spent(t.Type, t.TenantName(), ad.dec.Model, ad.cost)
+		in.Metrics.Spent(t.Type, t.TenantName(), ad.dec.Model, ad.cost)
 	}
 	return goOn
 }
@@ -325,17 +325,17 @@ func (s budgetStep) admit(ad *admission) verdict {
 // Publish-then-ack: the message is settled on the publisher's reply
 // goroutine once JetStream has stored the dispatch (or refused it); the
 // task itself is not acked then but kept until its result is
-// (taskack.go).
-type publishStep struct{ in *intake }
+// (the Keeper).
+type publishStep struct{ in *Stage }
 
 func (s publishStep) admit(ad *admission) verdict {
 	in, a, t, dec := s.in, &ad.a, &ad.a.Task, ad.dec
 	pd := protocol.Dispatch{TaskID: t.ID, Type: t.Type, Model: dec.Model, Node: dec.Node,
-		Attempt: a.Attempt, MaxAttempts: a.maxAttempts(in.cfg.MaxAttempts), Deadline: ad.deadline, Timeout: ad.timeout,
+		Attempt: a.Attempt, MaxAttempts: a.MaxAttemptsOr(in.Config.MaxAttempts), Deadline: ad.deadline, Timeout: ad.timeout,
 		Submitted: a.Submitted, Submission: a.Submission, History: a.History, TaskAck: a.TaskAck, Pipeline: a.Pipe}
-	span := in.tracer.Start(a.Traceparent, "mlsched.dispatch")
+	span := in.Tracer.Start(a.Traceparent, "mlsched.dispatch")
 	pd.Traceparent = span.Traceparent() // the worker's spans are children of the dispatch
-	if in.tracer.On() {
+	if in.Tracer.On() {
 		span.SetAttributes(attribute.String("mlsched.task_id", t.ID), attribute.Int("mlsched.attempt", a.Attempt),
 			attribute.String("mlsched.model", dec.Model), attribute.String("mlsched.node", dec.Node))
 	}
@@ -343,7 +343,7 @@ func (s publishStep) admit(ad *admission) verdict {
 	hb := headerBufs.Get().(*protocol.HeaderBuf)
 	defer headerBufs.Put(hb) // once Publish has returned: nats.go has encoded the headers
 	var h nats.Header
-	if in.reg.CompactDispatch(dec.Node) { // one header instead of fourteen (protocol/compact.go)
+	if in.Reg.CompactDispatch(dec.Node) { // one header instead of fourteen (protocol/compact.go)
 		h = pd.CompactHeaderInto(hb)
 	} else {
 		h = pd.HeaderInto(hb)
@@ -351,41 +351,47 @@ func (s publishStep) admit(ad *admission) verdict {
 	out := &nats.Msg{Subject: topology.DispatchSubject(dec.Node), Data: a.Data, Header: h}
 	hb.Put(protocol.HdrMsgID, pd.MsgID("d"))
 	ad.table.Dispatched(dec.Model, dec.Node)
-	settled := in.keeper.dispatched(ad.msg, a.TaskAck, ad.deadline, attemptRecord{Task: t.ID, Type: t.Type, Submission: a.Submission,
+	settled := in.Keeper.Dispatched(ad.msg, a.TaskAck, ad.deadline, Record{Task: t.ID, Type: t.Type, Submission: a.Submission,
 		Attempt: a.Attempt, MaxAttempts: pd.MaxAttempts, Model: dec.Model, Node: dec.Node, History: a.History})
 	stored := in.dispatchStored(t.ID, a.Attempt, dec.Model, dec.Node, bandName(t.Priority), a.Submitted, span)
-	if err := in.complete.Publish(context.Background(), in.pub, settled, out, "", stored); err != nil {
+	if err := in.Complete.Publish(context.Background(), in.Pub, settled, out, "", stored); err != nil {
 		ad.table.Completed(dec.Model, dec.Node) // not sent after all
-		in.log.Warn().Err(err).Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
+		in.Log.Warn().Err(err).Str("task_id", t.ID).Str("model", dec.Model).Str("node", dec.Node).Msg("dispatch publish failed, will retry")
 		span.End(err)
-		in.keeper.Keep(ad.msg, a.TaskAck, time.Now().Add(time.Second+in.cfg.AckWait)) // a retry's task stays in progress
-		in.complete.Retry(ad.msg, time.Second)
+		in.Keeper.Keep(ad.msg, a.TaskAck, time.Now().Add(time.Second+in.Config.AckWait)) // a retry's task stays in progress
+		in.Complete.Retry(ad.msg, time.Second)
 	}
 	return ended
 }
 
 // dispatchStored is the callback of a dispatch's acknowledgement: a stored
 // dispatch (not a duplicate) is counted, its wait observed by band.
-func (in *intake) dispatchStored(id string, attempt int, model, node, band string, submitted time.Time, span tracing.Span) func(*jetstream.PubAck, error) error {
+func (in *Stage) dispatchStored(id string, attempt int, model, node, band string, submitted time.Time, span tracing.Span) func(*jetstream.PubAck, error) error {
 	return func(ack *jetstream.PubAck, err error) error {
 		span.End(err)
 		if err != nil {
-			in.log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
+			in.Log.Warn().Err(err).Str("task_id", id).Str("model", model).Str("node", node).Msg("dispatch not acknowledged, will retry")
 			return err
 		}
 		if !ack.Duplicate {
 			now := time.Now()
 			in.drain.dispatched(now)
-			in.batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
+			in.Batch.Add(stats.Event{Model: model, Node: node, Kind: stats.KindDispatched})
 			if attempt > 1 {
-				in.counters.Redispatched.Add(1)
+				in.Counters.Redispatched.Add(1)
 			} else {
-				in.counters.Dispatched.Add(1)
-				in.metrics.admitted.Get(band).Inc()
-				in.metrics.wait.Get(band).Observe(now.Sub(submitted).Seconds())
+				in.Counters.Dispatched.Add(1)
+				in.Metrics.Admitted(band)
+				in.Metrics.Waited(band, now.Sub(submitted).Seconds())
 			}
 		}
-		in.log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
+		in.Log.Debug().Str("task_id", id).Str("model", model).Str("node", node).Int("attempt", attempt).Msg("dispatched")
 		return nil
 	}
+}
+
+// seal makes a dispatch verifiable when its outcome comes back.
+func (in *Stage) seal(pd *protocol.Dispatch, task []byte) {
+	pd.TaskSum = protocol.TaskSum(task)
+	pd.Seal = in.Sealer.Seal(pd)
 }

@@ -1,4 +1,4 @@
-package dispatcher
+package admission
 
 import (
 	"fmt"
@@ -14,13 +14,13 @@ import (
 // that send one task each (a saturated cluster frees one slot at a time)
 // share 3:1:1 as 60/20/20 within ±5 points.
 func TestHoldOrderOneTaskPerPassWeightedFair(t *testing.T) {
-	rules := &flowRules{weights: map[string]float64{"a": 3, "b": 1, "c": 1}}
+	rules := weights{"a": 3, "b": 1, "c": 1}
 	h := newHoldRoom()
 	base := time.Now()
 	seq := 0
 	add := func(tenant string) *heldTask {
 		seq++
-		return &heldTask{a: attemptSpec{Spec: finish.Spec{Task: protocol.Task{ID: fmt.Sprint(tenant, seq), Type: "x", Tenant: tenant}}},
+		return &heldTask{a: Attempt{Spec: finish.Spec{Task: protocol.Task{ID: fmt.Sprint(tenant, seq), Type: "x", Tenant: tenant}}},
 			since: base.Add(time.Duration(seq) * time.Millisecond), key: "x", tenant: tenant}
 	}
 	var q []*heldTask
@@ -99,3 +99,16 @@ func TestHoldLeads(t *testing.T) {
 		t.Error("a plain send recorded for a key with nothing held")
 	}
 }
+
+// weights are Rules of tenants' weights alone.
+type weights map[string]float64
+
+func (w weights) Weight(tenant string) float64 {
+	if v, ok := w[tenant]; ok {
+		return v
+	}
+	return 1
+}
+func (weights) Expiry(*protocol.Task, time.Time) time.Time { return time.Time{} }
+func (weights) Rate(string) float64                        { return 0 }
+func (weights) Cap(string) int                             { return 0 }

@@ -1,4 +1,4 @@
-package dispatcher
+package admission
 
 import (
 	"cmp"
@@ -52,7 +52,7 @@ const holdPassGap = 5 * time.Millisecond
 const holdLogEvery = 5 * time.Second
 
 type heldTask struct {
-	a        attemptSpec
+	a        Attempt
 	msg      jsplumb.Msg
 	since    time.Time // when it was first held
 	until    time.Time // its deadline: fail after
@@ -103,7 +103,7 @@ type holdRoom struct {
 	// fair is the fair order (package fairorder): its clocks, the held
 	// tasks per candidate key and priority (those taken out for a pass
 	// included, until each leaves the hold), and per band and tenant (over
-	// their quota too: what parking weighs, park.go).
+	// their quota too: what parking weighs, dispatcher/park.go).
 	fair *fairorder.Order
 }
 
@@ -218,7 +218,7 @@ func (h *holdRoom) len() int {
 
 // hold keeps a saturated task; it reports false when the room is closed
 // (shutting down), and the caller then naks the message.
-func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait time.Duration, expiry time.Time) bool {
+func (in *Stage) hold(a Attempt, msg jsplumb.Msg, dec policy.Decision, wait time.Duration, expiry time.Time) bool {
 	now := time.Now()
 	first := a.heldSince.IsZero()
 	if first {
@@ -235,11 +235,11 @@ func (in *intake) hold(a attemptSpec, msg jsplumb.Msg, dec policy.Decision, wait
 		return false
 	}
 	if first && !a.overLimit() {
-		in.counters.Saturated.Add(1)
+		in.Counters.Saturated.Add(1)
 	}
-	in.keeper.Keep(msg, a.TaskAck, until) // a retry's task stays in progress while it is held (taskack.go)
+	in.Keeper.Keep(msg, a.TaskAck, until) // a retry's task stays in progress while it is held (the Keeper)
 	if newly > 0 {
-		in.log.Warn().Str("type", a.Task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", newly).Int("held", held).
+		in.Log.Warn().Str("type", a.Task.Type).Str("model", dec.Model).Str("node", dec.Node).Int64("newly_held", newly).Int("held", held).
 			Msg("saturated: every candidate's nodes hold more work than they can start before the deadline; keeping tasks in the stream")
 	}
 	return true
@@ -276,7 +276,7 @@ func (h *holdRoom) put(ht *heldTask, now time.Time) (newly int64, held int, ok b
 // takePass takes the held tasks out for a pass, in the fair order (order);
 // they still count as held (len, and the fair order's counts) until each
 // leaves or endPass puts it back.
-func (h *holdRoom) takePass(rules *flowRules) []*heldTask {
+func (h *holdRoom) takePass(rules Rules) []*heldTask {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	q := h.q
@@ -306,8 +306,8 @@ func (h *holdRoom) count(ht *heldTask) {
 	h.mu.Unlock()
 }
 
-// holdService runs the hold loop as a component.
-func (in *intake) holdService() lifecycle.Service {
+// HoldService runs the hold loop as a component.
+func (in *Stage) HoldService() lifecycle.Service {
 	return lifecycle.Run(func(ctx context.Context, ready func()) error {
 		in.held.reopen()
 		ready()
@@ -318,7 +318,7 @@ func (in *intake) holdService() lifecycle.Service {
 
 // holdLoop decides again for held tasks until ctx is done, then naks
 // whatever is still held.
-func (in *intake) holdLoop(ctx context.Context) {
+func (in *Stage) holdLoop(ctx context.Context) {
 	t := time.NewTicker(holdRetry)
 	defer t.Stop()
 	for {
@@ -353,13 +353,13 @@ func (in *intake) holdLoop(ctx context.Context) {
 // of its priority may go. Tasks past their deadline fail; tasks cancelled meanwhile
 // are dropped (their result is stored), never dispatched; sheddable tasks
 // that cannot start in time are shed.
-func (in *intake) retryHeld() {
-	q := in.held.takePass(in.flow)
+func (in *Stage) retryHeld() {
+	q := in.held.takePass(in.Rules)
 	if len(q) == 0 {
 		in.held.endPass(nil)
 		return
 	}
-	p := &holdPass{in: in, q: q, now: time.Now(), table: in.snaps.table.Load(), rate: in.drain.perSecond()}
+	p := &holdPass{in: in, q: q, now: time.Now(), table: in.Tables.Table(), rate: in.drain.perSecond()}
 	for i, ht := range q {
 		if ht.gone {
 			continue // shed already (shedorder.go)
@@ -379,7 +379,7 @@ func (in *intake) retryHeld() {
 
 // holdPass is one pass of the hold over its tasks, in order.
 type holdPass struct {
-	in    *intake
+	in    *Stage
 	q     []*heldTask // the tasks, in the pass's order
 	now   time.Time
 	table *policy.Table
@@ -403,9 +403,9 @@ func (p *holdPass) stay(ht *heldTask) {
 func (p *holdPass) ends(i int, ht *heldTask) bool {
 	in, h, t, now := p.in, p.in.held, &ht.a.Task, p.now
 	switch {
-	case in.superseded.Cancelled(t.ID, ht.a.Submission):
+	case in.Superseded.Cancelled(t.ID, ht.a.Submission):
 		h.leave(ht)
-		in.fin.End(ht.a.EndsStored(ht.msg))
+		in.Fin.End(ht.a.EndsStored(ht.msg))
 	case !ht.expiry.IsZero() && !now.Before(ht.expiry):
 		h.leave(ht)
 		if t.Priority < 0 {
@@ -414,7 +414,7 @@ func (p *holdPass) ends(i int, ht *heldTask) bool {
 			in.shedFirst(p.q, i, ht.key)
 			in.expire(&ht.a, ht.msg, ht.expiry, "while it was held for want of capacity")
 		}
-	case now.After(ht.until) && in.cfg.QueueTarget.On() && !ht.a.overLimit() && t.Priority >= 0 && p.onlyWaiting(ht):
+	case now.After(ht.until) && in.Config.QueueTargetOn && !ht.a.overLimit() && t.Priority >= 0 && p.onlyWaiting(ht):
 		p.stay(ht)
 	case now.After(ht.until):
 		h.leave(ht)
@@ -445,14 +445,14 @@ func (p *holdPass) ends(i int, ht *heldTask) bool {
 func (p *holdPass) onlyWaiting(ht *heldTask) bool {
 	in := p.in
 	req := in.requestAs(&ht.a, fullDeadline)
-	if dec, err := in.engine.Decide(p.table, &req); err != nil || dec.Saturated {
+	if dec, err := in.Engine.Decide(p.table, &req); err != nil || dec.Saturated {
 		return false
 	}
 	ht.until = p.now.Add(in.holdWait(&ht.a))
 	if !ht.expiry.IsZero() && ht.expiry.Before(ht.until) {
 		ht.until = ht.expiry
 	}
-	in.keeper.Keep(ht.msg, ht.a.TaskAck, ht.until)
+	in.Keeper.Keep(ht.msg, ht.a.TaskAck, ht.until)
 	return true
 }
 
@@ -466,7 +466,7 @@ func (p *holdPass) quotaToken(i int, ht *heldTask) *heldTask {
 		p.stay(ht)
 		return nil
 	}
-	if ok, _ := in.quota.Allow(context.Background(), ht.tenant); !ok {
+	if ok, _ := in.Quota.Allow(context.Background(), ht.tenant); !ok {
 		p.refused = append(p.refused, ht.tenant)
 		p.stay(ht)
 		return nil
@@ -494,7 +494,7 @@ func (p *holdPass) sendOn(ht *heldTask) {
 	// task of the set. resume asks again when the task, once out of the
 	// hold, would have the credit.
 	req := in.request(&ht.a)
-	dec, err := in.engine.Decide(p.table, &req)
+	dec, err := in.Engine.Decide(p.table, &req)
 	if err != nil || !dec.Saturated {
 		if ht.a.overCap && !in.capRoom(ht, &p.capped) {
 			p.stay(ht)
@@ -545,9 +545,9 @@ func newestOverQuota(q []*heldTask, i int, now time.Time) int {
 // its own deadline_ms, nearly spent, makes it so. Such a task does not mark
 // its candidate set saturated for the pass, as the simulator's hold
 // (dispatcher/internal/simulate/flow.go).
-func (in *intake) ownDeadlineOnly(table *policy.Table, a *attemptSpec) bool {
+func (in *Stage) ownDeadlineOnly(table *policy.Table, a *Attempt) bool {
 	req := in.requestAs(a, noExpiry)
-	dec, err := in.engine.Decide(table, &req)
+	dec, err := in.Engine.Decide(table, &req)
 	return err == nil && !dec.Saturated
 }
 
@@ -555,11 +555,11 @@ func (in *intake) ownDeadlineOnly(table *policy.Table, a *attemptSpec) bool {
 // go now: its place is taken (until its hold time; dispatch counts it again
 // until the attempt's deadline). A tenant found at its cap is not asked
 // again in the pass.
-func (in *intake) capRoom(ht *heldTask, capped *[]string) bool {
+func (in *Stage) capRoom(ht *heldTask, capped *[]string) bool {
 	if containsStr(*capped, ht.tenant) {
 		return false
 	}
-	if ok, _ := in.quota.Acquire(context.Background(), ht.tenant, ht.a.Task.ID, in.holdWait(&ht.a), false); !ok {
+	if ok, _ := in.Quota.Acquire(context.Background(), ht.tenant, ht.a.Task.ID, in.holdWait(&ht.a), false); !ok {
 		*capped = append(*capped, ht.tenant)
 		return false
 	}
@@ -568,9 +568,9 @@ func (in *intake) capRoom(ht *heldTask, capped *[]string) bool {
 }
 
 // keepAlive keeps a held message from redelivery.
-func (in *intake) keepAlive(ht *heldTask, now time.Time) {
-	if now.Sub(ht.progress) >= in.cfg.AckWait/3 {
-		in.complete.Progress(ht.msg)
+func (in *Stage) keepAlive(ht *heldTask, now time.Time) {
+	if now.Sub(ht.progress) >= in.Config.AckWait/3 {
+		in.Complete.Progress(ht.msg)
 		ht.progress = now
 	}
 }
@@ -578,8 +578,8 @@ func (in *intake) keepAlive(ht *heldTask, now time.Time) {
 // order sorts q for a pass in the fair order (fairorder.Sort: priority
 // descending, then start-time fair between tenants by weight, then age).
 // Called with mu held.
-func (h *holdRoom) order(q []*heldTask, rules *flowRules) {
-	fairorder.Sort(h.fair, q, rules.weight)
+func (h *holdRoom) order(q []*heldTask, rules Rules) {
+	fairorder.Sort(h.fair, q, rules.Weight)
 }
 
 // served: a held task goes on; the fair order's clocks advance.
@@ -592,22 +592,22 @@ func (h *holdRoom) served(ht *heldTask) {
 // shed ends a sheddable held task that cannot start in time: failed with
 // CodeShed, not dead-lettered (the producer's to retry, after
 // retry_after_ms), counted.
-func (in *intake) shed(ht *heldTask, ahead int, why string) {
+func (in *Stage) shed(ht *heldTask, ahead int, why string) {
 	a := &ht.a
-	in.counters.ShedFlow.Add(1)
+	in.Counters.ShedFlow.Add(1)
 	err := protocol.Errorf(protocol.CodeShed, "priority %d is sheddable and %s (%d tasks of this replica ahead of it); retry after retry_after_ms",
 		a.Task.Priority, why, ahead)
-	in.log.Debug().Err(err).Str("task_id", a.Task.ID).Str("tenant", ht.tenant).Msg("task shed")
+	in.Log.Debug().Err(err).Str("task_id", a.Task.ID).Str("tenant", ht.tenant).Msg("task shed")
 	e := a.Ends(ht.msg, err, protocol.StatusFailed)
 	e.RetryAfter = in.drain.retryAfter(ahead)
-	in.fin.End(e)
+	in.Fin.End(e)
 }
 
-func (in *intake) failSaturated(ht *heldTask) {
+func (in *Stage) failSaturated(ht *heldTask) {
 	a := &ht.a
 	waited := time.Since(ht.since).Round(time.Millisecond)
 	models := make([]string, 0, 4)
-	if table := in.snaps.table.Load(); table != nil {
+	if table := in.Tables.Table(); table != nil {
 		for _, c := range table.Candidates(a.Task.Type) {
 			if protocol.AllowedBy(a.Task.Models, c.Model) {
 				models = append(models, c.Model)
@@ -616,15 +616,15 @@ func (in *intake) failSaturated(ht *heldTask) {
 	}
 	err := protocol.Errorf(protocol.CodeSaturated, "no node could start the task before its deadline: every candidate for type %q (%s) stayed saturated for %s, the task's timeout plus the deadline slack",
 		a.Task.Type, strings.Join(models, ", "), waited)
-	in.log.Warn().Err(err).Str("task_id", a.Task.ID).Int("attempt", a.Attempt).Msg("task failed: saturated")
-	in.fin.End(a.Ends(ht.msg, err, protocol.StatusFailed))
+	in.Log.Warn().Err(err).Str("task_id", a.Task.ID).Int("attempt", a.Attempt).Msg("task failed: saturated")
+	in.Fin.End(a.Ends(ht.msg, err, protocol.StatusFailed))
 }
 
 // releaseHeld naks every held message, for another replica or a restart.
-func (in *intake) releaseHeld() {
+func (in *Stage) releaseHeld() {
 	for _, ht := range in.held.close() {
 		in.held.leave(ht)
-		in.complete.Retry(ht.msg, 0)
+		in.Complete.Retry(ht.msg, 0)
 	}
 }
 

@@ -1,4 +1,4 @@
-package dispatcher
+package admission
 
 import (
 	"time"
@@ -35,7 +35,7 @@ func (h *holdRoom) sheddableHeld(key string) bool {
 // the sheddable tasks of the set held for capacity, those of the pass's q
 // after i (marked gone, the pass skips them) and those held since the pass
 // began, then counts a shedding inversion if one is still held.
-func (in *intake) shedFirst(q []*heldTask, i int, key string) {
+func (in *Stage) shedFirst(q []*heldTask, i int, key string) {
 	h := in.held
 	if h.n.Load() == 0 && h.inPass.Load() == 0 {
 		return
@@ -81,7 +81,7 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 		in.shed(o, 0, "a task of its candidate set that may not be shed ran out of time before it: sheddable work goes first")
 	}
 	if inverted {
-		in.counters.ShedInversions.Add(1)
+		in.Counters.ShedInversions.Add(1)
 	}
 }
 
@@ -89,7 +89,7 @@ func (in *intake) shedFirst(q []*heldTask, i int, key string) {
 // sheddable tasks of its set are held is handed to the hold, which ends it
 // at its next pass (woken now) after shedding them: only a pass sees the
 // tasks it has taken out. It reports whether the hold took it.
-func (in *intake) expireAfterShed(a *attemptSpec, msg jsplumb.Msg, expiry time.Time) bool {
+func (in *Stage) expireAfterShed(a *Attempt, msg jsplumb.Msg, expiry time.Time) bool {
 	if a.Task.Priority < 0 || !in.held.any() || !in.held.sheddableHeld(candidateKey(&a.Task)) {
 		return false
 	}

@@ -50,7 +50,6 @@ func (p *parts) report(cfg Config, c *Counters) *protocol.StatsReport {
 		r.Budgets = append(r.Budgets, protocol.BudgetReport{Scope: string(b.Scope), Name: b.Name, Limit: b.Limit,
 			Period: b.Period, Action: string(b.Action), Spent: b.Spent, Ends: b.Ends})
 	}
-	r.Cost = p.intake.metrics.costReport()
 	if reason := p.snaps.degraded.Load(); reason != nil {
 		r.Degraded, r.DegradedReason = true, *reason
 	}

@@ -141,7 +141,7 @@ type Config struct {
 	// in priority and fair order (policy.Config.QueueTarget).
 	QueueTarget QueueTarget `envconfig:"QUEUE_TARGET" default:"auto" desc:"flow control: a (model, node) counts as saturated once a task would wait plus run longer than this there, so the rest waits in the dispatcher's hold, in priority and tenant order; auto: 3x the model's mean latency on that node over the statistics window (at least 20ms; while the node has fewer than 20 attempts of the model, at least a tenth of the timeout, at most 1s); a duration: that for every pair; off (or 0): only the attempt's deadline"`
 	// ParkAbove is how many tasks of one tenant a replica holds in a band
-	// before it parks the tenant's next ones (park.go).
+	// before it parks the tenant's next ones (internal/intake/park.go).
 	ParkAbove int `envconfig:"PARK_ABOVE" default:"256" desc:"flow control: once a replica holds this many tasks of one tenant in a priority band while other tenants send to it, the tenant's next tasks are parked on a subject of their own and come back as its held ones leave, so one tenant's backlog never stands before another's in the stream (at most half MLSCHED_MAX_IN_FLIGHT; 0: off)"`
 	// TenantBudgets and TypeBudgets are cost budgets per period, shared by
 	// every replica through Redis (dispatcher/internal/budget).

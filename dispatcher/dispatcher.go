@@ -36,7 +36,8 @@ import (
 
 // Dispatcher is one dispatcher replica: the wiring of its components and
 // their lifecycle. Everything that handles a message is a stage of its own
-// (intake.go with admission.go, internal/outcome, internal/finish), built by run from what it needs.
+// (internal/intake, internal/admission, internal/outcome, internal/finish),
+// built by run from what it needs.
 type Dispatcher struct {
 	cfg      Config
 	log      zerolog.Logger
@@ -69,7 +70,6 @@ type parts struct {
 	batch   *stats.Batcher
 	reg     *registry.Registry
 	snaps   *refresher // statistics snapshot and decision table
-	intake  *intake
 	adm     *admission.Stage
 	cancel  *canceller
 	backlog *backlogSampler // streams.go
@@ -95,7 +95,7 @@ type Counters struct {
 	// store reset (restarted empty, or failed over) and re-seeded it.
 	StoreResets atomic.Int64
 	// Parked counts the tasks parked over their tenant's share of a band
-	// (park.go).
+	// (internal/intake/park.go).
 	Parked atomic.Int64
 }
 
@@ -161,7 +161,9 @@ func (d *Dispatcher) Report() *protocol.StatsReport {
 	if p == nil { // still starting: nothing to report but the name
 		return &protocol.StatsReport{Dispatcher: d.cfg.Name, Window: d.cfg.StatsWindow}
 	}
-	return p.report(d.cfg, &d.counters)
+	r := p.report(d.cfg, &d.counters)
+	r.Cost = d.metrics.costReport()
+	return r
 }
 
 // Backlog is the last sample of tasks waiting per type (nil before the
@@ -335,7 +337,7 @@ func (d *Dispatcher) run(ctx context.Context) error {
 		return err
 	}
 	d.parts.Store(&parts{nc: nc, js: js, store: gr.store, kind: gr.kind, batch: w.batch, reg: w.reg, snaps: w.snaps,
-		intake: w.in, adm: w.adm, cancel: w.cn, backlog: w.backlog, streams: w.streams, rolls: w.rolls})
+		adm: w.adm, cancel: w.cn, backlog: w.backlog, streams: w.streams, rolls: w.rolls})
 	batchCtx, cancelBatch := context.WithCancel(context.Background())
 	defer cancelBatch()
 	return d.serve(ctx, d.components(gr, w, batchCtx), w)

@@ -35,7 +35,7 @@
 //   - the four stages along a task's path, each a type built from what it
 //     needs, and the consumers that feed them (each stage package imports
 //     only the stages after it: e2e's TestStagesImportForwardOnly):
-//   - intake (intake.go, park.go), the entry: validate a task (reject or
+//   - intake (package internal/intake: intake.go, park.go), the entry: validate a task (reject or
 //     dead-letter bad input), end one already answered or cancelled, park a
 //     flooding tenant's tasks beyond its share of a band, and hand the rest
 //     to admission;
@@ -67,7 +67,7 @@
 //     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (53 files, each named once; the libraries'
+// these files, in this order (52 files, each named once; the libraries'
 // files not counted). e2e's TestDocPathIsTheTraceOfOneTask (make docpath)
 // holds the list to the code one task really runs, read from coverage
 // counters:
@@ -79,7 +79,7 @@
 //  3. shared/client/group.go: the producer's group commit, when it is on;
 //  4. shared/topology/topology.go: every subject on the way (task, dispatch,
 //     outcome, report, result);
-//  5. dispatcher/intake.go: handleTask takes the task from its band's
+//  5. dispatcher/internal/intake/intake.go: HandleTask takes the task from its band's
 //     consumer, then enter hands it to admission (the task has no pipeline:
 //     none of pipeline.go's steps to run, docs/protocol.md, "Pipelines");
 //  6. shared/protocol/task.go: DecodeTask validates it, in one pass on
@@ -88,75 +88,74 @@
 //  8. dispatcher/stats/window.go: the names a statistics key is made of are
 //     checked;
 //  9. dispatcher/superseded.go: a cancelled task would end here;
-//  10. dispatcher/config.go: its attempts and retry rule;
-//  11. dispatcher/park.go: whether the tenant's tasks park (they do not);
-//  12. dispatcher/internal/admission/admission.go: Dispatch runs admission's
+//  10. dispatcher/internal/intake/park.go: whether the tenant's tasks park (they do not);
+//  11. dispatcher/internal/admission/admission.go: Dispatch runs admission's
 //     chain of steps, in the order newChain lists them (expiry, quota,
 //     decide, hold, cap, budget, publish), each one decision:
-//  13. dispatcher/flow.go: the expiry step: its own deadline (flow control's
+//  12. dispatcher/flow.go: the expiry step: its own deadline (flow control's
 //     rules);
-//  14. dispatcher/internal/quota/quota.go: the quota step: the tenant's
+//  13. dispatcher/internal/quota/quota.go: the quota step: the tenant's
 //     rate quota;
-//  15. dispatcher/internal/admission/stage.go: the decide step asks with the
+//  14. dispatcher/internal/admission/stage.go: the decide step asks with the
 //     attempt's request (its timeout, by the one rule, and deadline),
-//  16. dispatcher/snapshot.go: on the refresher's last decision table;
-//  17. dispatcher/internal/policy/engine.go: the decide step: Decide picks
+//  15. dispatcher/snapshot.go: on the refresher's last decision table;
+//  16. dispatcher/internal/policy/engine.go: the decide step: Decide picks
 //     the model and the node,
-//  18. dispatcher/internal/policy/rand.go: with the decision's own
+//  17. dispatcher/internal/policy/rand.go: with the decision's own
 //     generator,
-//  19. dispatcher/internal/policy/policies.go: the policy's Choose,
-//  20. dispatcher/internal/policy/load.go: the load model,
-//  21. dispatcher/internal/policy/table.go: on the decision table, which
+//  18. dispatcher/internal/policy/policies.go: the policy's Choose,
+//  19. dispatcher/internal/policy/load.go: the load model,
+//  20. dispatcher/internal/policy/table.go: on the decision table, which
 //     counts the dispatch;
-//  22. dispatcher/internal/admission/hold.go: the hold step: the band's
+//  21. dispatcher/internal/admission/hold.go: the hold step: the band's
 //     hold, which this task passes by;
-//  23. dispatcher/internal/registry/registry.go: the node's costs and its
+//  22. dispatcher/internal/registry/registry.go: the node's costs and its
 //     compact dispatch form;
-//  24. dispatcher/internal/quota/concurrency.go: the cap step: the
+//  23. dispatcher/internal/quota/concurrency.go: the cap step: the
 //     tenant's concurrency cap;
-//  25. dispatcher/internal/budget/budget.go: the budget step: the budgets;
-//  26. dispatcher/trust.go: the publish step seals the dispatch;
-//  27. shared/protocol/dispatch.go: the dispatch's headers,
-//  28. shared/protocol/compact.go: in their compact form;
-//  29. shared/opshttp/labels.go: the metrics' label sets;
-//  30. shared/jsplumb/publisher.go: the dispatch is published; its
+//  24. dispatcher/internal/budget/budget.go: the budget step: the budgets;
+//  25. dispatcher/trust.go: the publish step seals the dispatch;
+//  26. shared/protocol/dispatch.go: the dispatch's headers,
+//  27. shared/protocol/compact.go: in their compact form;
+//  28. shared/opshttp/labels.go: the metrics' label sets;
+//  29. shared/jsplumb/publisher.go: the dispatch is published; its
 //     acknowledgement, read in place, calls back
-//  31. dispatcher/internal/admission/drain.go: admission's callback counts the
+//  30. dispatcher/internal/admission/drain.go: admission's callback counts the
 //     stored dispatch in the drain rate (retry_after_ms), and
-//  32. shared/jsplumb/completer.go: which hands the task, unacknowledged,
-//  33. dispatcher/taskack.go: to the task keeper until its result;
-//  34. dispatcher/rollouts.go: a rollout of the model would count it;
-//  35. worker/task.go: the node's consumer hands the dispatch to onMessage,
+//  31. shared/jsplumb/completer.go: which hands the task, unacknowledged,
+//  32. dispatcher/taskack.go: to the task keeper until its result;
+//  33. dispatcher/rollouts.go: a rollout of the model would count it;
+//  34. worker/task.go: the node's consumer hands the dispatch to onMessage,
 //     process and run (no outcome of it kept from an earlier delivery: that
 //     would be worker/unreported.go), then finish and report;
-//  36. worker/admission.go: the node's admission,
-//  37. worker/slots.go: its slots, in the node's order;
-//  38. worker/worker.go: the model's typical run, against the deadline;
-//  39. worker/executor/executor.go: the executor runs the model;
-//  40. worker/observe.go: the node's metrics;
-//  41. worker/outcomes.go: the outcome publisher sends a direct report
+//  35. worker/admission.go: the node's admission,
+//  36. worker/slots.go: its slots, in the node's order;
+//  37. worker/worker.go: the model's typical run, against the deadline;
+//  38. worker/executor/executor.go: the executor runs the model;
+//  39. worker/observe.go: the node's metrics;
+//  40. worker/outcomes.go: the outcome publisher sends a direct report
 //     (publisher.go's Request);
-//  42. shared/protocol/messages.go: the outcome's status and message ids;
-//  43. dispatcher/internal/outcome/outcome.go: HandleReport (codec.go's
+//  41. shared/protocol/messages.go: the outcome's status and message ids;
+//  42. dispatcher/internal/outcome/outcome.go: HandleReport (codec.go's
 //     DecodeOutcome), then Settle checks it against the seal (trust.go
 //     again) and reads the task's ack subject from the dispatch
-//  44. dispatcher/internal/finish/taskack.go: (TaskAckFor);
-//  45. dispatcher/internal/settle/settle.go: Settle says finish;
-//  46. dispatcher/stats/batcher.go: the outcome goes into the statistics;
-//  47. dispatcher/wiring.go: its observer tells the metrics, the load model
+//  43. dispatcher/internal/finish/taskack.go: (TaskAckFor);
+//  44. dispatcher/internal/settle/settle.go: Settle says finish;
+//  45. dispatcher/stats/batcher.go: the outcome goes into the statistics;
+//  46. dispatcher/wiring.go: its observer tells the metrics, the load model
 //     and the rollouts;
-//  48. dispatcher/internal/pipeline/pipeline.go: the task's latency
+//  47. dispatcher/internal/pipeline/pipeline.go: the task's latency
 //     (MsSince), for its result;
-//  49. dispatcher/internal/finish/finish.go: the finish stage's End, the
+//  48. dispatcher/internal/finish/finish.go: the finish stage's End, the
 //     one way a task ends, releases what the attempt held and publishes
 //     the result;
-//  50. dispatcher/metrics.go: the result in the metrics (finish.Metrics),
-//  51. dispatcher/internal/finish/counts.go: and counted by type;
-//  52. shared/jsplumb/groupcommit.go: on disk, with the results published
+//  49. dispatcher/metrics.go: the result in the metrics (finish.Metrics),
+//  50. dispatcher/internal/finish/counts.go: and counted by type;
+//  51. shared/jsplumb/groupcommit.go: on disk, with the results published
 //     meanwhile (through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
 //     the worker (dispatch.go's ReportAcked, read by worker/task.go);
-//  53. dispatcher/taskprune.go: the acked task is noted for the pruner;
+//  52. dispatcher/taskprune.go: the acked task is noted for the pruner;
 //     client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

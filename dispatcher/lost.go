@@ -3,13 +3,9 @@ package dispatcher
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/mlsched/mlsched/dispatcher/internal/admission"
-	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // Attempts lost with the attempt streams (issue 39). MLSCHED_DISPATCH and
@@ -40,9 +36,6 @@ import (
 // attemptRecord is one attempt a replica dispatched, as lost.go records it.
 type attemptRecord = admission.Record
 
-// lostWithStreams is the lost attempt's error in the task's history.
-const lostWithStreams = "lost with the attempt streams: the nats-server restarted while it ran"
-
 // recordLost writes the attempts this replica dispatched before the
 // attempt streams were re-created at created.
 func recordLost(ctx context.Context, k *taskKeeper, s *supersededSet, created time.Time) (int, error) {
@@ -54,30 +47,6 @@ func recordLost(ctx context.Context, k *taskKeeper, s *supersededSet, created ti
 		}
 	}
 	return len(recs), firstErr
-}
-
-// resumeLost goes on with a task delivered again whose attempt rec was in
-// flight when the attempt streams were lost: that attempt ends as lost and
-// the task continues at the next one, or ends when none is left.
-func (in *intake) resumeLost(msg jetstream.Msg, a admission.Attempt, o taskOrigin, rec attemptRecord) {
-	a.History = append(slices.Clone(rec.History), protocol.Attempt{Attempt: rec.Attempt, Model: rec.Model, Node: rec.Node,
-		Status: protocol.OutcomeLost, Error: lostWithStreams})
-	a.Attempt = rec.Attempt + 1
-	in.superseded.Mark(a.Task.ID, a.Submission, rec.Attempt) // its late outcome is not final
-	in.counters.Lost.Add(1)
-	in.log.Warn().Str("task_id", a.Task.ID).Int("attempt", rec.Attempt).Str("model", rec.Model).Str("node", rec.Node).
-		Msg("attempt lost with the attempt streams: going on from it")
-	maxAttempts := rec.MaxAttempts
-	if maxAttempts <= 0 {
-		maxAttempts = a.MaxAttemptsOr(in.cfg.MaxAttempts)
-	}
-	if rec.Attempt >= maxAttempts {
-		err := protocol.Errorf(protocol.CodeAttemptsExhausted, "all %d attempts failed; the last, on model %s node %s, was %s",
-			rec.Attempt, rec.Model, rec.Node, lostWithStreams)
-		in.fin.End(a.Ends(msg, err, protocol.StatusFailed))
-		return
-	}
-	in.enter(msg, a, o)
 }
 
 // lostKeyPrefix marks a lost attempt's record in MLSCHED_SUPERSEDED (the

@@ -52,6 +52,9 @@ type metrics struct {
 // maxCostTenants bounds the tenant label of mlsched_tenant_cost_total.
 const maxCostTenants = 200
 
+// Received counts a task received, by type (intake.Metrics).
+func (m *metrics) Received(typ string) { m.received.Get(typ).Inc() }
+
 // Decision observes one decision's duration (admission.Metrics).
 func (m *metrics) Decision(seconds float64) { m.decision.Observe(seconds) }
 

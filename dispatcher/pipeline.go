@@ -8,11 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/pipeline"
-	"github.com/mlsched/mlsched/shared/protocol"
 )
 
 // Pipelines (docs/protocol.md, "Pipelines"). A pipeline task runs its first
@@ -83,39 +79,4 @@ func (s *sealer) pipelineMAC(data []byte) []byte {
 	sum := st.mac.Sum(nil)
 	s.pool.Put(st)
 	return sum
-}
-
-// pipelineTake reads a task message's pipeline: the progress of a later
-// step (verified), or a new pipeline task, whose progress starts here. It
-// sets a.pipe and the step's constraints on a.task.
-func (in *intake) pipelineTake(h nats.Header, a *admission.Attempt) error {
-	var v string
-	if vs := h[protocol.HdrPipeline]; len(vs) > 0 {
-		v = vs[0]
-	}
-	if v == "" {
-		if a.Task.Pipeline == nil {
-			return nil
-		}
-		t := &a.Task
-		p := &pipeline.Progress{Def: *t.Pipeline, Type: t.Type, Priority: t.Priority, Tenant: t.Tenant, Size: t.Size,
-			Submitted: a.Submitted.UnixMilli(), Seq: 1}
-		if t.DeadlineMs > 0 {
-			p.Deadline = p.Submitted + t.DeadlineMs
-		}
-		sealed, err := in.sealer.sealPipeline(p)
-		if err != nil {
-			return protocol.Errorf(protocol.CodeInvalidPipeline, "%v", err)
-		}
-		p.ApplyStep(t)
-		a.Pipe = sealed
-		return nil
-	}
-	p, err := in.sealer.openPipeline(v)
-	if err != nil {
-		return protocol.Errorf(protocol.CodeInvalidPipeline, "%v", err)
-	}
-	p.ApplyStep(&a.Task)
-	a.Pipe, a.PipeStep = v, p.Seq > 1
-	return nil
 }

@@ -23,7 +23,7 @@ import (
 // and a new replica takes over as new tasks arrive in the same band. Every
 // redelivered task is acked with the result it has, none runs again, and
 // the band's new tasks are dispatched and answered meanwhile: the lookups
-// run off the band consumer's goroutine (redelivered.go). The new tasks'
+// run off the band consumer's goroutine (internal/intake/redelivered.go). The new tasks'
 // submit-to-result latencies are logged (-v): speed is measured, not
 // asserted. MLSCHED_REDELIVERED=20000 runs the size (both replicas
 // then pull that many at once: MaxInFlight is raised to it).

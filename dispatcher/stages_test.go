@@ -14,6 +14,7 @@ import (
 
 	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
+	"github.com/mlsched/mlsched/dispatcher/internal/intake"
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -291,8 +292,9 @@ func TestIntakeStage(t *testing.T) {
 	adm := admission.New(admission.Params{Config: e.cfg.admission(), Log: zerolog.Nop(), Engine: engine, Tables: snaps,
 		Reg: reg, Pub: e.pub, Complete: e.complete, Batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
 		Sealer: sealer, Superseded: sup, Fin: e.finisher(), Counters: &e.counters.Tallies, Metrics: e.metrics, Tracer: e.tracer})
-	in := &intake{cfg: e.cfg, log: zerolog.Nop(), adm: adm, fin: e.finisher(), complete: e.complete, sealer: sealer,
-		superseded: sup, counters: e.counters, metrics: e.metrics, redeliver: newRedeliveries()}
+	in := intake.New(intake.Params{Limits: e.cfg.Limits(), MaxAttempts: e.cfg.MaxAttempts, AckWait: e.cfg.AckWait,
+		Log: zerolog.Nop(), Admission: adm, Fin: e.finisher(), Complete: e.complete, Pipelines: pipelineSeal{sealer},
+		Superseded: sup, Metrics: e.metrics, Lost: &e.counters.Lost, Parked: &e.counters.Parked})
 
 	// The stage reads a task from MLSCHED_TASKS: consume it from there.
 	cons, err := e.ns.JS.CreateOrUpdateConsumer(ctx, topology.StreamTasks, jetstream.ConsumerConfig{Durable: "stage",
@@ -310,7 +312,7 @@ func TestIntakeStage(t *testing.T) {
 		t.Fatal(err)
 	}
 	for m := range b.Messages() {
-		in.handleTask(m)
+		in.HandleTask(m)
 	}
 	e.waitFor("both tasks settled", func() bool {
 		info, err := cons.Info(ctx)

@@ -64,7 +64,7 @@ type taskPruner struct {
 	mu     sync.Mutex
 	acked  []ackedTask       // acked here, above their consumer's floor when last looked
 	floors map[string]uint64 // consumer -> ack floor last purged up to
-	// parked, when set, lists the parked tasks' consumers (park.go), pruned
+	// parked, when set, lists the parked tasks' consumers (internal/intake/park.go), pruned
 	// as the bands' are.
 	parked func() (durables, filters []string)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/mlsched/mlsched/dispatcher/internal/admission"
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
+	"github.com/mlsched/mlsched/dispatcher/internal/intake"
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -109,7 +110,7 @@ type wiring struct {
 	prune             *taskPruner
 	keeper            *taskKeeper
 	resGroup, parkGrp lifecycle.Service
-	in                *intake
+	in                *intake.Stage
 	adm               *admission.Stage
 	out               *outcome.Stage
 	cn                *canceller
@@ -186,11 +187,12 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 		Reg: w.reg, Pub: w.pub, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Superseded: w.superseded,
 		Keeper: w.keeper, Fin: fin, Counters: &d.counters.Tallies, Metrics: d.metrics, Tracer: d.tracer, Rules: flow,
 		Quota: limiter, Budgets: budgets, Reconnects: func() uint64 { return nc.Stats().Reconnects }})
-	w.in = &intake{cfg: d.cfg, log: d.log, adm: w.adm, fin: fin, complete: w.complete, sealer: g.seals,
-		superseded: w.superseded, counters: &d.counters, metrics: d.metrics, redeliver: newRedeliveries()}
-	w.in.park = newParking(parkingParams{above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), cfg: d.cfg, log: d.log.With().Str("component", "parking").Logger(),
-		js: g.js, held: w.adm, pub: parked, complete: w.complete, counters: &d.counters, handle: w.in.handleParked})
-	w.prune.parked = w.in.park.running
+	w.in = intake.New(intake.Params{Limits: d.cfg.Limits(), MaxAttempts: d.cfg.MaxAttempts, AckWait: d.cfg.AckWait,
+		Log: d.log, Admission: w.adm, Fin: fin, Complete: w.complete, Pipelines: pipelineSeal{g.seals},
+		Superseded: w.superseded, Metrics: d.metrics, Lost: &d.counters.Lost, Parked: &d.counters.Parked,
+		Parking: intake.Parking{Above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), JS: g.js, Pub: parked,
+			Log: d.log.With().Str("component", "parking").Logger()}})
+	w.prune.parked = w.in.Parked
 	w.out = outcome.New(outcome.Params{Rules: d.cfg.Retry(), Limits: d.cfg.Limits(), AckWait: d.cfg.AckWait, Log: d.log,
 		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{g.seals},
 		Superseded: w.superseded, Keeper: w.keeper, Retry: w.adm, Fin: fin, Counts: &d.counters.Counters,
@@ -208,7 +210,7 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 // topology.BandConsumer), and the outcome consumer.
 func (d *Dispatcher) wireConsumers(g *ground, w *wiring) {
 	for i, band := range []int{topology.BandNormal, topology.BandHigh, topology.BandLow} {
-		w.bands[i] = newTaskConsumer(g.js, d.cfg, d.log, band, w.in.handleTask)
+		w.bands[i] = newTaskConsumer(g.js, d.cfg, d.log, band, w.in.HandleTask)
 	}
 	w.outcomes = newConsumer(g.js, d.cfg, d.log, topology.StreamOutcomes, w.out.HandleOutcome)
 	// The attempt streams are memory-backed by default, and a single
@@ -266,11 +268,11 @@ func (d *Dispatcher) components(g *ground, w *wiring, batchCtx context.Context) 
 		{"unserved room", w.adm.UnservedService()},
 		// after the rooms (a check's task may wait in one), before the
 		// consumers: stopping, it waits for the lookups under way
-		{"redelivery checks", w.in.redeliver.service()},
+		{"redelivery checks", w.in.RedeliveryService()},
 		// before the task consumer: a dispatch's report finds a replica
 		{"direct reports", w.out.ReportsService()},
 		// the parked tasks' consumers, stopped before the hold room
-		{"parked tasks", w.in.park.service()},
+		{"parked tasks", w.in.ParkingService()},
 		{"task consumer", w.bands[0]},
 		{"task consumer (high band)", w.bands[1]},
 		{"task consumer (low band)", w.bands[2]},

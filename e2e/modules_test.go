@@ -184,10 +184,9 @@ func TestPGOProfilesProfileTheirBinaries(t *testing.T) {
 
 // stagePath is the dispatcher's stages along a task's path (intake,
 // admission, outcome, finish), as packages: each may import only stages
-// after it, and none the wiring package. Intake, the entry (a task message
-// read, validated and handed to admission), lives in the wiring package:
-// nothing imports it.
+// after it, and none the wiring package.
 var stagePath = []string{
+	"github.com/mlsched/mlsched/dispatcher/internal/intake",
 	"github.com/mlsched/mlsched/dispatcher/internal/admission",
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome",
 	"github.com/mlsched/mlsched/dispatcher/internal/finish",

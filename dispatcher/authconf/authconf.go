@@ -153,7 +153,7 @@ func dispatcherPerms() Permissions {
 	// The dashboard shows the autoscaler's decisions: read only.
 	p.Publish = append(p.Publish, streamAPI(kvAutoscale, "INFO", "get", "consume")...)
 	// A tenant's tasks beyond its share of a band's pull window are parked
-	// on subjects of their own (dispatcher/park.go).
+	// on subjects of their own (dispatcher/internal/intake/park.go).
 	p.Publish = append(p.Publish, topology.ParkedFilters()...)
 	p.Subscribe = []string{natsconn.InboxDispatcher + ".>", subjectAdminAll, // stats, cancel
 		topology.SubjectReportsAll} // direct reports, answered through allow_responses

@@ -147,7 +147,7 @@ func BandConsumer(band int) (durable string, filters []string) {
 	return ConsumerDispatcher, []string{"mlsched.tasks.*", "mlsched.tasks.*.*.>"}
 }
 
-// Parking (dispatcher/park.go): a tenant's tasks beyond its share of a
+// Parking (dispatcher/internal/intake/park.go): a tenant's tasks beyond its share of a
 // band's pull window are moved, publish then ack, to a subject of their own
 // in MLSCHED_TASKS, mlsched.tasks._park[-high|-low].t_<tenant>, and pulled
 // back through a durable consumer per band and tenant, so that one tenant's

@@ -103,7 +103,7 @@ type holdRoom struct {
 	// fair is the fair order (package fairorder): its clocks, the held
 	// tasks per candidate key and priority (those taken out for a pass
 	// included, until each leaves the hold), and per band and tenant (over
-	// their quota too: what parking weighs, dispatcher/park.go).
+	// their quota too: what parking weighs, internal/intake/park.go).
 	fair *fairorder.Order
 }
 

@@ -396,7 +396,7 @@ func TestNoInversionProperty(t *testing.T) {
 				t.Fatalf("seed %d: Leads(%s, %d, %s, fromHold) = %v, want %v", seed, key, prio, tenant, got, want)
 			}
 		}
-		// send is the dispatcher's gate (intake.go's dispatch): held behind
+		// send is the dispatcher's gate (admission's chain): held behind
 		// a task of its set with at least its priority (more, when it goes
 		// first or comes from the hold), or saturated; else sent.
 		send := func(x *task, fromHold, saturated bool) bool {

@@ -405,7 +405,7 @@ func (s *sim) flowRequest(t *task, full bool) policy.Request {
 		Priority: t.priority}
 }
 
-// dispatchFlow is dispatch under flow control (intake.go's dispatch).
+// dispatchFlow is dispatch under flow control (admission's chain).
 func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 	if t.expiry > 0 && s.now >= t.expiry {
 		if t.priority >= 0 {
@@ -418,7 +418,7 @@ func (s *sim) dispatchFlow(ctx context.Context, t *task, fromHold bool) error {
 	// A task that goes first in flow control's order overtakes the held
 	// ones, and a node that orders its queue starts it next: the engine
 	// counts one slot's wait for it there, not the queue target's worth
-	// (intake.go's dispatch).
+	// (admission's chain).
 	req.Ahead = s.fc.leads(t, fromHold)
 	req.AheadInBand = req.Ahead && s.fc.order.BandHeld(t.key(), t.priority)
 	d, err := s.dec.peek(&req)

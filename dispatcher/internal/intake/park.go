@@ -1,9 +1,10 @@
-package dispatcher
+package intake
 
 import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -69,13 +70,13 @@ type parking struct {
 
 type parkingParams struct {
 	above    int // MLSCHED_PARK_ABOVE; 0: never park
-	cfg      Config
+	ackWait  time.Duration
 	log      zerolog.Logger
 	js       jetstream.JetStream
 	held     heldCounts     // admission: how many of a tenant's tasks it holds
 	pub      jsplumb.Sender // where parked tasks are published
 	complete *jsplumb.Completer
-	counters *Counters
+	parked   *atomic.Int64
 	handle   jetstream.MessageHandler // intake's handleParked
 }
 
@@ -142,7 +143,7 @@ func (p *parking) park(msg jsplumb.Msg, t *protocol.Task, data []byte, o taskOri
 			return err
 		}
 		if !ack.Duplicate {
-			p.counters.Parked.Add(1)
+			p.parked.Add(1)
 		}
 		return nil
 	})
@@ -260,7 +261,7 @@ func (p *parking) consume(ctx context.Context, band int, tenant string) {
 			Durable:       name,
 			FilterSubject: topology.ParkedSubject(band, tenant),
 			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       p.cfg.AckWait,
+			AckWait:       p.ackWait,
 			MaxAckPending: 2 * p.above,
 			MaxDeliver:    -1, // settled by us, as the band consumers
 			// nobody has consumed it for that long: no task is parked there

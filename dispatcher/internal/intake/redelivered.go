@@ -1,4 +1,4 @@
-package dispatcher
+package intake
 
 import (
 	"context"
@@ -100,19 +100,19 @@ func (r *redeliveries) service() lifecycle.Service {
 // unless its result is stored, which the lookup off the consumer's
 // goroutine tells (hasResult: false when the lookup fails, dispatching
 // again is harmless, the second result is refused).
-func (in *intake) redelivered(msg jetstream.Msg, a admission.Attempt, o taskOrigin) {
+func (in *Stage) redelivered(msg jetstream.Msg, a admission.Attempt, o taskOrigin) {
 	in.redeliver.check(
-		func(ctx context.Context) bool { return in.fin.HasResult(ctx, a.Task.ID) },
+		func(ctx context.Context) bool { return in.Fin.HasResult(ctx, a.Task.ID) },
 		func(found bool) {
 			if found {
-				in.fin.End(a.EndsStored(msg))
+				in.Fin.End(a.EndsStored(msg))
 				return
 			}
-			if rec, ok := in.superseded.LostAttempt(a.Task.ID, a.Submission); ok {
+			if rec, ok := in.Superseded.LostAttempt(a.Task.ID, a.Submission); ok {
 				in.resumeLost(msg, a, o, rec) // lost.go
 				return
 			}
 			in.enter(msg, a, o)
 		},
-		func() { in.complete.Retry(msg, 0) })
+		func() { in.Complete.Retry(msg, 0) })
 }

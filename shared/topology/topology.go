@@ -77,6 +77,10 @@ const (
 // Bands lists the bands, highest first.
 var Bands = [...]int{BandHigh, BandNormal, BandLow}
 
+// BandIndex is the index of a priority's band in Bands (0 high, 1
+// normal, 2 low): the one mapping of the arrays kept per band.
+func BandIndex(priority int) int { return BandHigh - BandOf(priority) }
+
 // BandOf is the band of a priority.
 func BandOf(priority int) int {
 	switch {

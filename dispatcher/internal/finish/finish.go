@@ -370,7 +370,7 @@ func (f *Finisher) End(e Ending) {
 func (f *Finisher) reject(msg jsplumb.Msg, e Ending) {
 	code := protocol.CodeOf(e.Err)
 	if c := slices.Index(FlowCodes[:], code); c >= 0 && e.Task.ID != "" {
-		f.Counts.Ended[FlowBandIndex(e.Task.Priority)][c].Add(1)
+		f.Counts.Ended[topology.BandIndex(e.Task.Priority)][c].Add(1)
 	}
 	if e.Task.ID == "" {
 		f.DeadLetter(msg, "invalid", protocol.DeadLetter{Reason: protocol.Message(e.Err), Code: code, Subject: e.Subject, Original: e.Data})

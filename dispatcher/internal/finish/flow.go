@@ -8,14 +8,3 @@ var (
 	FlowBands = [3]string{"high", "normal", "low"}
 	FlowCodes = [3]protocol.Code{protocol.CodeShed, protocol.CodeExpired, protocol.CodeQuotaExceeded}
 )
-
-// FlowBandIndex is the priority's index in FlowBands.
-func FlowBandIndex(priority int) int {
-	switch {
-	case priority > 0:
-		return 0
-	case priority < 0:
-		return 2
-	}
-	return 1
-}

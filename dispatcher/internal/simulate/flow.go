@@ -14,6 +14,7 @@ import (
 	"github.com/mlsched/mlsched/dispatcher/internal/policy"
 	"github.com/mlsched/mlsched/dispatcher/stats"
 	"github.com/mlsched/mlsched/shared/protocol"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // Flow control in the simulator: a scenario with arrival.flows gives its
@@ -136,22 +137,11 @@ type flowControl struct {
 	fullOK []string
 }
 
-// bandIndex is the priority's band consumer: 0 high, 1 normal, 2 low.
-func bandIndex(priority int) int {
-	switch {
-	case priority > 0:
-		return 0
-	case priority < 0:
-		return 2
-	}
-	return 1
-}
-
 // intake takes a new task from the stream if its band's consumer has room
 // (and parks it, or takes it in), else the task waits in the stream.
 func (s *sim) intake(ctx context.Context, t *task) error {
 	f := s.fc
-	b := bandIndex(t.priority)
+	b := topology.BandIndex(t.priority)
 	if f.pulled[b] >= f.maxPending {
 		f.stream[b] = append(f.stream[b], t)
 		return nil
@@ -168,7 +158,7 @@ func (s *sim) intake(ctx context.Context, t *task) error {
 // pulls the next.
 func (s *sim) finishedFlow(t *task) {
 	f := s.fc
-	b := bandIndex(t.priority)
+	b := topology.BandIndex(t.priority)
 	switch {
 	case t.fromPark:
 		pq := f.parked[b][t.tenant]

@@ -34,6 +34,17 @@ type subjectMsg struct {
 
 var _ jsplumb.Msg = subjectMsg{}
 
+// taskAcker is a message of the keeper's: its Ack acks the task of the
+// subject it names (ok), or no task (a dispatch's message acks the task's
+// outcome, or nothing). The task pruner reads it (taskprune.go).
+type taskAcker interface {
+	ackedTask() (subject string, ok bool)
+}
+
+func (m subjectMsg) ackedTask() (string, bool)  { return m.subj, true }
+func (f finalMsg) ackedTask() (string, bool)    { return f.task.subj, true }
+func (dispatchedMsg) ackedTask() (string, bool) { return "", false }
+
 func (m subjectMsg) Ack() error                         { return m.nc.Publish(m.subj, []byte("+ACK")) }
 func (m subjectMsg) NakWithDelay(d time.Duration) error { return m.nc.Publish(m.subj, []byte("-NAK")) }
 func (m subjectMsg) InProgress() error                  { return m.nc.Publish(m.subj, []byte("+WPI")) }

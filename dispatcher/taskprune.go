@@ -88,12 +88,11 @@ func (p *taskPruner) noteAcked(msg jsplumb.Msg) {
 	}
 	var subj string
 	switch m := msg.(type) {
-	case finalMsg:
-		subj = m.task.subj
-	case subjectMsg:
-		subj = m.subj
-	case dispatchedMsg: // its Ack acks the task's outcome, or nothing
-		return
+	case taskAcker: // the keeper's messages say which task they ack
+		var ok bool
+		if subj, ok = m.ackedTask(); !ok {
+			return
+		}
 	case interface{ Reply() string }:
 		subj = m.Reply()
 	}

@@ -172,7 +172,7 @@ func TestDocPathNamesRealFiles(t *testing.T) {
 func TestPGOProfilesProfileTheirBinaries(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ profile, hot string }{
-		{"dispatcher/cmd/dispatcher/default.pgo", "github.com/mlsched/mlsched/dispatcher.(*intake).admitFrom"},
+		{"dispatcher/cmd/dispatcher/default.pgo", "github.com/mlsched/mlsched/dispatcher/internal/admission.(*Stage).admitFrom"},
 		{"worker/cmd/worker/default.pgo", "github.com/mlsched/mlsched/worker.(*Worker).process"},
 	} {
 		top := goCmd(t, ".", "tool", "pprof", "-top", "-cum", "-nodecount=400", repoPath(t, c.profile))

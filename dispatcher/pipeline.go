@@ -102,12 +102,20 @@ func (in *intake) pipelineTake(h nats.Header, a *attemptSpec) error {
 		if t.DeadlineMs > 0 {
 			p.Deadline = p.Submitted + t.DeadlineMs
 		}
+		if in.tracer.On() { // the pipeline's span and its first step's, recorded as they end (finish)
+			p.Parent = a.Traceparent
+			p.Trace = in.tracer.Reserve(p.Parent)
+			p.StepTrace = in.tracer.Reserve(p.Trace)
+		}
 		sealed, err := in.sealer.sealPipeline(p)
 		if err != nil {
 			return protocol.Errorf(protocol.CodeInvalidPipeline, "%v", err)
 		}
 		p.ApplyStep(t)
 		a.Pipe = sealed
+		if p.StepTrace != "" {
+			a.Traceparent = p.StepTrace
+		}
 		return nil
 	}
 	p, err := in.sealer.openPipeline(v)
@@ -116,5 +124,8 @@ func (in *intake) pipelineTake(h nats.Header, a *attemptSpec) error {
 	}
 	p.ApplyStep(&a.Task)
 	a.Pipe, a.pipeStep = v, p.Seq > 1
+	if p.StepTrace != "" { // the step's attempts nest under its span
+		a.Traceparent = p.StepTrace
+	}
 	return nil
 }

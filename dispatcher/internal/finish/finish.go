@@ -445,6 +445,7 @@ func (f *Finisher) pipelineFailed(e *Ending, res *protocol.Result) {
 	}
 	rec := p.StepRecord(e.Submitted, res)
 	f.metric().PipelineStep(rec.Type, protocol.StatusFailed)
+	f.stepSpan(p, rec, e.Submitted, res.ID)
 	p.FinalResult(res, append(p.Steps, rec))
 	res.FailedStep = rec.Name
 	code := res.ErrorCode
@@ -458,6 +459,46 @@ func (f *Finisher) pipelineFailed(e *Ending, res *protocol.Result) {
 	if p.Seq > 1 || res.Attempts > 0 {
 		res.Status = protocol.StatusFailed // it ran
 	}
+	f.pipelineSpan(p, res)
+}
+
+// stepSpan records the span of the pipeline step that ended with rec,
+// from its start (its task message stored) until now: named after the
+// step, under the pipeline's span, the parent of its attempts' decisions
+// and dispatches (they started from its reserved traceparent). Nothing
+// with tracing off.
+func (f *Finisher) stepSpan(p *pipeline.Progress, rec protocol.StepRecord, start time.Time, id string) {
+	if p.StepTrace == "" || !f.Tracer.On() {
+		return
+	}
+	var err error
+	if rec.Status != protocol.StatusSucceeded {
+		err = errors.New(rec.Error)
+	}
+	attrs := []attribute.KeyValue{attribute.String("mlsched.task_id", id), attribute.String("mlsched.step", rec.Name),
+		attribute.String("mlsched.type", rec.Type), attribute.String("mlsched.model", rec.Model),
+		attribute.String("mlsched.node", rec.Node), attribute.Int("mlsched.attempts", rec.Attempts),
+		attribute.String("mlsched.status", string(rec.Status))}
+	if rec.Ensemble != "" {
+		attrs = append(attrs, attribute.String("mlsched.ensemble", rec.Ensemble))
+	}
+	f.Tracer.Record(p.StepTrace, p.Trace, "mlsched.step "+rec.Name, start, err, attrs...)
+}
+
+// pipelineSpan records the span of the whole pipeline as it ends with
+// res, from its submission, under the pipeline task's own trace context.
+func (f *Finisher) pipelineSpan(p *pipeline.Progress, res *protocol.Result) {
+	if p.Trace == "" || !f.Tracer.On() {
+		return
+	}
+	var err error
+	if res.Status != protocol.StatusSucceeded {
+		err = errors.New(res.Error)
+	}
+	f.Tracer.Record(p.Trace, p.Parent, "mlsched.pipeline", time.UnixMilli(p.Submitted), err,
+		attribute.String("mlsched.task_id", res.ID), attribute.String("mlsched.type", p.Type),
+		attribute.Int("mlsched.steps", len(res.Steps)), attribute.Int("mlsched.attempts", res.Attempts),
+		attribute.String("mlsched.status", string(res.Status)), attribute.String("mlsched.failed_step", res.FailedStep))
 }
 
 // pipelineStep ends a pipeline step's attempt that has a result (end):
@@ -478,11 +519,13 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 	}
 	rec := p.StepRecord(e.Submitted, res)
 	f.metric().PipelineStep(rec.Type, protocol.StatusSucceeded)
+	f.stepSpan(p, rec, e.Submitted, res.ID)
 	next, payload, final, failedAt, err := p.Advance(rec, res.Output)
 	fail := func(code protocol.Code, err error, at string) {
 		p.FinalResult(res, next.Steps)
 		res.Status, res.Output, res.FailedStep = protocol.StatusFailed, nil, at
 		res.Error, res.ErrorCode = err.Error(), code
+		f.pipelineSpan(p, res)
 		f.finish(msg, res, e.Traceparent)
 	}
 	if err != nil {
@@ -492,6 +535,7 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 	if next == nil { // the end: the pipeline's result
 		p.FinalResult(res, append(p.Steps, rec))
 		res.Output = final
+		f.pipelineSpan(p, res)
 		f.finish(msg, res, e.Traceparent)
 		return
 	}
@@ -520,6 +564,10 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 // stepMsg is the task message of next's running step.
 func (f *Finisher) stepMsg(next *pipeline.Progress, id string, payload json.RawMessage, deadlineMs int64, traceparent string) (*nats.Msg, error) {
 	st, _ := next.Step()
+	if next.Trace != "" { // the next step's span, under the pipeline's
+		next.StepTrace = f.Tracer.Reserve(next.Trace)
+		traceparent = next.StepTrace
+	}
 	t := protocol.Task{ID: id, Type: st.Type, Payload: payload, Models: st.Models, TimeoutMs: st.TimeoutMs,
 		MaxAttempts: st.MaxAttempts, Priority: next.Priority, Tenant: next.Tenant, Size: next.Size, DeadlineMs: deadlineMs}
 	data, err := json.Marshal(&t)

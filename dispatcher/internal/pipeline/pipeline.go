@@ -40,6 +40,15 @@ type Progress struct {
 	Merged map[string]json.RawMessage `json:"merged,omitempty"`
 	// Steps are the records of the steps that ended.
 	Steps []protocol.StepRecord `json:"steps,omitempty"`
+	// With tracing on: Parent is the pipeline task's own traceparent (the
+	// producer's, "" for none), Trace the pipeline span's and StepTrace the
+	// running step's, both reserved (tracing.Reserve) and recorded when
+	// they end: a step's decisions and dispatches start from StepTrace, so
+	// its attempts nest under its span, and every step's span under the
+	// pipeline's.
+	Parent    string `json:"parent,omitempty"`
+	Trace     string `json:"trace,omitempty"`
+	StepTrace string `json:"step_trace,omitempty"`
 }
 
 // Step is the running step (an ensemble's running member).

@@ -121,7 +121,7 @@ func (s *sim) nextStep(t *task) {
 	t.waitFrom = -1
 }
 
-// drawKey is the key of an attempt's outcome and latency draws: (task,
+// drawSeed is the seed and key of an attempt's outcome and latency draws: (task,
 // attempt) for a plain task and a pipeline's first step, as before
 // pipelines, and the step in the stream's seed for a later step.
 func (s *sim) drawSeed(a *attempt) (uint64, uint64) {

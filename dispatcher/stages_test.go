@@ -211,7 +211,7 @@ func TestOutcomeStage(t *testing.T) {
 	retry := &recordingRetrier{complete: e.complete}
 	oc := outcome.New(outcome.Params{Rules: e.cfg.Retry(), Limits: e.cfg.Limits(), AckWait: e.cfg.AckWait, Log: zerolog.Nop(),
 		NC: e.ns.NC, Complete: e.complete, Batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
-		Sealer: sealer, Pipelines: pipelineSeal{sealer}, Superseded: sup, Retry: retry, Fin: e.finisher(),
+		Sealer: sealer, Pipelines: pipelineSeal{s: sealer}, Superseded: sup, Retry: retry, Fin: e.finisher(),
 		Counts: &e.counters.Counters, Observer: attemptObserver{metrics: e.metrics, snaps: snaps, rolls: nil},
 		Expiry: (&flowRules{}).expiry})
 

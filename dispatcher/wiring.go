@@ -38,7 +38,8 @@ type ground struct {
 	kind                     string                // "redis" or "memory"
 	rc                       redis.UniversalClient // nil without Redis
 	nodes, superseded, rolls jetstream.KeyValue
-	seals                    *sealer // seals dispatches under the key every replica shares (trust.go)
+	pipeline                 jetstream.KeyValue // ensemble members' outputs
+	seals                    *sealer            // seals dispatches under the key every replica shares (trust.go)
 }
 
 // openGround opens the streams, the statistics store, the buckets and the
@@ -67,6 +68,9 @@ func (d *Dispatcher) openGround(ctx context.Context, g *ground) error {
 			return err
 		}
 		if g.rolls, err = topology.EnsureRolloutsBucket(ctx, g.js, d.cfg.Topology()); err != nil {
+			return err
+		}
+		if g.pipeline, err = topology.EnsurePipelineBucket(ctx, g.js, d.cfg.Topology()); err != nil {
 			return err
 		}
 		g.superseded, err = topology.EnsureSupersededBucket(ctx, g.js, d.cfg.Topology())
@@ -178,7 +182,7 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 	w.resGroup, w.parkGrp = resGroup, parkGroup
 	fin := finish.New(finish.Params{Log: d.log, Results: results, ResPub: w.resPub, Complete: w.complete, DLQ: dlq,
 		ResultsStream: g.results, Counts: &d.counters.Counts, Metrics: d.metrics, Tracer: d.tracer, Quota: limiter,
-		Keeper: w.keeper, Pipelines: pipelineSeal{g.seals}})
+		Keeper: w.keeper, Pipelines: pipelineSeal{s: g.seals, kv: g.pipeline}})
 	nc := g.nc
 	w.in = newIntake(intakeParams{cfg: d.cfg, log: d.log, engine: d.engine, snaps: w.snaps, reg: w.reg,
 		pub: w.pub, complete: w.complete, batch: w.batch, sealer: g.seals, superseded: w.superseded, fin: fin, keeper: w.keeper,
@@ -188,7 +192,7 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 		js: g.js, held: w.in.held, pub: parked, complete: w.complete, counters: &d.counters, handle: w.in.handleParked})
 	w.prune.parked = w.in.park.running
 	w.out = outcome.New(outcome.Params{Rules: d.cfg.Retry(), Limits: d.cfg.Limits(), AckWait: d.cfg.AckWait, Log: d.log,
-		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{g.seals},
+		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{s: g.seals, kv: g.pipeline},
 		Superseded: w.superseded, Keeper: w.keeper, Retry: w.in, Fin: fin, Counts: &d.counters.Counters,
 		Observer: attemptObserver{metrics: d.metrics, snaps: w.snaps, rolls: w.rolls}, Expiry: flow.expiry})
 	w.cn = &canceller{cfg: d.cfg, log: d.log, nc: nc, js: g.js, results: g.results, superseded: w.superseded,

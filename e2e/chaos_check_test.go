@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -237,8 +238,9 @@ type chaosTask struct {
 
 // chaosPipeline is the chaos run's pipeline on the chaos models' own types
 // (every model serves both): a first step of the task's type, a switch on
-// the kind it echoes (x: classify, y: embed), then embed. Three steps, each
-// with the dispatchers' attempts and timeout.
+// the kind it echoes (x: classify, y: embed), then an ensemble of two
+// members run in parallel (embed and classify), whose outputs the last to
+// end merges. Four steps, each with the dispatchers' attempts and timeout.
 func chaosPipeline(first string) *protocol.Pipeline {
 	return &protocol.Pipeline{Steps: []protocol.PipelineStep{
 		{Name: "first", Type: first},
@@ -246,17 +248,22 @@ func chaosPipeline(first string) *protocol.Pipeline {
 			{Equals: json.RawMessage(`"x"`), Next: "sx"}, {Equals: json.RawMessage(`"y"`), Next: "sy"}}}},
 		{Name: "sx", Type: "classify", Input: "echo", Next: "last"},
 		{Name: "sy", Type: "embed", Input: "echo"},
-		{Name: "last", Type: "embed", Input: "echo"},
+		{Name: "last", Input: "echo", Ensemble: []protocol.PipelineStep{{Name: "e1", Type: "embed"}, {Name: "e2", Type: "classify"}}},
 	}}
 }
 
-// chaosRoute is the steps a chaos pipeline of that kind runs, in order.
+// chaosRoute is the steps a chaos pipeline of that kind runs, in the
+// order of its records (an ensemble's members in member order).
 func chaosRoute(kind string) []string {
 	if kind == "y" {
-		return []string{"first", "sy", "last"}
+		return []string{"first", "sy", "e1", "e2"}
 	}
-	return []string{"first", "sx", "last"}
+	return []string{"first", "sx", "e1", "e2"}
 }
+
+// chaosEnsemble is the members of chaosPipeline's ensemble, and chaosRoute's
+// index of its first.
+var chaosEnsemble, chaosEnsembleAt = []string{"e1", "e2"}, 2
 
 // verdict summarises the results and lists every broken rule.
 type verdict struct {
@@ -380,7 +387,10 @@ func verifyPipeline(v *verdict, task chaosTask, r *protocol.Result, models map[s
 	sum := 0
 	for i, s := range r.Steps {
 		sum += s.Attempts
-		if s.Name != route[i] {
+		// A failed ensemble member's record follows the steps before the
+		// ensemble (its siblings' are not kept).
+		member := i == chaosEnsembleAt && i == len(r.Steps)-1 && s.Status != protocol.StatusSucceeded && slices.Contains(chaosEnsemble, s.Name)
+		if s.Name != route[i] && !member {
 			v.problem("%s: pipeline step %d is %s, want %s (kind %s): %+v", r.ID, i+1, s.Name, route[i], task.Pipe, r.Steps)
 		}
 		if models[s.Model] == nil || s.Node == "" || s.Attempts < 1 || s.Attempts > maxAttempts {
@@ -394,7 +404,17 @@ func verifyPipeline(v *verdict, task chaosTask, r *protocol.Result, models map[s
 		v.problem("%s: pipeline attempts %d, its steps' sum to %d", r.ID, r.Attempts, sum)
 	}
 	last := r.Steps[len(r.Steps)-1]
-	// The history is the last step's: checked as a task of that many attempts.
+	// The history is the last step's: checked as a task of that many
+	// attempts. After an ensemble, the last step is the member that ended
+	// last (its model, node and attempts), not the last in member order.
+	if r.Status == protocol.StatusSucceeded && last.Ensemble != "" {
+		for _, s := range r.Steps {
+			if s.Ensemble == last.Ensemble && s.Model == r.Model && s.Node == r.Node && s.Attempts == len(r.History) {
+				last = s
+				break
+			}
+		}
+	}
 	h := *r
 	h.Attempts = last.Attempts
 	for _, a := range r.History {

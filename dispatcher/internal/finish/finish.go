@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,6 +79,12 @@ type Keeper interface {
 type Pipelines interface {
 	Open(sealed string) (*pipeline.Progress, error)
 	Seal(p *pipeline.Progress) (string, error)
+	// StoreMember stores a parallel ensemble member's output under its
+	// key (pipeline.MemberKey, in MLSCHED_PIPELINE) and returns its
+	// revision (the bucket's sequence); LoadMember reads one (found
+	// false: not stored yet).
+	StoreMember(ctx context.Context, key string, out []byte) (rev uint64, err error)
+	LoadMember(ctx context.Context, key string) (out []byte, rev uint64, found bool, err error)
 }
 
 // Metrics is what the finisher observes.
@@ -503,7 +510,8 @@ func (f *Finisher) pipelineSpan(p *pipeline.Progress, res *protocol.Result) {
 
 // pipelineStep ends a pipeline step's attempt that has a result (end):
 // a success goes on to the next step, or ends the pipeline with its one
-// result; a failure ends it.
+// result; a failure ends it. A member of a parallel ensemble goes on
+// through memberEnded.
 func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 	res := e.Result
 	if res.Status != protocol.StatusSucceeded {
@@ -520,7 +528,72 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 	rec := p.StepRecord(e.Submitted, res)
 	f.metric().PipelineStep(rec.Type, protocol.StatusSucceeded)
 	f.stepSpan(p, rec, e.Submitted, res.ID)
-	next, payload, final, failedAt, err := p.Advance(rec, res.Output)
+	if p.Fan > 0 {
+		f.memberEnded(msg, e, p, rec)
+		return
+	}
+	f.goOn(msg, e, p, rec, res.Output)
+}
+
+// memberEnded: a member of a parallel ensemble succeeded. Its record and
+// output are stored under its key (MLSCHED_PIPELINE) before anything
+// else; then, when every member's are there and this one's was stored
+// last (the highest revision: exactly one member sees both, since the
+// last store's member reads after every other's), it merges them and goes
+// on after the ensemble; otherwise the step is acked and the members
+// still running go on. A failed member has failed the pipeline (its
+// result): the others' outputs are then never all there. Nothing stored,
+// or a read that failed: the outcome comes back, and stores again (a
+// newer revision: a redelivery after the ensemble went on goes on again,
+// and its next step's message is then a duplicate, or its result
+// refused).
+func (f *Finisher) memberEnded(msg jsplumb.Msg, e *Ending, p *pipeline.Progress, rec protocol.StepRecord) {
+	res := e.Result
+	ctx, cancel := context.WithTimeout(context.Background(), memberTimeout)
+	defer cancel()
+	mine := pipeline.MemberOut{Rec: rec, Output: res.Output}
+	data, err := json.Marshal(&mine)
+	var rev uint64
+	if err == nil {
+		rev, err = f.Pipelines.StoreMember(ctx, p.MemberKey(res.ID, p.Member), data)
+	}
+	if err != nil {
+		f.Log.Warn().Err(err).Str("task_id", res.ID).Str("step", rec.Name).Msg("ensemble member's output not stored, will retry")
+		f.Complete.Settle(msg, err)
+		return
+	}
+	outs := make([]pipeline.MemberOut, p.Members())
+	for i := range outs {
+		if i == p.Member {
+			outs[i] = mine
+			continue
+		}
+		b, other, found, err := f.Pipelines.LoadMember(ctx, p.MemberKey(res.ID, i))
+		if err == nil && found {
+			err = json.Unmarshal(b, &outs[i])
+		}
+		if err != nil {
+			f.Complete.Settle(msg, err)
+			return
+		}
+		if !found || other > rev { // a member still runs (or failed the pipeline), or goes on: this one is done
+			f.Complete.Settle(msg, nil)
+			return
+		}
+	}
+	last := outs[len(outs)-1]
+	f.goOn(msg, e, p.Join(outs), last.Rec, last.Output)
+}
+
+// memberTimeout bounds an ensemble member's store and reads.
+const memberTimeout = 10 * time.Second
+
+// goOn: the step of p ended with rec and output; the pipeline goes on to
+// its next step (every member of an ensemble at once), or ends with its
+// result.
+func (f *Finisher) goOn(msg jsplumb.Msg, e *Ending, p *pipeline.Progress, rec protocol.StepRecord, output json.RawMessage) {
+	res := e.Result
+	next, payload, final, failedAt, err := p.Advance(rec, output)
 	fail := func(code protocol.Code, err error, at string) {
 		p.FinalResult(res, next.Steps)
 		res.Status, res.Output, res.FailedStep = protocol.StatusFailed, nil, at
@@ -547,17 +620,63 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 			return
 		}
 	}
-	m, err := f.stepMsg(next, res.ID, payload, remaining, e.Traceparent)
-	if err == nil {
-		err = f.Complete.Publish(context.Background(), f.ResPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
+	steps, payloads := []*pipeline.Progress{next}, []json.RawMessage{payload}
+	if next.Starts() { // an ensemble: its members run at once
+		if steps, payloads, failedAt, err = next.Fanout(); err != nil {
+			fail(protocol.CodePipelineError, err, failedAt)
+			return
+		}
+	}
+	msgs := make([]*nats.Msg, len(steps))
+	for i, st := range steps {
+		if msgs[i], err = f.stepMsg(st, res.ID, payloads[i], remaining, e.Traceparent); err != nil {
+			f.Complete.Settle(msg, err)
+			return
+		}
+	}
+	if len(msgs) == 1 {
+		err = f.Complete.Publish(context.Background(), f.ResPub, msg, msgs[0], "", func(ack *jetstream.PubAck, err error) error {
 			if err != nil {
 				f.Log.Warn().Err(err).Str("task_id", res.ID).Str("step", nst.Name).Msg("pipeline step publish failed, will retry")
 			}
 			return err
 		})
+		if err != nil {
+			f.Complete.Settle(msg, err)
+		}
+		return
 	}
-	if err != nil {
-		f.Complete.Settle(msg, err)
+	f.publishAll(msg, res.ID, msgs)
+}
+
+// publishAll publishes the step messages of an ensemble's members and
+// settles msg once every one is stored (nak'ed for redelivery at the first
+// that is not: the ones stored are then duplicates, refused by their
+// Nats-Msg-Id).
+func (f *Finisher) publishAll(msg jsplumb.Msg, id string, msgs []*nats.Msg) {
+	var left atomic.Int32
+	var failed atomic.Bool
+	left.Store(int32(len(msgs)))
+	fail := func(err error) {
+		if failed.CompareAndSwap(false, true) {
+			f.Log.Warn().Err(err).Str("task_id", id).Msg("ensemble members' publish failed, will retry")
+			f.Complete.Settle(msg, err)
+		}
+	}
+	for _, m := range msgs {
+		err := f.ResPub.Publish(context.Background(), m, "", func(_ *jetstream.PubAck, err error) {
+			if err != nil {
+				fail(err)
+				return
+			}
+			if left.Add(-1) == 0 && !failed.Load() {
+				f.Complete.Settle(msg, nil)
+			}
+		})
+		if err != nil {
+			fail(err)
+			return
+		}
 	}
 }
 

@@ -2,13 +2,17 @@ package dispatcher
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/mlsched/mlsched/dispatcher/internal/pipeline"
+	"github.com/mlsched/mlsched/shared/topology"
 )
 
 // Pipelines (docs/protocol.md, "Pipelines"). A pipeline task runs its first
@@ -65,11 +69,38 @@ func (s *sealer) openPipeline(v string) (*pipeline.Progress, error) {
 }
 
 // pipelineSeal is the sealer as the finish stage reads and writes a
-// pipeline's progress (finish.Pipelines).
-type pipelineSeal struct{ s *sealer }
+// pipeline's progress, and the MLSCHED_PIPELINE bucket where a parallel
+// ensemble's members store their outputs (finish.Pipelines).
+type pipelineSeal struct {
+	s  *sealer
+	kv jetstream.KeyValue
+}
 
 func (p pipelineSeal) Open(v string) (*pipeline.Progress, error) { return p.s.openPipeline(v) }
 func (p pipelineSeal) Seal(q *pipeline.Progress) (string, error) { return p.s.sealPipeline(q) }
+
+func (p pipelineSeal) StoreMember(ctx context.Context, key string, out []byte) (uint64, error) {
+	if p.kv == nil {
+		return 0, errNoPipelineBucket
+	}
+	return p.kv.Put(ctx, key, out)
+}
+
+func (p pipelineSeal) LoadMember(ctx context.Context, key string) ([]byte, uint64, bool, error) {
+	if p.kv == nil {
+		return nil, 0, false, errNoPipelineBucket
+	}
+	e, err := p.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, false, err
+	}
+	return e.Value(), e.Revision(), true, nil
+}
+
+var errNoPipelineBucket = errors.New("no " + topology.BucketPipeline + " bucket")
 
 func (s *sealer) pipelineMAC(data []byte) []byte {
 	st := s.pool.Get().(*sealState)

@@ -213,7 +213,7 @@ func TestOutcomeStage(t *testing.T) {
 	retry := &recordingRetrier{complete: e.complete}
 	oc := outcome.New(outcome.Params{Rules: e.cfg.Retry(), Limits: e.cfg.Limits(), AckWait: e.cfg.AckWait, Log: zerolog.Nop(),
 		NC: e.ns.NC, Complete: e.complete, Batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
-		Sealer: sealer, Pipelines: pipelineSeal{sealer}, Superseded: sup, Retry: retry, Fin: e.finisher(),
+		Sealer: sealer, Pipelines: pipelineSeal{s: sealer}, Superseded: sup, Retry: retry, Fin: e.finisher(),
 		Counts: &e.counters.Counters, Observer: attemptObserver{metrics: e.metrics, snaps: snaps, rolls: nil},
 		Expiry: (&flowRules{}).Expiry})
 
@@ -293,7 +293,7 @@ func TestIntakeStage(t *testing.T) {
 		Reg: reg, Pub: e.pub, Complete: e.complete, Batch: stats.NewBatcher(stats.NewMemory(e.cfg.Window()), stats.BatcherConfig{}),
 		Sealer: sealer, Superseded: sup, Fin: e.finisher(), Counters: &e.counters.Tallies, Metrics: e.metrics, Tracer: e.tracer})
 	in := intake.New(intake.Params{Limits: e.cfg.Limits(), MaxAttempts: e.cfg.MaxAttempts, AckWait: e.cfg.AckWait,
-		Log: zerolog.Nop(), Admission: adm, Fin: e.finisher(), Complete: e.complete, Pipelines: pipelineSeal{sealer},
+		Log: zerolog.Nop(), Admission: adm, Fin: e.finisher(), Complete: e.complete, Pipelines: pipelineSeal{s: sealer},
 		Superseded: sup, Metrics: e.metrics, Lost: &e.counters.Lost, Parked: &e.counters.Parked})
 
 	// The stage reads a task from MLSCHED_TASKS: consume it from there.

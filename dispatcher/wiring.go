@@ -40,7 +40,8 @@ type ground struct {
 	kind                     string                // "redis" or "memory"
 	rc                       redis.UniversalClient // nil without Redis
 	nodes, superseded, rolls jetstream.KeyValue
-	seals                    *sealer // seals dispatches under the key every replica shares (trust.go)
+	pipeline                 jetstream.KeyValue // ensemble members' outputs
+	seals                    *sealer            // seals dispatches under the key every replica shares (trust.go)
 }
 
 // openGround opens the streams, the statistics store, the buckets and the
@@ -69,6 +70,9 @@ func (d *Dispatcher) openGround(ctx context.Context, g *ground) error {
 			return err
 		}
 		if g.rolls, err = topology.EnsureRolloutsBucket(ctx, g.js, d.cfg.Topology()); err != nil {
+			return err
+		}
+		if g.pipeline, err = topology.EnsurePipelineBucket(ctx, g.js, d.cfg.Topology()); err != nil {
 			return err
 		}
 		g.superseded, err = topology.EnsureSupersededBucket(ctx, g.js, d.cfg.Topology())
@@ -181,20 +185,20 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 	w.resGroup, w.parkGrp = resGroup, parkGroup
 	fin := finish.New(finish.Params{Log: d.log, Results: results, ResPub: w.resPub, Complete: w.complete, DLQ: dlq,
 		ResultsStream: g.results, Counts: &d.counters.Counts, Metrics: d.metrics, Tracer: d.tracer, Quota: limiter,
-		Keeper: w.keeper, Pipelines: pipelineSeal{g.seals}})
+		Keeper: w.keeper, Pipelines: pipelineSeal{s: g.seals, kv: g.pipeline}})
 	nc := g.nc
 	w.adm = admission.New(admission.Params{Config: d.cfg.admission(), Log: d.log, Engine: d.engine, Tables: w.snaps,
 		Reg: w.reg, Pub: w.pub, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Superseded: w.superseded,
 		Keeper: w.keeper, Fin: fin, Counters: &d.counters.Tallies, Metrics: d.metrics, Tracer: d.tracer, Rules: flow,
 		Quota: limiter, Budgets: budgets, Reconnects: func() uint64 { return nc.Stats().Reconnects }})
 	w.in = intake.New(intake.Params{Limits: d.cfg.Limits(), MaxAttempts: d.cfg.MaxAttempts, AckWait: d.cfg.AckWait,
-		Log: d.log, Admission: w.adm, Fin: fin, Complete: w.complete, Pipelines: pipelineSeal{g.seals},
+		Log: d.log, Admission: w.adm, Fin: fin, Complete: w.complete, Pipelines: pipelineSeal{s: g.seals, kv: g.pipeline}, Tracer: d.tracer,
 		Superseded: w.superseded, Metrics: d.metrics, Lost: &d.counters.Lost, Parked: &d.counters.Parked,
 		Parking: intake.Parking{Above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), JS: g.js, Pub: parked,
 			Log: d.log.With().Str("component", "parking").Logger()}})
 	w.prune.parked = w.in.Parked
 	w.out = outcome.New(outcome.Params{Rules: d.cfg.Retry(), Limits: d.cfg.Limits(), AckWait: d.cfg.AckWait, Log: d.log,
-		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{g.seals},
+		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{s: g.seals, kv: g.pipeline},
 		Superseded: w.superseded, Keeper: w.keeper, Retry: w.adm, Fin: fin, Counts: &d.counters.Counters,
 		Observer: attemptObserver{metrics: d.metrics, snaps: w.snaps, rolls: w.rolls}, Expiry: flow.Expiry})
 	w.cn = &canceller{cfg: d.cfg, log: d.log, nc: nc, js: g.js, results: g.results, superseded: w.superseded,

@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -229,11 +231,49 @@ type chaosTask struct {
 	MsgID string
 	// Raw is the published body of a bad submission.
 	Raw []byte
+	// Pipe, for a pipeline task (kindGood), is the kind its payload carries
+	// ("x" or "y"), which chaosPipeline's switch routes on.
+	Pipe string
 }
+
+// chaosPipeline is the chaos run's pipeline on the chaos models' own types
+// (every model serves both): a first step of the task's type, a switch on
+// the kind it echoes (x: classify, y: embed), then an ensemble of two
+// members run in parallel (embed and classify), whose outputs the last to
+// end merges. Four steps, each with the dispatchers' attempts and timeout.
+func chaosPipeline(first string) *protocol.Pipeline {
+	return &protocol.Pipeline{Steps: []protocol.PipelineStep{
+		{Name: "first", Type: first},
+		{Name: "route", Switch: &protocol.Switch{On: "$.echo.kind", Cases: []protocol.SwitchCase{
+			{Equals: json.RawMessage(`"x"`), Next: "sx"}, {Equals: json.RawMessage(`"y"`), Next: "sy"}}}},
+		{Name: "sx", Type: "classify", Input: "echo", Next: "last"},
+		{Name: "sy", Type: "embed", Input: "echo"},
+		{Name: "last", Input: "echo", Ensemble: []protocol.PipelineStep{{Name: "e1", Type: "embed"}, {Name: "e2", Type: "classify"}}},
+	}}
+}
+
+// chaosRoute is the steps a chaos pipeline of that kind runs, in the
+// order of its records (an ensemble's members in member order).
+func chaosRoute(kind string) []string {
+	if kind == "y" {
+		return []string{"first", "sy", "e1", "e2"}
+	}
+	return []string{"first", "sx", "e1", "e2"}
+}
+
+// chaosEnsemble is the members of chaosPipeline's ensemble, and chaosRoute's
+// index of its first.
+var chaosEnsemble, chaosEnsembleAt = []string{"e1", "e2"}, 2
 
 // verdict summarises the results and lists every broken rule.
 type verdict struct {
 	Succeeded, Failed, FailedExhausted, FailedTaskError, Rejected int
+	// Pipelines counts the pipeline tasks' results (not in the counts
+	// above): succeeded, failed at a step that exhausted its attempts on
+	// its models' own failures, failed at a step's task error.
+	Pipelines, PipeSucceeded, PipeFailed, PipeOwnModels, PipeTaskError int
+	// PipeSteps counts the steps the pipelines ran.
+	PipeSteps int
 	// ByFault counts the valid tasks that failed because of a fault
 	// (issue 39): a failure with attempts left (whatever was healthy), or
 	// attempts exhausted with an attempt lost, lost with its node or
@@ -287,6 +327,10 @@ func verifyResults(tasks []chaosTask, results map[string]*protocol.Result, model
 			}
 			continue
 		}
+		if task.Pipe != "" {
+			verifyPipeline(&v, task, r, models, maxAttempts)
+			continue
+		}
 		for _, a := range r.History {
 			v.Attempts[a.Status]++
 		}
@@ -323,6 +367,92 @@ func verifyResults(tasks []chaosTask, results map[string]*protocol.Result, model
 		}
 	}
 	return v
+}
+
+// verifyPipeline checks a pipeline task's one result: its steps are the
+// route its kind takes (a prefix of it when it failed), each on a known
+// model and node within its attempts, the attempts summed; the history is
+// the last step's chain of attempts; a failed pipeline names the step it
+// stopped at (the last one recorded, failed), with pipeline_error, and
+// failed only through that step's task error or its attempts exhausted on
+// its models' own failures (anything else is a fault's doing, issue 39).
+func verifyPipeline(v *verdict, task chaosTask, r *protocol.Result, models map[string]*chaosModel, maxAttempts int) {
+	v.Pipelines++
+	v.PipeSteps += len(r.Steps)
+	route := chaosRoute(task.Pipe)
+	if len(r.Steps) == 0 || len(r.Steps) > len(route) {
+		v.problem("%s: pipeline (%s) result with %d steps %+v, want %v", r.ID, r.Status, len(r.Steps), r.Steps, route)
+		return
+	}
+	sum := 0
+	for i, s := range r.Steps {
+		sum += s.Attempts
+		// A failed ensemble member's record follows the steps before the
+		// ensemble (its siblings' are not kept).
+		member := i == chaosEnsembleAt && i == len(r.Steps)-1 && s.Status != protocol.StatusSucceeded && slices.Contains(chaosEnsemble, s.Name)
+		if s.Name != route[i] && !member {
+			v.problem("%s: pipeline step %d is %s, want %s (kind %s): %+v", r.ID, i+1, s.Name, route[i], task.Pipe, r.Steps)
+		}
+		if models[s.Model] == nil || s.Node == "" || s.Attempts < 1 || s.Attempts > maxAttempts {
+			v.problem("%s: pipeline step %s: model %q node %q attempts %d", r.ID, s.Name, s.Model, s.Node, s.Attempts)
+		}
+		if i < len(r.Steps)-1 && s.Status != protocol.StatusSucceeded {
+			v.problem("%s: pipeline step %s ended %s yet the pipeline went on: %+v", r.ID, s.Name, s.Status, r.Steps)
+		}
+	}
+	if sum != r.Attempts {
+		v.problem("%s: pipeline attempts %d, its steps' sum to %d", r.ID, r.Attempts, sum)
+	}
+	last := r.Steps[len(r.Steps)-1]
+	// The history is the last step's: checked as a task of that many
+	// attempts. After an ensemble, the last step is the member that ended
+	// last (its model, node and attempts), not the last in member order.
+	if r.Status == protocol.StatusSucceeded && last.Ensemble != "" {
+		for _, s := range r.Steps {
+			if s.Ensemble == last.Ensemble && s.Model == r.Model && s.Node == r.Node && s.Attempts == len(r.History) {
+				last = s
+				break
+			}
+		}
+	}
+	h := *r
+	h.Attempts = last.Attempts
+	for _, a := range r.History {
+		v.Attempts[a.Status]++
+	}
+	switch r.Status {
+	case protocol.StatusSucceeded:
+		v.PipeSucceeded++
+		if len(r.Steps) != len(route) || r.FailedStep != "" {
+			v.problem("%s: pipeline succeeded with steps %+v, failed step %q", r.ID, r.Steps, r.FailedStep)
+		}
+		checkHistory(v, &h, models, protocol.OutcomeSuccess)
+	case protocol.StatusFailed:
+		v.PipeFailed++
+		if r.FailedStep == "" || r.FailedStep != last.Name || last.Status != protocol.StatusFailed || r.ErrorCode != protocol.CodePipelineError {
+			v.problem("%s: failed pipeline names step %q (%s: %s); its last step %s ended %s", r.ID, r.FailedStep, r.ErrorCode, r.Error, last.Name, last.Status)
+			return
+		}
+		if lastAttempt(r).Status == protocol.OutcomeTaskError {
+			v.PipeTaskError++
+			checkHistory(v, &h, models, protocol.OutcomeTaskError)
+			return
+		}
+		checkHistory(v, &h, models, "")
+		switch faulty := faultAttempts(r); {
+		case last.Attempts != maxAttempts:
+			v.ByFault++
+			v.problem("%s: pipeline failed at step %s after %d of %d attempts (%s); history %s", r.ID, last.Name, last.Attempts, maxAttempts, r.Error, historyString(r))
+		case len(faulty) > 0:
+			v.ByFault++
+			v.problem("%s: pipeline step %s exhausted its attempts because of a fault (attempts %v); history %s", r.ID, last.Name, faulty, historyString(r))
+		default:
+			v.PipeOwnModels++
+		}
+	default:
+		v.ByFault++
+		v.problem("%s: a valid pipeline got %s (%s: %s) at step %q; history %s", r.ID, r.Status, r.ErrorCode, r.Error, r.FailedStep, historyString(r))
+	}
 }
 
 // turnedAwayByFault says whether a valid task's final result is a failure

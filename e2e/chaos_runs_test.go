@@ -61,9 +61,14 @@ func (r *runCounts) add(logs string) {
 
 // over returns the tasks that ran more than max times.
 func (r *runCounts) over(max int) map[string]int {
+	return r.overBy(func(string) int { return max })
+}
+
+// overBy returns the tasks that ran more than bound(id) times.
+func (r *runCounts) overBy(bound func(id string) int) map[string]int {
 	out := map[string]int{}
 	for id, n := range r.byTask {
-		if n > max {
+		if n > bound(id) {
 			out[id] = n
 		}
 	}

@@ -351,6 +351,10 @@ func runChaos(t *testing.T, cv chaosVariant) *outageSeen {
 	if v.Failed > good/50 {
 		t.Errorf("%d of %d valid tasks failed: more than 2%%", v.Failed, good)
 	}
+	// A pipeline runs four such steps.
+	if v.PipeFailed > 4*v.Pipelines/50 {
+		t.Errorf("%d of %d pipelines failed: more than 8%%", v.PipeFailed, v.Pipelines)
+	}
 
 	// Bad input is never dropped: every task without id is in the DLQ with
 	// its bytes, and every exhausted task has its dead letter.
@@ -381,8 +385,15 @@ func runChaos(t *testing.T, cv chaosVariant) *outageSeen {
 		logLate += strings.Count(logs, "late outcome of a superseded attempt")
 	}
 	runs := countRuns(workers)
-	for id, n := range runs.over(chaosMaxAttempts) {
-		t.Errorf("%s ran %d times on the workers, more than max_attempts %d", id, n, chaosMaxAttempts)
+	// A pipeline's steps share its id: each step may run max_attempts times
+	// (an ensemble member beside a failed sibling too).
+	for id, n := range runs.overBy(func(id string) int {
+		if r := results[id]; r != nil && len(r.Steps) > 0 {
+			return len(chaosRoute("x")) * chaosMaxAttempts
+		}
+		return chaosMaxAttempts
+	}) {
+		t.Errorf("%s ran %d times on the workers, more than max_attempts %d per step", id, n, chaosMaxAttempts)
 	}
 	if dups := audit.duplicates(); len(dups) > 0 {
 		t.Errorf("stored results seen more than once: %v", dups[:min(10, len(dups))])
@@ -396,7 +407,9 @@ func runChaos(t *testing.T, cv chaosVariant) *outageSeen {
 			len(tasks), len(ids), good, v.Rejected, noID, prod.retries.Load(), prod.dupAcks.Load(), waitErrs),
 		fmt.Sprintf("results: succeeded %d, failed %d (attempts exhausted %d, task error %d), rejected %d",
 			v.Succeeded, v.Failed, v.FailedExhausted, v.FailedTaskError, v.Rejected),
-		fmt.Sprintf("valid tasks failed or rejected because of a fault: %d (must be 0); exhausted on their own models' failures alone: %d",
+		fmt.Sprintf("pipelines %d (4 steps each, the last two an ensemble's members in parallel; %d steps ran): succeeded %d, failed %d (each naming its step: at a step exhausted on its models' own failures %d, at a task error %d)",
+			v.Pipelines, v.PipeSteps, v.PipeSucceeded, v.PipeFailed, v.PipeOwnModels, v.PipeTaskError),
+		fmt.Sprintf("valid tasks and pipelines failed or rejected because of a fault: %d (must be 0); tasks exhausted on their own models' failures alone: %d",
 			v.ByFault, v.OwnModels),
 		fmt.Sprintf("dead-lettered %d (%s %d messages: invalid %d, exhausted %d, other %d)",
 			dlq.total, topology.StreamDLQ, dlq.total, dlq.bySubject["invalid"], dlq.bySubject["exhausted"],
@@ -580,9 +593,9 @@ func latencyLines(results map[string]*protocol.Result) []string {
 	return out
 }
 
-// chaosTasks builds the submissions: mostly valid tasks of two types, 1%
-// published on the wrong type's subject (rejected), 0.2% without id (dead
-// letters).
+// chaosTasks builds the submissions: mostly valid tasks of two types, 10%
+// of them pipelines of four steps (chaosPipeline), 1% published on the
+// wrong type's subject (rejected), 0.2% without id (dead letters).
 func chaosTasks(n int) []chaosTask {
 	out := make([]chaosTask, n)
 	for i := range out {
@@ -598,6 +611,12 @@ func chaosTasks(n int) []chaosTask {
 		case i%100 == 37:
 			raw := fmt.Sprintf(`{"id":%q,"type":%q,"payload":{"n":%d}}`, id, typ, i)
 			out[i] = chaosTask{ID: id, Type: typ, Kind: kindRejected, MsgID: id, Raw: []byte(raw)}
+		case i%10 == 5: // 10%: a pipeline (chaosPipeline), two of three routed x
+			kind := "x"
+			if (i/10)%3 == 2 {
+				kind = "y"
+			}
+			out[i] = chaosTask{ID: id, Type: typ, Kind: kindGood, MsgID: id, Pipe: kind}
 		default:
 			out[i] = chaosTask{ID: id, Type: typ, Kind: kindGood, MsgID: id}
 		}
@@ -663,8 +682,12 @@ func (p *chaosProducer) submit(ctx context.Context, task chaosTask) error {
 		var err error
 		switch task.Kind {
 		case kindGood:
-			ack, err = p.cl.Submit(actx, protocol.Task{ID: task.ID, Type: task.Type,
-				Payload: json.RawMessage(fmt.Sprintf(`{"id":%q}`, task.ID))})
+			t := protocol.Task{ID: task.ID, Type: task.Type, Payload: json.RawMessage(fmt.Sprintf(`{"id":%q}`, task.ID))}
+			if task.Pipe != "" {
+				t.Payload = json.RawMessage(fmt.Sprintf(`{"id":%q,"kind":%q}`, task.ID, task.Pipe))
+				t.Pipeline = chaosPipeline(task.Type)
+			}
+			ack, err = p.cl.Submit(actx, t)
 		case kindRejected: // a valid task on the other type's subject
 			other := map[string]string{"classify": "embed", "embed": "classify"}[task.Type]
 			ack, err = p.cl.SubmitRaw(actx, other, task.Raw, task.MsgID)

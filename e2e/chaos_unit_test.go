@@ -277,3 +277,94 @@ func TestTurnedAwayByFault(t *testing.T) {
 		}
 	}
 }
+
+// TestChaosPipelineVerdict: the chaos run's rules for its pipelines catch
+// a failed pipeline that names no step (or the wrong one), a wrong route,
+// a step failed with attempts left or through a fault, and a mis-summed
+// attempts count.
+func TestChaosPipelineVerdict(t *testing.T) {
+	t.Parallel()
+	models := map[string]*chaosModel{"good": {Name: "good", Nodes: []string{"n1"}}, "bad": {Name: "bad", FailRate: 0.3, Nodes: []string{"n1"}}}
+	att := func(n int, model string, st protocol.OutcomeStatus) protocol.Attempt {
+		return protocol.Attempt{Attempt: n, Model: model, Node: "n1", Status: st}
+	}
+	step := func(name string, attempts int, st protocol.Status) protocol.StepRecord {
+		return protocol.StepRecord{Name: name, Type: "x", Model: "good", Node: "n1", Attempts: attempts, Status: st}
+	}
+	ok := protocol.Result{ID: "p", Type: "x", Status: protocol.StatusSucceeded, Model: "good", Node: "n1", Attempts: 5,
+		Steps: []protocol.StepRecord{step("first", 1, "succeeded"), step("sx", 2, "succeeded"), step("e1", 1, "succeeded"),
+			step("e2", 1, "succeeded")},
+		History: []protocol.Attempt{att(1, "good", protocol.OutcomeSuccess)}}
+	failed := protocol.Result{ID: "p", Type: "x", Status: protocol.StatusFailed, ErrorCode: protocol.CodePipelineError,
+		FailedStep: "sx", Error: "step sx (x) failed: attempts_exhausted: …", Attempts: 4,
+		Steps: []protocol.StepRecord{step("first", 1, "succeeded"), step("sx", 3, "failed")},
+		History: []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError), att(2, "bad", protocol.OutcomeTimeout),
+			att(3, "bad", protocol.OutcomeModelError)}}
+	verify := func(r protocol.Result, kind string) verdict {
+		return verifyResults([]chaosTask{{ID: "p", Type: "x", Pipe: kind}}, map[string]*protocol.Result{"p": &r}, models, nil, 3)
+	}
+	if v := verify(ok, "x"); len(v.Problems) != 0 || v.Pipelines != 1 || v.PipeSucceeded != 1 || v.PipeSteps != 4 || v.Succeeded != 0 {
+		t.Fatalf("a good pipeline: %+v", v)
+	}
+	if v := verify(failed, "x"); len(v.Problems) != 0 || v.PipeFailed != 1 || v.PipeOwnModels != 1 || v.ByFault != 0 {
+		t.Fatalf("a pipeline failed on its models' own failures: %+v", v)
+	}
+	// The ensemble's first member ended last, after a retry: the history
+	// is its.
+	e1Last := ok
+	e1Last.Attempts = 6
+	e1Last.Steps = []protocol.StepRecord{step("first", 1, "succeeded"), step("sx", 2, "succeeded"), step("e1", 2, "succeeded"), step("e2", 1, "succeeded")}
+	e1Last.History = []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError), att(2, "good", protocol.OutcomeSuccess)}
+	for i := range e1Last.Steps[2:] {
+		e1Last.Steps[2+i].Ensemble = "last"
+	}
+	if v := verify(e1Last, "x"); len(v.Problems) != 0 || v.PipeSucceeded != 1 {
+		t.Fatalf("an ensemble whose first member ended last: %+v", v)
+	}
+	// The ensemble's second member failed: its record follows sx (its
+	// sibling's is not kept).
+	member := failed
+	member.FailedStep, member.Attempts = "e2", 5
+	member.Steps = []protocol.StepRecord{step("first", 1, "succeeded"), step("sx", 1, "succeeded"), step("e2", 3, "failed")}
+	if v := verify(member, "x"); len(v.Problems) != 0 || v.PipeFailed != 1 || v.PipeOwnModels != 1 {
+		t.Fatalf("a pipeline failed at an ensemble member: %+v", v)
+	}
+	for _, tc := range []struct {
+		name string
+		r    protocol.Result
+		kind string
+		want string
+	}{
+		{"wrong route", ok, "y", "step 2 is sx, want sy"},
+		{"short success", func() protocol.Result { r := ok; r.Steps = r.Steps[:3]; r.Attempts = 4; return r }(), "x", "pipeline succeeded with steps"},
+		{"attempts mis-summed", func() protocol.Result { r := ok; r.Attempts = 3; return r }(), "x", "its steps' sum to 5"},
+		{"member succeeded alone", func() protocol.Result {
+			r := ok
+			r.Steps = []protocol.StepRecord{step("first", 1, "succeeded"), step("sx", 2, "succeeded"), step("e2", 1, "succeeded")}
+			r.Attempts = 4
+			return r
+		}(), "x", "step 3 is e2, want e1"},
+		{"no failed step", func() protocol.Result { r := failed; r.FailedStep = ""; return r }(), "x", `names step ""`},
+		{"wrong failed step", func() protocol.Result { r := failed; r.FailedStep = "first"; return r }(), "x", `names step "first"`},
+		{"failed with attempts left", func() protocol.Result {
+			r := failed
+			r.Steps = []protocol.StepRecord{step("first", 1, "succeeded"), step("sx", 2, "failed")}
+			r.Attempts, r.History = 3, r.History[:2]
+			return r
+		}(), "x", "after 2 of 3 attempts"},
+		{"exhausted through a fault", func() protocol.Result {
+			r := failed
+			r.History = []protocol.Attempt{att(1, "bad", protocol.OutcomeModelError), att(2, "bad", protocol.OutcomeLost), att(3, "bad", protocol.OutcomeModelError)}
+			return r
+		}(), "x", "because of a fault (attempts [2])"},
+	} {
+		v := verify(tc.r, tc.kind)
+		found := false
+		for _, p := range v.Problems {
+			found = found || strings.Contains(p, tc.want)
+		}
+		if !found {
+			t.Errorf("%s: problems %q, want one containing %q", tc.name, v.Problems, tc.want)
+		}
+	}
+}

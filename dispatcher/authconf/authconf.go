@@ -85,6 +85,7 @@ var (
 	kvDispatcher = kvStream(topology.BucketDispatcher)
 	kvRollouts   = kvStream(topology.BucketRollouts)
 	kvAutoscale  = kvStream(topology.BucketAutoscale)
+	kvPipeline   = kvStream(topology.BucketPipeline)
 )
 
 // streamAPI grants the JetStream API verbs on stream s.
@@ -127,7 +128,7 @@ func For(id Identity) (Permissions, error) {
 func dispatcherPerms() Permissions {
 	p := Permissions{AllowResponses: true}
 	for _, s := range []string{topology.StreamTasks, topology.StreamDispatch, topology.StreamOutcomes,
-		topology.StreamResults, topology.StreamDLQ, kvNodes, kvSuperseded, kvDispatcher, kvRollouts} {
+		topology.StreamResults, topology.StreamDLQ, kvNodes, kvSuperseded, kvDispatcher, kvRollouts, kvPipeline} {
 		p.Publish = append(p.Publish, streamAPI(s, "INFO", "CREATE", "UPDATE", "consume", "ack", "get")...)
 	}
 	p.Publish = append(p.Publish,
@@ -146,6 +147,7 @@ func dispatcherPerms() Permissions {
 		"$KV."+topology.BucketSuperseded+".>",
 		"$KV."+topology.BucketDispatcher+".>", // the seal key, created once
 		"$KV."+topology.BucketRollouts+".>",   // rollouts' counts and transitions
+		"$KV."+topology.BucketPipeline+".>",   // ensemble members' outputs
 		// The dashboard gathers every replica's report (clusterview); it
 		// may not cancel tasks, which is the admin's.
 		protocol.SubjectAdminStats,

@@ -34,6 +34,11 @@ const (
 	// current (or last) rollout and history (dispatcher/rollout). Every
 	// dispatcher replica watches it and updates it by compare-and-set.
 	BucketRollouts = "MLSCHED_ROLLOUTS"
+	// BucketPipeline holds the outputs of a pipeline's ensemble members
+	// as they end, one key per member (docs/protocol.md, "Pipelines"):
+	// members run in parallel, and the last to end merges them. Bounded
+	// like the results (their max age and bytes).
+	BucketPipeline = "MLSCHED_PIPELINE"
 	// BucketAutoscale holds one key per worker pool: the autoscaler's last
 	// decision for it (replicas now, recommended, and why), written by
 	// `mlsched autoscale` and read by the dashboard and `mlsched top`.
@@ -645,6 +650,25 @@ func EnsureSupersededBucket(ctx context.Context, js jetstream.JetStream, c Confi
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketSuperseded, err)
+	}
+	return kv, nil
+}
+
+// EnsurePipelineBucket creates the bucket of ensemble members' outputs;
+// entries live as long as results (ResultsMaxAge), within ResultsMaxBytes.
+func EnsurePipelineBucket(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.KeyValue, error) {
+	c = c.withDefaults()
+	kv, err := js.KeyValue(ctx, BucketPipeline)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: BucketPipeline, TTL: c.ResultsMaxAge, MaxBytes: c.ResultsMaxBytes, Storage: c.Storage, Replicas: c.Replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, BucketPipeline)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", BucketPipeline, err)
 	}
 	return kv, nil
 }

@@ -12,7 +12,9 @@ package tracing
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"strings"
 	"time"
@@ -91,6 +93,7 @@ func New(cfg Config) (*Tracer, error) {
 		// The producer decides: a sampled traceparent is recorded, an
 		// unsampled one is not, a task without one starts a sampled trace.
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())),
+		sdktrace.WithIDGenerator(idGenerator{}),
 	)
 	return &Tracer{provider: tp, tracer: tp.Tracer("github.com/mlsched/mlsched")}, nil
 }
@@ -172,4 +175,99 @@ func (s Span) End(err error) {
 		s.span.SetStatus(codes.Error, err.Error())
 	}
 	s.span.End()
+}
+
+// Reserve returns the traceparent of a span that Record will record later,
+// perhaps in another process: a child of parent (in its trace, a new one
+// when parent is empty or invalid) with a fresh span id. What runs under
+// that span meanwhile (a pipeline's step: its decisions and dispatches) is
+// started from the reserved traceparent, so that it nests under the span
+// recorded at its end: mlsched keeps no span open across messages. With
+// tracing off it returns parent (when valid), as Start does.
+func (t *Tracer) Reserve(parent string) string {
+	if !Valid(parent) {
+		parent = ""
+	}
+	if !t.On() {
+		return parent
+	}
+	var tid trace.TraceID
+	flags := "01"
+	if parent != "" {
+		sc := spanContextOf(parent)
+		tid = sc.TraceID()
+		if !sc.IsSampled() {
+			flags = "00"
+		}
+	} else {
+		tid = newTraceID()
+	}
+	sid := newSpanID()
+	return "00-" + tid.String() + "-" + sid.String() + "-" + flags
+}
+
+// Record records the span reserved (Reserve) under parent, named name,
+// from start until now, failed when err is not nil. Nothing with tracing
+// off or a reserved traceparent that is not valid; recording one twice
+// (a redelivery) exports it twice with the same ids.
+func (t *Tracer) Record(reserved, parent, name string, start time.Time, err error, attrs ...attribute.KeyValue) {
+	if !t.On() || !Valid(reserved) {
+		return
+	}
+	ctx := context.Background()
+	if Valid(parent) {
+		ctx = propagator.Extract(ctx, propagation.MapCarrier{"traceparent": parent})
+	}
+	ctx = context.WithValue(ctx, reservedKey{}, spanContextOf(reserved))
+	_, s := t.tracer.Start(ctx, name, trace.WithAttributes(attrs...), trace.WithTimestamp(start))
+	if err != nil {
+		s.SetStatus(codes.Error, err.Error())
+	}
+	s.End()
+}
+
+// spanContextOf is the span context of a valid traceparent.
+func spanContextOf(tp string) trace.SpanContext {
+	ctx := propagator.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	return trace.SpanContextFromContext(ctx)
+}
+
+// reservedKey carries a reserved span context to idGenerator through the
+// context of Record's Start.
+type reservedKey struct{}
+
+// idGenerator gives a span Record starts its reserved ids, and any other
+// span random ones.
+type idGenerator struct{}
+
+func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	if sc, ok := ctx.Value(reservedKey{}).(trace.SpanContext); ok {
+		return sc.TraceID(), sc.SpanID()
+	}
+	return newTraceID(), newSpanID()
+}
+
+func (idGenerator) NewSpanID(ctx context.Context, tid trace.TraceID) trace.SpanID {
+	if sc, ok := ctx.Value(reservedKey{}).(trace.SpanContext); ok && sc.TraceID() == tid {
+		return sc.SpanID()
+	}
+	return newSpanID()
+}
+
+// newTraceID and newSpanID draw non-zero ids from math/rand/v2's
+// generator (ChaCha8, seeded from the operating system, safe for
+// concurrent use).
+func newTraceID() (id trace.TraceID) {
+	for !id.IsValid() {
+		binary.BigEndian.PutUint64(id[:8], rand.Uint64())
+		binary.BigEndian.PutUint64(id[8:], rand.Uint64())
+	}
+	return id
+}
+
+func newSpanID() (id trace.SpanID) {
+	for !id.IsValid() {
+		binary.BigEndian.PutUint64(id[:], rand.Uint64())
+	}
+	return id
 }

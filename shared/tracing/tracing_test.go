@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -65,10 +66,12 @@ func TestOff(t *testing.T) {
 type collector struct {
 	mu    sync.Mutex
 	spans map[string][]string // name -> trace ids (hex)
+	// ids: name -> "trace span parent" of each span (hex)
+	ids map[string][]string
 }
 
 func newCollector(t *testing.T) (*collector, string) {
-	c := &collector{spans: map[string][]string{}}
+	c := &collector{spans: map[string][]string{}, ids: map[string][]string{}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		var req coltrace.ExportTraceServiceRequest
@@ -81,6 +84,7 @@ func newCollector(t *testing.T) (*collector, string) {
 			for _, ss := range rs.ScopeSpans {
 				for _, s := range ss.Spans {
 					c.spans[s.Name] = append(c.spans[s.Name], hexID(s.TraceId))
+					c.ids[s.Name] = append(c.ids[s.Name], hexID(s.TraceId)+" "+hexID(s.SpanId)+" "+hexID(s.ParentSpanId))
 				}
 			}
 		}
@@ -133,4 +137,50 @@ func TestExportsSpans(t *testing.T) {
 	if len(c.spans["mlsched.decision"]) != 1 {
 		t.Errorf("exported spans: %v", c.spans)
 	}
+}
+
+// Reserve, then Record: the span recorded later has the reserved ids and
+// the given parent, and what started from the reserved traceparent
+// meanwhile is its child; a reserved root starts a trace of its own.
+func TestReserveThenRecord(t *testing.T) {
+	c, url := newCollector(t)
+	tr, err := tracing.New(tracing.Config{Endpoint: url, Service: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := tr.Reserve(tp)
+	if tracing.TraceID(step) != tracing.TraceID(tp) || step == tp || !tracing.Valid(step) {
+		t.Fatalf("reserved %q under %q", step, tp)
+	}
+	inner := tr.Start(step, "mlsched.dispatch")
+	inner.End(nil)
+	tr.Record(step, tp, "mlsched.step a", time.Now().Add(-time.Second), nil)
+	root := tr.Reserve("")
+	if !tracing.Valid(root) || tracing.TraceID(root) == tracing.TraceID(tp) {
+		t.Fatalf("reserved root %q", root)
+	}
+	tr.Record(root, "", "mlsched.pipeline", time.Now(), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tr.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	span := func(tp string) string { return tp[36:52] }
+	want := tracing.TraceID(tp) + " " + span(step) + " " + span(tp)
+	if got := c.ids["mlsched.step a"]; len(got) != 1 || got[0] != want {
+		t.Errorf("recorded step span %v, want %q", got, want)
+	}
+	if got := c.ids["mlsched.dispatch"]; len(got) != 1 || !strings.HasSuffix(got[0], " "+span(step)) {
+		t.Errorf("the span started from the reserved traceparent %v is not its child (%s)", got, span(step))
+	}
+	if got := c.ids["mlsched.pipeline"]; len(got) != 1 || got[0] != tracing.TraceID(root)+" "+span(root)+" " {
+		t.Errorf("recorded root span %v, want the reserved %q", got, root)
+	}
+	off, _ := tracing.New(tracing.Config{})
+	if got := off.Reserve(tp); got != tp {
+		t.Errorf("off: Reserve = %q, want the parent", got)
+	}
+	off.Record(tp, "", "x", time.Now(), nil) // a no-op
 }

@@ -47,10 +47,11 @@ func simulateTo(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	byFinish := fs.Bool("fair-by-finish-tag", false, "flow control: inside a priority the hold serves the smallest finish tag first (the dispatcher's order before issue 20's fix, to measure it; default: the smallest start tag, as the dispatcher does now)")
 	window := fs.Duration("window", 0, "statistics window (default: the scenario's); -window 5m -bucket 10s is the dispatcher's default")
 	bucket := fs.Duration("bucket", 0, "bucket of the statistics window set by -window (default: a tenth of it)")
+	pipes := fs.Float64("pipelines", 0, "make this share of the tasks, in (0, 1], pipelines of 2-3 steps of different types (the scenario needs 3 task types; default: the scenario's pipelines, if any)")
 	logTo := fs.String("log", "", "also write the request log (one CSV row per attempt, the columns -fit reads) of the first policy's run at -seed to this file")
 	ff := addFitFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S] [-runs N]
+		fmt.Fprint(stderr, `usage: mlsched simulate [-scenario NAME|FILE] [-policy NAME|all] [-tasks N] [-seed S] [-runs N] [-pipelines SHARE]
                         [-format table|csv|json] [-svg FILE] [-log FILE] [-list] [-show]
        mlsched simulate -fit LOG.csv [-o SCENARIO.json] [-col-time NAME ...] [-nodes N] [-slots S]
 
@@ -134,6 +135,11 @@ Flags:
 		return bad("%v", err)
 	case err != nil:
 		return err
+	}
+	if *pipes != 0 {
+		if err := sc.SetPipelines(*pipes); err != nil {
+			return bad("-pipelines %g: %v", *pipes, err)
+		}
 	}
 	if *window > 0 {
 		b := *bucket

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -72,7 +73,7 @@ func TestSimulateScenarioFileAndListing(t *testing.T) {
 		t.Fatalf("file scenario: %v\n%s", err, out)
 	}
 	list, _, err := simulateCLI(t, "-list")
-	if err != nil || strings.Count(list, "\n") != 18 || !strings.Contains(list, "azure-code") || !strings.Contains(list, "flapping") || !strings.Contains(list, "cost-tradeoff") || !strings.Contains(list, "priority-overload") || !strings.Contains(list, "rollout-bad") || !strings.Contains(list, "node-crash") || !strings.Contains(list, "overload") {
+	if err != nil || strings.Count(list, "\n") != 19 || !strings.Contains(list, "pipelines") || !strings.Contains(list, "azure-code") || !strings.Contains(list, "flapping") || !strings.Contains(list, "cost-tradeoff") || !strings.Contains(list, "priority-overload") || !strings.Contains(list, "rollout-bad") || !strings.Contains(list, "node-crash") || !strings.Contains(list, "overload") {
 		t.Fatalf("list: %v\n%s", err, list)
 	}
 }
@@ -113,6 +114,8 @@ func TestSimulateBadInput(t *testing.T) {
 		{[]string{"-tasks", "20000000"}, "at most 10000000"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-seed", "x"}, "invalid value"},
+		{[]string{"-pipelines", "0.3"}, "pipelines.max_steps"}, // stationary has one type
+		{[]string{"-scenario", "pipelines", "-pipelines", "2"}, "pipelines.share"},
 	} {
 		_, errs, err := simulateCLI(t, c.args...)
 		if !errors.Is(err, errUsage) || !strings.Contains(errs, c.want) {
@@ -125,5 +128,20 @@ func TestSimulateBadInput(t *testing.T) {
 	}
 	if code, _, _ := cli(t, "nats://127.0.0.1:1", "", "simulate", "-h"); code != exitOK {
 		t.Errorf("-h: exit %d, want 0", code)
+	}
+}
+
+// The pipelines scenario: a second table with each policy's pipeline
+// success, and the CSV's pipeline columns.
+func TestSimulatePipelines(t *testing.T) {
+	t.Parallel()
+	tab, _, err := simulateCLI(t, "-scenario", "pipelines", "-policy", "reliability,latency", "-tasks", "2000", "-pipelines", "0.5")
+	if err != nil || !strings.Contains(tab, "succeeded %") || strings.Count(tab, "\n") != 10 {
+		t.Fatalf("table: %v\n%s", err, tab)
+	}
+	out, _, err := simulateCLI(t, "-scenario", "pipelines", "-policy", "reliability", "-tasks", "2000", "-format", "csv")
+	rows, rerr := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil || rerr != nil || len(rows) != 3 || !slices.Contains(rows[0], "pipeline_success_pct") {
+		t.Fatalf("csv: %v %v\n%s", err, rerr, out)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,6 +79,12 @@ type Keeper interface {
 type Pipelines interface {
 	Open(sealed string) (*pipeline.Progress, error)
 	Seal(p *pipeline.Progress) (string, error)
+	// StoreMember stores a parallel ensemble member's output under its
+	// key (pipeline.MemberKey, in MLSCHED_PIPELINE) and returns its
+	// revision (the bucket's sequence); LoadMember reads one (found
+	// false: not stored yet).
+	StoreMember(ctx context.Context, key string, out []byte) (rev uint64, err error)
+	LoadMember(ctx context.Context, key string) (out []byte, rev uint64, found bool, err error)
 }
 
 // Metrics is what the finisher observes.
@@ -445,6 +452,7 @@ func (f *Finisher) pipelineFailed(e *Ending, res *protocol.Result) {
 	}
 	rec := p.StepRecord(e.Submitted, res)
 	f.metric().PipelineStep(rec.Type, protocol.StatusFailed)
+	f.stepSpan(p, rec, e.Submitted, res.ID)
 	p.FinalResult(res, append(p.Steps, rec))
 	res.FailedStep = rec.Name
 	code := res.ErrorCode
@@ -458,11 +466,52 @@ func (f *Finisher) pipelineFailed(e *Ending, res *protocol.Result) {
 	if p.Seq > 1 || res.Attempts > 0 {
 		res.Status = protocol.StatusFailed // it ran
 	}
+	f.pipelineSpan(p, res)
+}
+
+// stepSpan records the span of the pipeline step that ended with rec,
+// from its start (its task message stored) until now: named after the
+// step, under the pipeline's span, the parent of its attempts' decisions
+// and dispatches (they started from its reserved traceparent). Nothing
+// with tracing off.
+func (f *Finisher) stepSpan(p *pipeline.Progress, rec protocol.StepRecord, start time.Time, id string) {
+	if p.StepTrace == "" || !f.Tracer.On() {
+		return
+	}
+	var err error
+	if rec.Status != protocol.StatusSucceeded {
+		err = errors.New(rec.Error)
+	}
+	attrs := []attribute.KeyValue{attribute.String("mlsched.task_id", id), attribute.String("mlsched.step", rec.Name),
+		attribute.String("mlsched.type", rec.Type), attribute.String("mlsched.model", rec.Model),
+		attribute.String("mlsched.node", rec.Node), attribute.Int("mlsched.attempts", rec.Attempts),
+		attribute.String("mlsched.status", string(rec.Status))}
+	if rec.Ensemble != "" {
+		attrs = append(attrs, attribute.String("mlsched.ensemble", rec.Ensemble))
+	}
+	f.Tracer.Record(p.StepTrace, p.Trace, "mlsched.step "+rec.Name, start, err, attrs...)
+}
+
+// pipelineSpan records the span of the whole pipeline as it ends with
+// res, from its submission, under the pipeline task's own trace context.
+func (f *Finisher) pipelineSpan(p *pipeline.Progress, res *protocol.Result) {
+	if p.Trace == "" || !f.Tracer.On() {
+		return
+	}
+	var err error
+	if res.Status != protocol.StatusSucceeded {
+		err = errors.New(res.Error)
+	}
+	f.Tracer.Record(p.Trace, p.Parent, "mlsched.pipeline", time.UnixMilli(p.Submitted), err,
+		attribute.String("mlsched.task_id", res.ID), attribute.String("mlsched.type", p.Type),
+		attribute.Int("mlsched.steps", len(res.Steps)), attribute.Int("mlsched.attempts", res.Attempts),
+		attribute.String("mlsched.status", string(res.Status)), attribute.String("mlsched.failed_step", res.FailedStep))
 }
 
 // pipelineStep ends a pipeline step's attempt that has a result (end):
 // a success goes on to the next step, or ends the pipeline with its one
-// result; a failure ends it.
+// result; a failure ends it. A member of a parallel ensemble goes on
+// through memberEnded.
 func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 	res := e.Result
 	if res.Status != protocol.StatusSucceeded {
@@ -478,11 +527,78 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 	}
 	rec := p.StepRecord(e.Submitted, res)
 	f.metric().PipelineStep(rec.Type, protocol.StatusSucceeded)
-	next, payload, final, failedAt, err := p.Advance(rec, res.Output)
+	f.stepSpan(p, rec, e.Submitted, res.ID)
+	if p.Fan > 0 {
+		f.memberEnded(msg, e, p, rec)
+		return
+	}
+	f.goOn(msg, e, p, rec, res.Output)
+}
+
+// memberEnded: a member of a parallel ensemble succeeded. Its record and
+// output are stored under its key (MLSCHED_PIPELINE) before anything
+// else; then, when every member's are there and this one's was stored
+// last (the highest revision: exactly one member sees both, since the
+// last store's member reads after every other's), it merges them and goes
+// on after the ensemble; otherwise the step is acked and the members
+// still running go on. A failed member has failed the pipeline (its
+// result): the others' outputs are then never all there. Nothing stored,
+// or a read that failed: the outcome comes back, and stores again (a
+// newer revision: a redelivery after the ensemble went on goes on again,
+// and its next step's message is then a duplicate, or its result
+// refused).
+func (f *Finisher) memberEnded(msg jsplumb.Msg, e *Ending, p *pipeline.Progress, rec protocol.StepRecord) {
+	res := e.Result
+	ctx, cancel := context.WithTimeout(context.Background(), memberTimeout)
+	defer cancel()
+	mine := pipeline.MemberOut{Rec: rec, Output: res.Output}
+	data, err := json.Marshal(&mine)
+	var rev uint64
+	if err == nil {
+		rev, err = f.Pipelines.StoreMember(ctx, p.MemberKey(res.ID, p.Member), data)
+	}
+	if err != nil {
+		f.Log.Warn().Err(err).Str("task_id", res.ID).Str("step", rec.Name).Msg("ensemble member's output not stored, will retry")
+		f.Complete.Settle(msg, err)
+		return
+	}
+	outs := make([]pipeline.MemberOut, p.Members())
+	for i := range outs {
+		if i == p.Member {
+			outs[i] = mine
+			continue
+		}
+		b, other, found, err := f.Pipelines.LoadMember(ctx, p.MemberKey(res.ID, i))
+		if err == nil && found {
+			err = json.Unmarshal(b, &outs[i])
+		}
+		if err != nil {
+			f.Complete.Settle(msg, err)
+			return
+		}
+		if !found || other > rev { // a member still runs (or failed the pipeline), or goes on: this one is done
+			f.Complete.Settle(msg, nil)
+			return
+		}
+	}
+	last := outs[len(outs)-1]
+	f.goOn(msg, e, p.Join(outs), last.Rec, last.Output)
+}
+
+// memberTimeout bounds an ensemble member's store and reads.
+const memberTimeout = 10 * time.Second
+
+// goOn: the step of p ended with rec and output; the pipeline goes on to
+// its next step (every member of an ensemble at once), or ends with its
+// result.
+func (f *Finisher) goOn(msg jsplumb.Msg, e *Ending, p *pipeline.Progress, rec protocol.StepRecord, output json.RawMessage) {
+	res := e.Result
+	next, payload, final, failedAt, err := p.Advance(rec, output)
 	fail := func(code protocol.Code, err error, at string) {
 		p.FinalResult(res, next.Steps)
 		res.Status, res.Output, res.FailedStep = protocol.StatusFailed, nil, at
 		res.Error, res.ErrorCode = err.Error(), code
+		f.pipelineSpan(p, res)
 		f.finish(msg, res, e.Traceparent)
 	}
 	if err != nil {
@@ -492,6 +608,7 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 	if next == nil { // the end: the pipeline's result
 		p.FinalResult(res, append(p.Steps, rec))
 		res.Output = final
+		f.pipelineSpan(p, res)
 		f.finish(msg, res, e.Traceparent)
 		return
 	}
@@ -503,23 +620,73 @@ func (f *Finisher) pipelineStep(msg jsplumb.Msg, e *Ending) {
 			return
 		}
 	}
-	m, err := f.stepMsg(next, res.ID, payload, remaining, e.Traceparent)
-	if err == nil {
-		err = f.Complete.Publish(context.Background(), f.ResPub, msg, m, "", func(ack *jetstream.PubAck, err error) error {
+	steps, payloads := []*pipeline.Progress{next}, []json.RawMessage{payload}
+	if next.Starts() { // an ensemble: its members run at once
+		if steps, payloads, failedAt, err = next.Fanout(); err != nil {
+			fail(protocol.CodePipelineError, err, failedAt)
+			return
+		}
+	}
+	msgs := make([]*nats.Msg, len(steps))
+	for i, st := range steps {
+		if msgs[i], err = f.stepMsg(st, res.ID, payloads[i], remaining, e.Traceparent); err != nil {
+			f.Complete.Settle(msg, err)
+			return
+		}
+	}
+	if len(msgs) == 1 {
+		err = f.Complete.Publish(context.Background(), f.ResPub, msg, msgs[0], "", func(ack *jetstream.PubAck, err error) error {
 			if err != nil {
 				f.Log.Warn().Err(err).Str("task_id", res.ID).Str("step", nst.Name).Msg("pipeline step publish failed, will retry")
 			}
 			return err
 		})
+		if err != nil {
+			f.Complete.Settle(msg, err)
+		}
+		return
 	}
-	if err != nil {
-		f.Complete.Settle(msg, err)
+	f.publishAll(msg, res.ID, msgs)
+}
+
+// publishAll publishes the step messages of an ensemble's members and
+// settles msg once every one is stored (nak'ed for redelivery at the first
+// that is not: the ones stored are then duplicates, refused by their
+// Nats-Msg-Id).
+func (f *Finisher) publishAll(msg jsplumb.Msg, id string, msgs []*nats.Msg) {
+	var left atomic.Int32
+	var failed atomic.Bool
+	left.Store(int32(len(msgs)))
+	fail := func(err error) {
+		if failed.CompareAndSwap(false, true) {
+			f.Log.Warn().Err(err).Str("task_id", id).Msg("ensemble members' publish failed, will retry")
+			f.Complete.Settle(msg, err)
+		}
+	}
+	for _, m := range msgs {
+		err := f.ResPub.Publish(context.Background(), m, "", func(_ *jetstream.PubAck, err error) {
+			if err != nil {
+				fail(err)
+				return
+			}
+			if left.Add(-1) == 0 && !failed.Load() {
+				f.Complete.Settle(msg, nil)
+			}
+		})
+		if err != nil {
+			fail(err)
+			return
+		}
 	}
 }
 
 // stepMsg is the task message of next's running step.
 func (f *Finisher) stepMsg(next *pipeline.Progress, id string, payload json.RawMessage, deadlineMs int64, traceparent string) (*nats.Msg, error) {
 	st, _ := next.Step()
+	if next.Trace != "" { // the next step's span, under the pipeline's
+		next.StepTrace = f.Tracer.Reserve(next.Trace)
+		traceparent = next.StepTrace
+	}
 	t := protocol.Task{ID: id, Type: st.Type, Payload: payload, Models: st.Models, TimeoutMs: st.TimeoutMs,
 		MaxAttempts: st.MaxAttempts, Priority: next.Priority, Tenant: next.Tenant, Size: next.Size, DeadlineMs: deadlineMs}
 	data, err := json.Marshal(&t)

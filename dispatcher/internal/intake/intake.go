@@ -14,6 +14,7 @@ import (
 	"github.com/mlsched/mlsched/shared/lifecycle"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
+	"github.com/mlsched/mlsched/shared/tracing"
 )
 
 // Stage is intake, the stage a task enters by: it reads a task message of
@@ -40,6 +41,7 @@ type Params struct {
 	Pipelines   finish.Pipelines // a pipeline's sealed progress
 	Superseded  Superseded
 	Metrics     Metrics
+	Tracer      *tracing.Tracer // a new pipeline reserves its spans (pipeline.go)
 	// Lost counts the attempts lost with the attempt streams (lost.go),
 	// Parked the tasks parked (park.go).
 	Lost, Parked *atomic.Int64

@@ -25,12 +25,20 @@ func (in *Stage) pipelineTake(h nats.Header, a *admission.Attempt) error {
 		if t.DeadlineMs > 0 {
 			p.Deadline = p.Submitted + t.DeadlineMs
 		}
+		if in.Tracer.On() { // the pipeline's span and its first step's, recorded as they end (finish)
+			p.Parent = a.Traceparent
+			p.Trace = in.Tracer.Reserve(p.Parent)
+			p.StepTrace = in.Tracer.Reserve(p.Trace)
+		}
 		sealed, err := in.Pipelines.Seal(p)
 		if err != nil {
 			return protocol.Errorf(protocol.CodeInvalidPipeline, "%v", err)
 		}
 		p.ApplyStep(t)
 		a.Pipe = sealed
+		if p.StepTrace != "" {
+			a.Traceparent = p.StepTrace
+		}
 		return nil
 	}
 	p, err := in.Pipelines.Open(v)
@@ -39,5 +47,8 @@ func (in *Stage) pipelineTake(h nats.Header, a *admission.Attempt) error {
 	}
 	p.ApplyStep(&a.Task)
 	a.Pipe, a.PipeStep = v, p.Seq > 1
+	if p.StepTrace != "" { // the step's attempts nest under its span
+		a.Traceparent = p.StepTrace
+	}
 	return nil
 }

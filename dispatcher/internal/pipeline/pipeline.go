@@ -7,10 +7,12 @@
 package pipeline
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/mlsched/mlsched/shared/protocol"
@@ -34,12 +36,26 @@ type Progress struct {
 	// index when it is an ensemble.
 	Pos    int `json:"pos"`
 	Member int `json:"member,omitempty"`
+	// Fan, in an ensemble whose members run in parallel (Fanout), is the
+	// Seq of its first member: member i runs as step Fan+i, and stores
+	// its output under MemberKey; 0: not a parallel member (a progress
+	// sealed before members ran in parallel goes on one after another).
+	Fan int `json:"fan,omitempty"`
 	// EnsIn is a running ensemble's input, Merged its members' outputs so
 	// far.
 	EnsIn  json.RawMessage            `json:"ens_in,omitempty"`
 	Merged map[string]json.RawMessage `json:"merged,omitempty"`
 	// Steps are the records of the steps that ended.
 	Steps []protocol.StepRecord `json:"steps,omitempty"`
+	// With tracing on: Parent is the pipeline task's own traceparent (the
+	// producer's, "" for none), Trace the pipeline span's and StepTrace the
+	// running step's, both reserved (tracing.Reserve) and recorded when
+	// they end: a step's decisions and dispatches start from StepTrace, so
+	// its attempts nest under its span, and every step's span under the
+	// pipeline's.
+	Parent    string `json:"parent,omitempty"`
+	Trace     string `json:"trace,omitempty"`
+	StepTrace string `json:"step_trace,omitempty"`
 }
 
 // Step is the running step (an ensemble's running member).
@@ -129,7 +145,7 @@ func (p *Progress) Advance(rec protocol.StepRecord, output json.RawMessage) (nex
 		if output, err = json.Marshal(merged); err != nil {
 			return &q, nil, nil, s.Name, err
 		}
-		q.Member, q.Merged, q.EnsIn = 0, nil, nil
+		q.Member, q.Merged, q.EnsIn, q.Fan = 0, nil, nil, 0
 	}
 	idx := p.Pos + 1
 	for from := s; ; {
@@ -171,6 +187,69 @@ func (p *Progress) Advance(rec protocol.StepRecord, output json.RawMessage) (nex
 			return &q, in, nil, "", nil
 		}
 	}
+}
+
+// Fanout: q (as Advance returned it) starts an ensemble. It returns the
+// progress and payload of every member, all to run at once: member i as
+// step q.Seq+i, with Fan q.Seq. failedAt and err name a member whose input
+// is not in the ensemble's input.
+func (q *Progress) Fanout() (members []*Progress, payloads []json.RawMessage, failedAt string, err error) {
+	s := &q.Def.Steps[q.Pos]
+	for i := range s.Ensemble {
+		m := *q
+		m.Member, m.Fan, m.Seq, m.Merged = i, q.Seq, q.Seq+i, nil
+		in, ok := protocol.Lookup(q.EnsIn, s.Ensemble[i].Input)
+		if !ok {
+			return nil, nil, s.Ensemble[i].Name, fmt.Errorf("step %s: input %q is not in the ensemble's input", s.Ensemble[i].Name, s.Ensemble[i].Input)
+		}
+		members, payloads = append(members, &m), append(payloads, in)
+	}
+	return members, payloads, "", nil
+}
+
+// Starts: q, as Advance returned it, is the first member of an ensemble
+// to start, whose members Fanout starts together.
+func (q *Progress) Starts() bool {
+	return q.Fan == 0 && q.Member == 0 && len(q.Def.Steps[q.Pos].Ensemble) > 0
+}
+
+// Members is the number of members of the running step's ensemble.
+func (p *Progress) Members() int { return len(p.Def.Steps[p.Pos].Ensemble) }
+
+// MemberOut is what an ensemble member that ran in parallel stored as it
+// succeeded: its record and its output.
+type MemberOut struct {
+	Rec    protocol.StepRecord `json:"rec"`
+	Output json.RawMessage     `json:"output"`
+}
+
+// MemberKey is the key (in the MLSCHED_PIPELINE bucket) of member of the
+// parallel ensemble p runs in, of the pipeline task id: the id in
+// base64url (a key's alphabet), the pipeline's submission and the
+// ensemble's Fan.
+func (p *Progress) MemberKey(id string, member int) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(id)) + "." + strconv.FormatInt(p.Submitted, 10) + "." +
+		strconv.Itoa(p.Fan) + "." + strconv.Itoa(member)
+}
+
+// Join: every member of p's parallel ensemble succeeded, with outs in
+// member order. It returns the progress at the last member with the
+// others' records and outputs merged, from which Advance(outs[last].Rec,
+// outs[last].Output) goes on after the ensemble, as after the last of
+// members run one after another.
+func (p *Progress) Join(outs []MemberOut) *Progress {
+	q := *p
+	n := len(outs)
+	s := &p.Def.Steps[p.Pos]
+	q.Member, q.Seq = n-1, p.Fan+n-1
+	q.Steps = slices.Clip(p.Steps)
+	q.Merged = make(map[string]json.RawMessage, n)
+	for i := range n - 1 {
+		q.Steps = append(q.Steps, outs[i].Rec)
+		q.Merged[s.Ensemble[i].Name] = outs[i].Output
+	}
+	q.Steps = slices.Clip(q.Steps)
+	return &q
 }
 
 // truncateJSON shortens a JSON value for an error message.

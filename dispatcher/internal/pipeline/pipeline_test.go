@@ -72,3 +72,63 @@ func TestAdvanceMissingInput(t *testing.T) {
 		t.Fatalf("the records so far: %+v", next)
 	}
 }
+
+// An ensemble's members run in parallel: Fanout gives every member its
+// progress (step Fan+i) and payload; once all succeeded, Join with their
+// records and outputs (in any order of ending) goes on after the ensemble
+// with the outputs merged by name, the records in member order, and the
+// next step numbered after the last member.
+func TestFanoutJoin(t *testing.T) {
+	def := protocol.Pipeline{Steps: []protocol.PipelineStep{
+		{Name: "first", Type: "x"},
+		{Name: "vote", Input: "$.doc", Ensemble: []protocol.PipelineStep{
+			{Name: "a", Type: "ja"}, {Name: "b", Type: "jb", Input: "$.text"}, {Name: "c", Type: "jc"}}},
+		{Name: "after", Type: "y"},
+	}}
+	p := &Progress{Def: def, Type: "x", Seq: 1, Submitted: 1700000000000}
+	next, _, _, _, err := p.Advance(protocol.StepRecord{Name: "first", Status: protocol.StatusSucceeded},
+		json.RawMessage(`{"doc":{"text":"t","n":1}}`))
+	if err != nil || !next.Starts() || next.Members() != 3 {
+		t.Fatalf("after first: %+v %v", next, err)
+	}
+	members, payloads, _, err := next.Fanout()
+	if err != nil || len(members) != 3 {
+		t.Fatalf("fanout: %v", err)
+	}
+	want := []string{`{"text":"t","n":1}`, `"t"`, `{"text":"t","n":1}`}
+	keys := map[string]bool{}
+	for i, m := range members {
+		if st, ens := m.Step(); st.Name != []string{"a", "b", "c"}[i] || ens != "vote" || m.Fan != 2 || m.Seq != 2+i || string(payloads[i]) != want[i] || m.Starts() {
+			t.Fatalf("member %d: %s of %s, fan %d seq %d payload %s", i, st.Name, ens, m.Fan, m.Seq, payloads[i])
+		}
+		keys[m.MemberKey("doc-7", i)] = true
+	}
+	if len(keys) != 3 || !strings.HasPrefix(members[0].MemberKey("doc-7", 0), "ZG9jLTc.1700000000000.2.") {
+		t.Fatalf("member keys %v", keys)
+	}
+	outs := make([]MemberOut, 3)
+	for i, name := range []string{"a", "b", "c"} {
+		outs[i] = MemberOut{Rec: protocol.StepRecord{Name: name, Ensemble: "vote", Status: protocol.StatusSucceeded}, Output: json.RawMessage(`"` + name + `!"`)}
+	}
+	// Member b ended last: the join is the same whichever did.
+	jp := members[1].Join(outs)
+	after, payload, final, _, err := jp.Advance(outs[2].Rec, outs[2].Output)
+	if err != nil || final != nil || after == nil {
+		t.Fatalf("after the join: %v", err)
+	}
+	var merged map[string]string
+	if st, _ := after.Step(); st.Name != "after" || after.Seq != 5 || after.Fan != 0 || after.Member != 0 ||
+		json.Unmarshal(payload, &merged) != nil || merged["a"] != "a!" || merged["b"] != "b!" || merged["c"] != "c!" {
+		t.Fatalf("after the join: step %s seq %d fan %d payload %s", st.Name, after.Seq, after.Fan, payload)
+	}
+	var names []string
+	for _, r := range after.Steps {
+		names = append(names, r.Name)
+	}
+	if strings.Join(names, ",") != "first,a,b,c" {
+		t.Fatalf("records %v, want first,a,b,c", names)
+	}
+	if len(members[0].Steps) != 1 || len(p.Steps) != 0 {
+		t.Fatalf("the join changed its input's records: %d, %d", len(members[0].Steps), len(p.Steps))
+	}
+}

@@ -100,7 +100,7 @@ func (s *sim) charge(a *attempt) {
 	if a.t.idx >= len(s.tasks) { // an attempt made up outside a run (tests)
 		return
 	}
-	if a.n == 1 {
+	if a.n == 1 && a.t.step == 0 {
 		s.tasks[a.t.idx].firstModel = a.model
 	}
 	if c := s.models[a.model].Cost; c != nil {

@@ -445,7 +445,7 @@ func (s *sim) send(ctx context.Context, t *task, d policy.Decision, err error) e
 		f.inversions++
 	}
 	t.waitFrom = -1
-	if s.ro != nil && n == 1 {
+	if s.ro != nil && n == 1 && t.step == 0 {
 		s.ro.dispatched(d.Model)
 	}
 	deadline := s.now + s.deadline()

@@ -86,6 +86,9 @@ type Result struct {
 	// warm-up: one statistics window, or the first tenth of the tasks if
 	// that is shorter.
 	FirstShares map[string]float64 `json:"first_attempt_shares,omitempty"`
+	// Pipelines has the figures of the pipeline tasks of a scenario with
+	// pipelines (pipeline.go), averaged over the runs.
+	Pipelines *PipelineSummary `json:"pipelines,omitempty"`
 }
 
 // Segment is the figures of the tasks submitted in [FromS, ToS).
@@ -171,6 +174,9 @@ func Run(ctx context.Context, sc *Scenario, opt Options) (*Report, error) {
 			if ro := ros[name]; ro != nil {
 				r.Rollouts = []*RolloutResult{ro}
 			}
+			if r.Pipelines != nil {
+				r.Pipelines.VsOracle = (r.Pipelines.Success - summarizePipelines(runs[Oracle]).Success) * 100
+			}
 			if len(sc.Arrival.Flows) > 0 {
 				r.FlowControl = summarizeFlows(sc, runs[name], inversions[name])
 				r.FlowControl.ShedInversions = shedInversions[name]
@@ -196,7 +202,8 @@ func aggregate(rs []Result) Result {
 	if len(rs) == 1 {
 		return rs[0]
 	}
-	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve, Timeline: rs[0].Timeline, FlowControl: aggregateFlows(rs)}
+	out := Result{Policy: rs[0].Policy, Curve: rs[0].Curve, Timeline: rs[0].Timeline, FlowControl: aggregateFlows(rs),
+		Pipelines: aggregatePipelines(rs)}
 	for _, r := range rs {
 		out.Rollouts = append(out.Rollouts, r.Rollouts...)
 	}
@@ -293,6 +300,9 @@ func summarize(name string, ts []taskResult, sc *Scenario, opt Options) Result {
 	}
 	r.Curve = curve(ts)
 	r.Timeline = timeline(ts, opt.Segment)
+	if sc.Pipelines != nil {
+		r.Pipelines = summarizePipelines(ts)
+	}
 	if sc.costed() {
 		c := costPerSuccess(ts)
 		r.CostPerSuccess = &c
@@ -451,6 +461,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
+	if err := r.writePipelines(w); err != nil {
+		return err
+	}
 	for i := range r.Results {
 		for _, ro := range r.Results[i].Rollouts {
 			if _, err := fmt.Fprintf(w, "%s: %s\n", r.Results[i].Policy, ro.line()); err != nil {
@@ -469,6 +482,10 @@ func (r *Report) WriteCSV(w io.Writer) error {
 	if costed {
 		head = append(head, "cost_per_success")
 	}
+	piped := len(r.Results) > 0 && r.Results[0].Pipelines != nil
+	if piped {
+		head = append(head, "pipelines", "pipeline_success_pct", "pipeline_vs_oracle_pp", "pipeline_no_retry_pct", "plain_success_pct", "pipeline_mean_latency_ms")
+	}
 	if err := cw.Write(head); err != nil {
 		return err
 	}
@@ -476,6 +493,10 @@ func (r *Report) WriteCSV(w io.Writer) error {
 		rec := append([]string{r.Scenario, strconv.FormatUint(r.Seed, 10), strconv.Itoa(r.Tasks)}, r.Results[i].row(4)...)
 		if costed {
 			rec = append(rec, r.Results[i].costCell(6))
+		}
+		if p := r.Results[i].Pipelines; piped {
+			f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
+			rec = append(rec, f(p.Pipelines, 1), f(p.Success*100, 4), f(p.VsOracle, 4), f(p.Clean*100, 4), f(p.PlainSuccess*100, 4), f(p.MeanLatencyMs, 1))
 		}
 		if err := cw.Write(rec); err != nil {
 			return err
@@ -500,4 +521,24 @@ func (r *Report) Get(policy string) *Result {
 		}
 	}
 	return nil
+}
+
+// writePipelines writes, for a scenario with pipelines, a table of each
+// policy's figures on them.
+func (r *Report) writePipelines(w io.Writer) error {
+	if len(r.Results) == 0 || r.Results[0].Pipelines == nil {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "pipelines (a pipeline succeeds when every step does; plain %: the other tasks, same run)"); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	f := func(v float64, p int) string { return strconv.FormatFloat(v, 'f', p, 64) }
+	fmt.Fprintln(tw, "policy\tpipelines\tsucceeded %\tvs oracle\tno retry %\tplain %\tsteps\tsteps run\tattempts\tmean ms\t")
+	for i := range r.Results {
+		p := r.Results[i].Pipelines
+		fmt.Fprintln(tw, r.Results[i].Policy+"\t"+f(p.Pipelines, 0)+"\t"+f(p.Success*100, 2)+"\t"+f(p.VsOracle, 2)+"\t"+f(p.Clean*100, 2)+"\t"+
+			f(p.PlainSuccess*100, 2)+"\t"+f(p.Steps, 2)+"\t"+f(p.StepsRun, 2)+"\t"+f(p.MeanAttempts, 2)+"\t"+f(p.MeanLatencyMs, 1)+"\t")
+	}
+	return tw.Flush()
 }

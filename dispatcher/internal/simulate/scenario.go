@@ -169,9 +169,12 @@ type Scenario struct {
 	// every type not named; default 0.99, the dispatcher's
 	// MLSCHED_MIN_SUCCESS and _BY_TYPE).
 	MinSuccess map[string]float64 `json:"min_success,omitempty"`
-	Models     []Model            `json:"models"`
-	Nodes      []Node             `json:"nodes"`
-	Events     []Event            `json:"events,omitempty"`
+	// Pipelines makes a share of the tasks pipelines of several steps of
+	// different types (pipeline.go; optional).
+	Pipelines *PipelineMix `json:"pipelines,omitempty"`
+	Models    []Model      `json:"models"`
+	Nodes     []Node       `json:"nodes"`
+	Events    []Event      `json:"events,omitempty"`
 
 	// trace is the loaded arrival trace (trace.go); nil: Poisson arrivals.
 	trace *traceData
@@ -709,6 +712,9 @@ func (sc *Scenario) validate(open opener) error {
 		}
 	}
 	if err := sc.validateFlows(); err != nil {
+		return err
+	}
+	if err := sc.validatePipelines(); err != nil {
 		return err
 	}
 	if err := sc.validateCosts(); err != nil {

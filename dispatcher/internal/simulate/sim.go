@@ -169,6 +169,12 @@ type task struct {
 	gone     bool
 	pulled   bool // taken from the stream by a band consumer
 	fromPark bool // taken from its parked queue (flow.go)
+	// A pipeline (pipeline.go): its steps' types (nil: a plain task), the
+	// running step's index (typ is its type, history its attempts) and
+	// the attempts of the steps before it.
+	steps []string
+	step  int
+	prior int
 }
 
 type attemptState uint8
@@ -240,6 +246,7 @@ type sim struct {
 	weights []float64
 	wsum    float64
 	arrive  *rand.Rand
+	pipe    *rand.Rand // the pipelines' draws (pipeline.go); nil: none
 	pcg     *rand.PCG
 	draw    *rand.Rand
 
@@ -284,6 +291,9 @@ type taskResult struct {
 	// model of its first attempt that started (cost.go).
 	cost       float64
 	firstModel string
+	// steps is a pipeline's number of steps (0: a plain task), stepsRun
+	// how many of them ran.
+	steps, stepsRun int
 }
 
 func (s *sim) clock() time.Time { return epoch.Add(s.now) }
@@ -346,6 +356,9 @@ func newSim(sc *Scenario, opt Options, name string) (*sim, error) {
 	// Streams: 1 = arrivals, shared by every policy; per-attempt draws are
 	// keyed by (task, attempt); policies get their own below.
 	s.arrive = rand.New(rand.NewPCG(opt.Seed, 1))
+	if sc.Pipelines != nil {
+		s.pipe = newPipeStream(opt.Seed)
+	}
 	s.pcg = rand.NewPCG(0, 0)
 	s.draw = rand.New(s.pcg)
 	s.store = stats.NewMemory(stats.Window{Size: sc.Window.Size.D(), Bucket: sc.Window.Bucket.D(), Recent: sc.Window.Recent.D()}, stats.WithClock(s.clock))
@@ -418,6 +431,9 @@ func (s *sim) run(ctx context.Context, n int) error {
 				if s.fc != nil {
 					s.pickFlow(t)
 				}
+			}
+			if s.pipe != nil {
+				s.pickSteps(t)
 			}
 			s.arrived++
 			if s.arrived < n {
@@ -700,7 +716,7 @@ func (s *sim) dispatch(ctx context.Context, t *task) error {
 		return nil
 	}
 	t.waitFrom = -1
-	if s.ro != nil && n == 1 {
+	if s.ro != nil && n == 1 && t.step == 0 {
 		s.ro.dispatched(d.Model)
 	}
 	a := &attempt{t: t, n: n, model: d.Model, node: nd, dispatched: s.now, deadline: s.now + s.deadline()}
@@ -750,7 +766,7 @@ func (s *sim) prepare(a *attempt) time.Duration {
 	a.state = stRunning
 	a.node.running++
 	s.charge(a)
-	s.pcg.Seed(s.opt.Seed^0x9e3779b97f4a7c15, uint64(a.t.idx)<<8|uint64(a.n))
+	s.pcg.Seed(s.drawSeed(a))
 	uFail, uLat := s.draw.Float64(), s.draw.Float64()
 	st := s.models[a.model].step(s.now)
 	p := *st.FailureProb
@@ -834,7 +850,7 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	}
 	t.history = append(t.history, protocol.Attempt{Attempt: a.n, Model: a.model, Node: a.node.spec.Name, Status: st, LatencyMs: float64(lat) / float64(time.Millisecond)})
 	s.dec.completed(a.model, a.node.spec.Name)
-	if a.n == 1 {
+	if a.n == 1 && t.step == 0 { // a task's first attempt: a pipeline's first step's
 		if s.ro != nil {
 			s.ro.observed(t.idx, a.model, dec.Kind)
 		}
@@ -849,6 +865,10 @@ func (s *sim) outcome(ctx context.Context, a *attempt, st protocol.OutcomeStatus
 	}
 	switch dec.Action {
 	case settle.Finish, settle.DeadLetter:
+		if dec.Status == protocol.StatusSucceeded && t.step+1 < len(t.steps) {
+			s.nextStep(t) // a pipeline goes on
+			return s.dispatch(ctx, t)
+		}
 		if dec.Code == protocol.CodeExpired {
 			s.tasks[t.idx].end = endExpired
 		}
@@ -869,8 +889,11 @@ func (s *sim) finish(t *task, ok bool) {
 	}
 	t.done = true
 	r := &s.tasks[t.idx]
-	r.submit, r.latency, r.succeeded, r.attempts = t.submit, s.now-t.submit, ok, len(t.history)
+	r.submit, r.latency, r.succeeded, r.attempts = t.submit, s.now-t.submit, ok, t.prior+len(t.history)
 	r.flow = t.flow
+	if len(t.steps) > 0 {
+		r.steps, r.stepsRun = len(t.steps), t.step+1
+	}
 	s.finished++
 	if s.fc != nil {
 		s.finishedFlow(t)

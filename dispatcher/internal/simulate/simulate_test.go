@@ -44,7 +44,7 @@ func run(t *testing.T, name string, opt Options) *Report {
 
 func TestBuiltinScenariosParse(t *testing.T) {
 	t.Parallel()
-	want := []string{"azure-code", "azure-conv", "burst", "bursty", "cold-start", "cost-tradeoff", "drift", "flapping", "heavy-tail", "node-crash", "overload", "priority-overload", "rollout-bad", "rollout-good", "slow-node", "stationary", "tenant-flood", "tenant-weights"}
+	want := []string{"azure-code", "azure-conv", "burst", "bursty", "cold-start", "cost-tradeoff", "drift", "flapping", "heavy-tail", "node-crash", "overload", "pipelines", "priority-overload", "rollout-bad", "rollout-good", "slow-node", "stationary", "tenant-flood", "tenant-weights"}
 	if got := Builtin(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("Builtin() = %v, want %v", got, want)
 	}
@@ -53,7 +53,11 @@ func TestBuiltinScenariosParse(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if sc.Name != name || sc.Refresh.D() != 250*time.Millisecond || sc.MaxAttempts != 3 {
+		attempts := 3
+		if name == "pipelines" { // with 3, retries hide every policy's failed steps (all >= 99.96%)
+			attempts = 2
+		}
+		if sc.Name != name || sc.Refresh.D() != 250*time.Millisecond || sc.MaxAttempts != attempts {
 			t.Errorf("%s: name %q refresh %v max attempts %d", name, sc.Name, sc.Refresh.D(), sc.MaxAttempts)
 		}
 	}

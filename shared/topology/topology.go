@@ -670,7 +670,31 @@ func EnsurePipelineBucket(ctx context.Context, js jetstream.JetStream, c Config)
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", BucketPipeline, err)
 	}
-	return kv, nil
+	return leaderReads(ctx, js, kv)
+}
+
+// leaderReads makes a bucket's reads go to its stream's leader. A bucket is
+// created allowing direct gets, which any replica answers from what it has
+// applied so far: on an R3 stream a read right after another client's
+// acknowledged write can miss it. The ensemble members each write, then read
+// their siblings' entries to learn which of them goes on; two reads served
+// by lagging replicas would each miss the other's entry and leave the
+// pipeline without its result (make chaos-cluster, seed 2072686146).
+func leaderReads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue) (jetstream.KeyValue, error) {
+	name := "KV_" + kv.Bucket()
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", kv.Bucket(), err)
+	}
+	cfg := s.CachedInfo().Config
+	if !cfg.AllowDirect {
+		return kv, nil
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("bucket %s: reads from the leader: %w", kv.Bucket(), err)
+	}
+	return js.KeyValue(ctx, kv.Bucket()) // bound again: gets go to the leader now
 }
 
 // EnsureDispatcherBucket creates the dispatchers' private bucket (no TTL,

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"strings"
 
 	"github.com/mlsched/mlsched/e2e/harness"
@@ -18,12 +19,20 @@ const runLogMessage = "running the task"
 // streams (issue 39).
 // batched counts the runs made in a call of two tasks or more (a
 // batching model's).
+// seen keeps each task's runs as "attempt@node model time", to show where
+// a task that ran too often ran.
 type runCounts struct {
 	byTask  map[string]int
+	seen    map[string][]string
 	batched int
 }
 
-func newRunCounts() *runCounts { return &runCounts{byTask: map[string]int{}} }
+func newRunCounts() *runCounts {
+	return &runCounts{byTask: map[string]int{}, seen: map[string][]string{}}
+}
+
+// runs lists a task's runs in the order the logs gave them.
+func (r *runCounts) runs(id string) []string { return r.seen[id] }
 
 // countRuns reads every worker's logs.
 func countRuns(workers []*harness.Worker) *runCounts {
@@ -48,11 +57,16 @@ func (r *runCounts) add(logs string) {
 			Message string `json:"message"`
 			TaskID  string `json:"task_id"`
 			Batch   int    `json:"batch"`
+			Attempt int    `json:"attempt"`
+			Node    string `json:"node"`
+			Model   string `json:"model"`
+			Time    string `json:"time"`
 		}
 		if json.Unmarshal(line, &l) != nil || l.Message != runLogMessage || l.TaskID == "" {
 			continue
 		}
 		r.byTask[l.TaskID]++
+		r.seen[l.TaskID] = append(r.seen[l.TaskID], fmt.Sprintf("#%d@%s %s %s", l.Attempt, l.Node, l.Model, l.Time))
 		if l.Batch >= 2 {
 			r.batched++
 		}

@@ -393,7 +393,7 @@ func runChaos(t *testing.T, cv chaosVariant) *outageSeen {
 		}
 		return chaosMaxAttempts
 	}) {
-		t.Errorf("%s ran %d times on the workers, more than max_attempts %d per step", id, n, chaosMaxAttempts)
+		t.Errorf("%s ran %d times on the workers, more than max_attempts %d per step: %v", id, n, chaosMaxAttempts, runs.runs(id))
 	}
 	if dups := audit.duplicates(); len(dups) > 0 {
 		t.Errorf("stored results seen more than once: %v", dups[:min(10, len(dups))])

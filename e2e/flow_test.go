@@ -377,7 +377,7 @@ func uptimeLoad() string {
 // (about 320 tasks/s). Tenant a floods at 10x capacity while b and c send
 // 10% of capacity each (32/s). It first measures b alone at its rate as
 // the baseline. The replicas park a's tasks beyond its share of the band
-// (dispatcher/park.go), so b's and c's tasks are not queued behind the
+// (dispatcher/internal/intake/park.go), so b's and c's tasks are not queued behind the
 // flood in the stream. It asserts exactly one result per task, 0
 // inversions and that a was parked, and, when no replica is killed, issue
 // 38's targets: b's and c's p95 at most 2x b's alone (the goal is 1.5x)

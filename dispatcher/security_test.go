@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +17,13 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher"
+	"github.com/mlsched/mlsched/shared/logtest"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/redisconn"
 	"github.com/mlsched/mlsched/shared/redistest"
 	"github.com/mlsched/mlsched/shared/topology"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func secretFile(t *testing.T, content string) string {
 	t.Helper()
@@ -89,7 +77,7 @@ func TestRedisWrongPasswordExits(t *testing.T) {
 		{"none", "redis://" + r.Addr + "/0", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs logtest.Buffer
 			cfg := testConfig(natsWithUser(t, "d", "nats-pw-1234"))
 			cfg.NATS.User, cfg.NATS.PasswordFile = "d", secretFile(t, "nats-pw-1234")
 			cfg.RedisURL, cfg.RedisPasswordFile = tc.url, tc.pwFile
@@ -121,7 +109,7 @@ func TestRedisWrongPasswordExits(t *testing.T) {
 func TestRedisACLUserPasswordFile(t *testing.T) {
 	const userPW = "acl-user-pw-9999"
 	r := securedRedis(t, "default-pw-1", "mlsched", userPW)
-	var logs syncBuffer
+	var logs logtest.Buffer
 	url := natsWithUser(t, "d", "nats-pw-5678")
 	cfg := testConfig(url)
 	cfg.NATS.User, cfg.NATS.PasswordFile = "d", secretFile(t, "nats-pw-5678")

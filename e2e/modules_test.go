@@ -105,6 +105,7 @@ func TestSharedHoldsOnlyWhatIsShared(t *testing.T) {
 		"natstest":  "test infrastructure",
 		"redistest": "test infrastructure",
 		"tlstest":   "test infrastructure",
+		"logtest":   "test infrastructure",
 	}
 	worker := map[string]bool{}
 	for _, d := range strings.Fields(goCmd(t, "worker", "list", "-deps", "./cmd/worker")) {

@@ -1,12 +1,10 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -222,24 +220,6 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
 	}
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines() [][]byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return bytes.Split(bytes.TrimSpace(append([]byte(nil), s.b.Bytes()...)), []byte("\n"))
 }
 
 // heartbeat returns the node's heartbeat (zero when none).

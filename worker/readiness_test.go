@@ -1,20 +1,19 @@
 package worker
 
 import (
-	"bytes"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/logtest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/worker/executor"
 	"github.com/mlsched/mlsched/worker/model"
@@ -141,24 +140,6 @@ func TestExecModelAnnouncedWhenReady(t *testing.T) {
 	}
 }
 
-// syncBuf is a log sink safe for the worker's goroutines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A model unready from the start is visible at once (issue 22: the start
 // log said "models=5" and nothing else): logged at start naming it, in the
 // "worker started" line, and /readyz is degraded naming it.
@@ -168,7 +149,7 @@ func TestUnreadyAtStartIsLoggedAndDegraded(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
 	defer down.Close()
-	var logs syncBuf
+	var logs logtest.Buffer
 	h := newHarness(t, "n-unready")
 	cfg := h.config()
 	r := h.start(cfg, WithLogger(zerolog.New(&logs)), WithModels([]ModelSpec{

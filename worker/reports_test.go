@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/logtest"
 	"github.com/mlsched/mlsched/shared/natstest"
-
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -239,7 +239,7 @@ func TestDirectReportsRefusedByPermissions(t *testing.T) {
 	cfg := h.config()
 	cfg.NATS.User, cfg.NATS.PasswordFile = "n1", pw
 	cfg.PublishTimeout = 300 * time.Millisecond
-	var logs syncBuffer
+	var logs logtest.Buffer
 	h.start(cfg, WithLogger(zerolog.New(&logs)), WithHandler("ok", func(context.Context, Task) (any, error) { return 1, nil }),
 		WithModels([]ModelSpec{goModel("m-ok", "ok")}))
 	for _, id := range []string{"p1", "p2", "p3"} {
@@ -251,7 +251,7 @@ func TestDirectReportsRefusedByPermissions(t *testing.T) {
 	if r.saw("p1") || r.saw("p2") || r.saw("p3") {
 		t.Fatal("a refused report reached the dispatcher")
 	}
-	all := string(bytes.Join(logs.lines(), []byte("\n")))
+	all := string(bytes.Join(logs.Lines(), []byte("\n")))
 	if n := strings.Count(all, "NATS refuses this node's direct reports"); n != 1 {
 		t.Fatalf("the refusal is logged %d times, want once:\n%s", n, all)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mlsched/mlsched/shared/logtest"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
@@ -548,13 +549,13 @@ func TestOutcomePublishFailureRedelivers(t *testing.T) {
 func TestTaskLogLinesCarryIDs(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "n-log")
-	var buf syncBuffer
+	var buf logtest.Buffer
 	// Also covers a worker on a caller-owned connection.
 	h.start(h.config(), WithConn(h.srv.NC), WithLogger(zerolog.New(&buf)), WithModels([]ModelSpec{goModel("m", "echo")}))
 	h.dispatch("l1", "m", dispatchOpts{})
 	h.next(10 * time.Second)
 	found := false
-	for _, line := range buf.lines() {
+	for _, line := range buf.Lines() {
 		var e map[string]any
 		if json.Unmarshal(line, &e) != nil || e["task_id"] == nil {
 			continue

@@ -3,9 +3,10 @@ package harness
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
+
+	"github.com/mlsched/mlsched/shared/freeport"
 )
 
 // ReadyTimeout bounds every readiness wait. It is generous because the tests
@@ -43,13 +44,7 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() er
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago. The
-// caller retries with another port if it was taken meanwhile.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a TCP port that stays this test process's until it exits
+// (freeport.Take: below the kernel's ephemeral range, locked against the
+// other test processes of the run).
+func FreePort() (int, error) { return freeport.Take() }

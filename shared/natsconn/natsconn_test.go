@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/config"
+	"github.com/mlsched/mlsched/shared/logtest"
 	"github.com/mlsched/mlsched/shared/natsconn"
 	"github.com/mlsched/mlsched/shared/tlstest"
 )
@@ -157,14 +157,6 @@ func TestServerListAndInboxPrefix(t *testing.T) {
 	}
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // Credentials in a URL appear neither in a connect error nor in the
 // reconnection log lines.
 func TestCredentialsRedacted(t *testing.T) {
@@ -176,7 +168,7 @@ func TestCredentialsRedacted(t *testing.T) {
 		t.Fatalf("error %v: want an authorization error without the password", err)
 	}
 
-	var buf syncBuf
+	var buf logtest.Buffer
 	log := zerolog.New(&buf)
 	reconnected := make(chan struct{}, 1)
 	c := natsconn.Config{URL: fmt.Sprintf("nats://bob:%s@%s", pw, hostPort(s))}
@@ -277,7 +269,7 @@ func TestConnectContextWaitsForTheServer(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close() // free now; the server starts on it later
-	var buf syncBuf
+	var buf logtest.Buffer
 	log := zerolog.New(&buf)
 	c := natsconn.Config{URL: fmt.Sprintf("nats://127.0.0.1:%d", port)}
 	type res struct {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mlsched/mlsched/shared/freeport"
 	"github.com/mlsched/mlsched/shared/natsembed"
 )
 
@@ -94,12 +94,11 @@ func StartCluster(n int, root string) ([]*server.Server, error) {
 	ports := make([]int, n)
 	var routes []string
 	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := freeport.Take()
 		if err != nil {
 			return fail(err)
 		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		ports[i] = p
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
 	}
 	for i := range n {

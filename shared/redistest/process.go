@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/mlsched/mlsched/shared/freeport"
 )
 
 // Binary is the redis-server executable looked up in PATH.
@@ -191,15 +193,9 @@ func (p *Process) Stop() {
 // Output is what the server logged (warnings and errors).
 func (p *Process) Output() string { return p.out.String() }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a TCP port that stays this test process's until it exits
+// (freeport.Take).
+func FreePort() (int, error) { return freeport.Take() }
 
 type lockedBuffer struct {
 	mu sync.Mutex

@@ -1,34 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/mlsched/mlsched/shared/logtest"
 )
-
-// syncBuffer is a bytes.Buffer safe for the proxy's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The dashboard service's proxy dials its target for every connection: a
 // target that is down (a dispatcher being re-created) fails that
@@ -45,7 +27,7 @@ func TestProxyDialsTheTargetPerConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logw syncBuffer
+	var logw logtest.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- forward(ctx, ln, target, &logw) }()

@@ -1,39 +1,20 @@
 package registry_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
+	"github.com/mlsched/mlsched/shared/logtest"
 	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
-
-// syncBuffer is a log sink safe for the registry's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A heartbeat with absurd load figures is clamped and logged; the node
 // stays live and routable.
@@ -46,7 +27,7 @@ func TestRegistryClampsAbsurdLoadFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs logtest.Buffer
 	r := registry.New(kv, time.Minute, zerolog.New(&logs))
 	go r.Run(ctx)
 	<-r.Ready()

@@ -1,15 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/mlsched/mlsched/shared/logtest"
 )
 
 // The demo serves the dashboard by default and says where, and its summary
@@ -18,7 +18,7 @@ import (
 func TestDemoServesTheDashboardAndExplainsItsSummary(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	defer cancel()
-	var out syncBuffer
+	var out logtest.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- demo(ctx, &out, demoOptions{httpAddr: "127.0.0.1:0", rate: 100, every: time.Second, policy: "reliability"})
@@ -48,15 +48,3 @@ func TestDemoServesTheDashboardAndExplainsItsSummary(t *testing.T) {
 		t.Fatalf("summary does not say what it shows:\n%s", s)
 	}
 }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

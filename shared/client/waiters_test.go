@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,10 +145,25 @@ func TestWaitAllSharedConsumer(t *testing.T) {
 	publishResults(t, srv, ids[:250])
 	done := make(chan error, 1)
 	seen := map[string]int{}
+	var got atomic.Int64
 	go func() {
-		done <- c.WaitAll(ctx, append(ids, ids[0]), func(r *protocol.Result) { seen[r.ID]++ })
+		done <- c.WaitAll(ctx, append(ids, ids[0]), func(r *protocol.Result) { seen[r.ID]++; got.Add(1) })
 	}()
-	waitAllRegistered(t, c, 500)
+	// Every id is registered, and the stored ones may already be answered
+	// (the consumer replays them): waiting plus answered is all of them.
+	// (Waiting alone reaches 500 only for a moment, which a starved poll
+	// missed: CI, 0 of 500 after a minute, once WaitAll had given up.)
+	for deadline := time.Now().Add(time.Minute); client.Waiting(c)+int(got.Load()) < len(ids); {
+		select {
+		case err := <-done:
+			t.Fatalf("WaitAll returned before the rest were stored: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiting and %d answered of %d", client.Waiting(c), got.Load(), len(ids))
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval
+	}
 	publishResults(t, srv, ids[250:])
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -20,15 +20,19 @@ const runLogMessage = "running the task"
 // batched counts the runs made in a call of two tasks or more (a
 // batching model's).
 // seen keeps each task's runs as "attempt@node model time", to show where
-// a task that ran too often ran.
+// a task that ran too often ran. repeats counts, per task, the runs of an
+// attempt number that had run already (a dispatch run again on its
+// redelivery; a pipeline's steps number their attempts each from 1).
 type runCounts struct {
-	byTask  map[string]int
-	seen    map[string][]string
-	batched int
+	byTask   map[string]int
+	seen     map[string][]string
+	attempts map[string]int // task id + "#" + attempt: runs
+	repeats  map[string]int
+	batched  int
 }
 
 func newRunCounts() *runCounts {
-	return &runCounts{byTask: map[string]int{}, seen: map[string][]string{}}
+	return &runCounts{byTask: map[string]int{}, seen: map[string][]string{}, attempts: map[string]int{}, repeats: map[string]int{}}
 }
 
 // runs lists a task's runs in the order the logs gave them.
@@ -66,6 +70,11 @@ func (r *runCounts) add(logs string) {
 			continue
 		}
 		r.byTask[l.TaskID]++
+		if key := fmt.Sprintf("%s#%d", l.TaskID, l.Attempt); r.attempts[key] > 0 {
+			r.repeats[l.TaskID]++
+		} else {
+			r.attempts[key] = 1
+		}
 		r.seen[l.TaskID] = append(r.seen[l.TaskID], fmt.Sprintf("#%d@%s %s %s", l.Attempt, l.Node, l.Model, l.Time))
 		if l.Batch >= 2 {
 			r.batched++
@@ -92,6 +101,16 @@ func (r *runCounts) overBy(bound func(id string) int) map[string]int {
 func (r *runCounts) total() (n int) {
 	for _, c := range r.byTask {
 		n += c
+	}
+	return n
+}
+
+// repeated sums the repeats of the tasks keep selects.
+func (r *runCounts) repeated(keep func(id string) bool) (n int) {
+	for id, c := range r.repeats {
+		if keep(id) {
+			n += c
+		}
 	}
 	return n
 }

@@ -395,6 +395,15 @@ func runChaos(t *testing.T, cv chaosVariant) *outageSeen {
 	}) {
 		t.Errorf("%s ran %d times on the workers, more than max_attempts %d per step: %v", id, n, chaosMaxAttempts, runs.runs(id))
 	}
+	// Deliveries of a dispatch its node had, running or settled: left to
+	// the run, or acked without one (worker/redelivered.go).
+	leftToRun, ackedNoRun := 0, 0
+	for _, w := range workers {
+		logs := w.Logs()
+		leftToRun += strings.Count(logs, "left to the delivery that runs it")
+		ackedNoRun += strings.Count(logs, "acked, not run again")
+	}
+	plainRepeats := runs.repeated(func(id string) bool { r := results[id]; return r == nil || len(r.Steps) == 0 })
 	if dups := audit.duplicates(); len(dups) > 0 {
 		t.Errorf("stored results seen more than once: %v", dups[:min(10, len(dups))])
 	}
@@ -415,8 +424,10 @@ func runChaos(t *testing.T, cv chaosVariant) *outageSeen {
 			dlq.total, topology.StreamDLQ, dlq.total, dlq.bySubject["invalid"], dlq.bySubject["exhausted"],
 			dlq.total-dlq.bySubject["invalid"]-dlq.bySubject["exhausted"]),
 		fmt.Sprintf("attempts by outcome: %v", v.Attempts),
-		fmt.Sprintf("runs counted by the workers: %d for %d tasks, at most %d for one task (max_attempts %d); %d in batches of 2 or more",
-			runs.total(), len(runs.byTask), runs.most(), chaosMaxAttempts, runs.batched),
+		fmt.Sprintf("runs counted by the workers: %d for %d tasks, at most %d for one task (max_attempts %d); %d in batches of 2 or more; %d runs of a plain task's attempt that had run already",
+			runs.total(), len(runs.byTask), runs.most(), chaosMaxAttempts, runs.batched, plainRepeats),
+		fmt.Sprintf("dispatches delivered again to a node that had them: %d acked without a run (outcome settled), %d left to the delivery running them",
+			ackedNoRun, leftToRun),
 		fmt.Sprintf("dispatchers (admin stats, summed over runs; a run's last ~250ms before kill -9 is not seen): %v", tot),
 		fmt.Sprintf("dispatcher logs: duplicates suppressed %d, late outcomes %d; result publishes on the wire %d for %d ids; %d results stored in atomic batches (group commit)",
 			logSuppressed, logLate, wire.Load(), len(ids), batched.Load()),

@@ -94,6 +94,7 @@ func (w *Worker) processBatched(msg jetstream.Msg, d dispatch, m *hosted, t slot
 	r := m.batch.submit(d, t)
 	if r.shutdown {
 		stop()
+		w.delivered.forget(d.outcomeID)
 		log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
 		w.complete.Retry(msg, 0)
 		return

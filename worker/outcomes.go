@@ -42,8 +42,11 @@ type outcomePublisher struct {
 	// shutdown waits for them (wait); settled is its one release.
 	unsettled sync.WaitGroup
 	// unstored keeps the outcomes that could not be stored, for their
-	// dispatch's redelivery (unreported.go).
-	unstored *unreported
+	// dispatch's redelivery (unreported.go); delivered learns which
+	// dispatches' outcomes are settled, and which go back unsettled
+	// (redelivered.go).
+	unstored  *unreported
+	delivered *deliveries
 	// refused is set once NATS refused a direct report for want of
 	// permission (an auth.conf written before them): every outcome is
 	// stored from then on, instead of waiting for an answer each time.
@@ -61,12 +64,12 @@ type outcomePublisher struct {
 // newOutcomePublisher starts the publisher. complete's Settled hook must
 // call the publisher's settled: every dispatch it settles after a publish
 // is one of the publisher's outcomes.
-func newOutcomePublisher(ctx context.Context, nc *nats.Conn, complete *jsplumb.Completer, unstored *unreported, window int, timeout time.Duration, direct bool) (*outcomePublisher, error) {
+func newOutcomePublisher(ctx context.Context, nc *nats.Conn, complete *jsplumb.Completer, unstored *unreported, delivered *deliveries, window int, timeout time.Duration, direct bool) (*outcomePublisher, error) {
 	pub := jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: window, Timeout: timeout})
 	if err := pub.Start(ctx); err != nil {
 		return nil, err
 	}
-	p := &outcomePublisher{nc: nc, pub: pub, complete: complete, unstored: unstored}
+	p := &outcomePublisher{nc: nc, pub: pub, complete: complete, unstored: unstored, delivered: delivered}
 	if direct {
 		p.direct = jsplumb.NewPublisher(nc, jsplumb.PublisherConfig{MaxPending: window, Timeout: timeout})
 		if err := p.direct.Start(ctx); err != nil {
@@ -88,6 +91,7 @@ func (p *outcomePublisher) publish(om *nats.Msg, msgID, directSubject string, ms
 	err := p.send(om, msgID, directSubject, msg, log, stop)
 	if err != nil {
 		p.unstored.keep(msgID, om.Data)
+		p.delivered.forget(msgID)
 		p.settled() // nothing will settle it here: the caller owns msg
 	}
 	return err
@@ -128,11 +132,13 @@ func (p *outcomePublisher) send(om *nats.Msg, msgID, directSubject string, msg j
 		case err == nil && r.Status == protocol.ReportAcked: // the dispatcher acked the dispatch for us
 			defer p.reports.Done()
 			stop()
+			p.delivered.settled(msgID) // should that ack be lost, the redelivery is acked, not run
 			p.settled()
 			return
 		case err == nil && r.Status == protocol.ReportSettled:
 			defer p.reports.Done()
 			stop()
+			p.delivered.settled(msgID)
 			p.complete.Settle(msg, nil)
 			p.settled()
 			return
@@ -154,6 +160,7 @@ func (p *outcomePublisher) send(om *nats.Msg, msgID, directSubject string, msg j
 			defer p.reports.Done()
 			if err := p.store(context.Background(), om, msgID, msg, log, stop); err != nil {
 				p.unstored.keep(msgID, om.Data)
+				p.delivered.forget(msgID)
 				p.failed(msg, log, stop, err)
 			}
 		}()
@@ -180,9 +187,12 @@ func (p *outcomePublisher) store(ctx context.Context, om *nats.Msg, msgID string
 		stop()
 		if err != nil {
 			p.unstored.keep(msgID, om.Data) // reported, not run, when the dispatch is back
+			p.delivered.forget(msgID)
 			log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
+			return err
 		}
-		return err
+		p.delivered.settled(msgID) // stored: should its ack be lost, the redelivery is acked, not run
+		return nil
 	})
 }
 

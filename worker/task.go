@@ -45,6 +45,9 @@ type dispatch struct {
 	// received is when the node got the dispatch (outcomeOf's
 	// deadline_left_ms).
 	received time.Time
+	// outcomeID is its outcome's message id ("" until onMessage sets it
+	// for a dispatch that parses: report builds it then).
+	outcomeID string
 }
 
 // parseDispatch reads the headers and body. It fills what it can even on
@@ -90,6 +93,10 @@ func (w *Worker) onMessage(msg jetstream.Msg) {
 	w.admit.Unlock()
 	d, perr := parseDispatch(msg)
 	d.received = time.Now()
+	if perr == nil && w.deliveredAgain(msg, &d) {
+		w.tasks.Done()
+		return // the node has it, running or settled: a delivery is not an attempt
+	}
 	ticket := w.queue(d) // its place in the node's order, in delivery order
 	go func() {
 		defer w.tasks.Done()
@@ -131,6 +138,7 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 		log.Debug().Msg(runLogMessage)
 		if !w.run(m, d, &out) {
 			stopProgress()
+			w.delivered.forget(d.outcomeID)
 			log.Warn().Msg("task unfinished at shutdown; nak'ed for redelivery")
 			w.complete.Retry(msg, 0)
 			return
@@ -142,6 +150,35 @@ func (w *Worker) process(msg jetstream.Msg, d dispatch, perr error, stopProgress
 // runLogMessage is the debug line a dispatch logs as its model starts.
 const runLogMessage = "running the task"
 
+// deliveredAgain reports whether msg is a delivery of a dispatch the node
+// has (redelivered.go), and settles it if so: left to the delivery that
+// runs it, or acked when its outcome is settled. It sets d's outcome id.
+func (w *Worker) deliveredAgain(msg jetstream.Msg, d *dispatch) bool {
+	if d.TaskID == "" {
+		return false
+	}
+	d.outcomeID = protocol.MsgID("o", d.TaskID, d.Submission, d.Attempt)
+	meta, err := msg.Metadata()
+	if err != nil || d.Deadline.IsZero() {
+		return false
+	}
+	key := deliveryKey{seq: meta.Sequence.Stream, stored: meta.Timestamp.UnixNano()}
+	switch w.delivered.begin(d.outcomeID, key, d.Deadline) {
+	case deliveryDuplicate:
+		log := w.taskLog(*d)
+		log.Info().Uint64("delivered", meta.NumDelivered).
+			Msg("dispatch delivered again while this node has it: left to the delivery that runs it, not run twice")
+		return true
+	case deliveryDone:
+		log := w.taskLog(*d)
+		log.Info().Uint64("delivered", meta.NumDelivered).
+			Msg("dispatch delivered again after its outcome was settled (its ack was lost): acked, not run again")
+		w.complete.Settle(msg, nil)
+		return true
+	}
+	return false
+}
+
 // reportAgain reports the kept outcome of a dispatch that ran on this node
 // and whose outcome could not be stored (unreported.go), and says whether
 // there was one.
@@ -149,7 +186,7 @@ func (w *Worker) reportAgain(msg jetstream.Msg, d dispatch, stop func()) bool {
 	if d.TaskID == "" || w.unstored.kept.Load() == 0 {
 		return false // nearly always: no id to build, no lock taken
 	}
-	msgID := protocol.MsgID("o", d.TaskID, d.Submission, d.Attempt)
+	msgID := d.outcomeID
 	body, ok := w.unstored.take(msgID)
 	if !ok {
 		return false
@@ -233,6 +270,7 @@ func (w *Worker) finish(msg jetstream.Msg, d dispatch, out protocol.Outcome, ran
 	// The outcome publisher acks the dispatch once the outcome is stored.
 	if err := w.report(msg, d, out, log, stopProgress); err != nil {
 		stopProgress()
+		w.delivered.forget(d.outcomeID)
 		log.Error().Err(err).Msg("outcome not published; dispatch nak'ed for redelivery")
 		w.complete.Settle(msg, err)
 	}
@@ -329,13 +367,16 @@ func (w *Worker) report(msg jetstream.Msg, d dispatch, out protocol.Outcome, log
 		return fmt.Errorf("encode outcome: %w", err)
 	}
 	om := &nats.Msg{Subject: topology.OutcomeSubject(w.node), Data: body, Header: protocol.OutcomeHeader(msg.Headers(), w.node)}
-	id := d.TaskID
-	if id == "" {
-		if md, err := msg.Metadata(); err == nil {
-			id = fmt.Sprintf("seq-%d", md.Sequence.Stream)
+	msgID := d.outcomeID
+	if msgID == "" {
+		id := d.TaskID
+		if id == "" {
+			if md, err := msg.Metadata(); err == nil {
+				id = fmt.Sprintf("seq-%d", md.Sequence.Stream)
+			}
 		}
+		msgID = protocol.MsgID("o", id, d.Submission, d.Attempt)
 	}
-	msgID := protocol.MsgID("o", id, d.Submission, d.Attempt)
 	direct := ""
 	if out.Status == protocol.OutcomeSuccess { // the bulk; anything else may need the stream's redelivery
 		direct = topology.ReportSubject(w.node)

@@ -85,6 +85,7 @@ type Worker struct {
 	complete  *jsplumb.Completer
 	outcomes  *outcomePublisher
 	unstored  *unreported // outcomes not stored, reported again on redelivery
+	delivered *deliveries // the dispatches the node has: a redelivery is not run again (redelivered.go)
 	models    map[string]*hosted
 	tasks     sync.WaitGroup // each dispatch from delivery until its goroutine ends (task.go); its outcome then counts in outcomes
 	slots     *slots
@@ -162,7 +163,8 @@ func New(cfg Config, opts ...Option) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, node: cfg.NodeID, handlers: executor.Builtins(), batchHandlers: executor.BatchBuiltins(), unstored: newUnreported()}
+	w := &Worker{cfg: cfg, node: cfg.NodeID, handlers: executor.Builtins(), batchHandlers: executor.BatchBuiltins(), unstored: newUnreported(),
+		delivered: newDeliveries()}
 	w.metrics = newMetrics(w)
 	var err error
 	if w.tracer, err = tracing.New(tracing.Config{Endpoint: cfg.OTelEndpoint, Service: "mlsched-worker", Instance: cfg.NodeID}); err != nil {
@@ -315,7 +317,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		Failed: func(op string, err error) { w.log.Warn().Err(err).Str("op", op).Msg("settling a dispatch failed") }}
 	if err := start("outcome publisher", &lifecycle.Func{
 		OnStart: func(ctx context.Context) (err error) {
-			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.unstored, w.pull(), w.cfg.PublishTimeout,
+			w.outcomes, err = newOutcomePublisher(ctx, nc, w.complete, w.unstored, w.delivered, w.pull(), w.cfg.PublishTimeout,
 				!w.cfg.StoredOutcomesOnly)
 			return err
 		},

@@ -245,6 +245,7 @@ type node struct {
 	silent  atomic.Bool  // consume but never answer (a hung node)
 	gone    atomic.Bool  // heartbeats stopped (leave)
 	leave   func()       // stop heartbeating and delete the node's entry
+	restart func()       // announce a new process (a new StartedAt), as a worker killed and started again
 	queued  atomic.Int64 // the queue its heartbeat announces
 	beat    func()       // announce now
 	mu      sync.Mutex
@@ -282,6 +283,12 @@ func (e *env) startNode(id string, types []string, models map[string]behavior) *
 	}
 	beat()
 	n.beat = beat
+	n.restart = func() {
+		beatMu.Lock()
+		hb.StartedAt = time.Now()
+		beatMu.Unlock()
+		beat()
+	}
 	n.leave = func() {
 		beatMu.Lock()
 		defer beatMu.Unlock()

@@ -59,3 +59,51 @@ func TestNodeDeathFailsOverAtOnceWithoutBlamingTheModel(t *testing.T) {
 		}
 	}
 }
+
+// A node restarted within its TTL (a worker killed and started again: its
+// heartbeats go on, from a new process) never leaves the registry; the
+// attempts it held are unanswered at their deadlines. They are the node's
+// loss, not the model's: recorded node_lost, the model not blamed, and
+// the retry free to go back to it on another node.
+func TestNodeRestartLosesAttemptsWithoutBlamingTheModel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *dispatcher.Config) {
+		c.TaskTimeout = 2 * time.Second
+		c.DeadlineSlack = time.Second
+	})
+	re := e.startNode("restarted", []string{"rs"}, map[string]behavior{"m": succeed})
+	re.silent.Store(true) // takes its dispatches and never answers: they died with the old process
+	const n = 3
+	for i := range n {
+		e.submit(protocol.Task{ID: fmt.Sprintf("rs%d", i), Type: "rs", TimeoutMs: 2000})
+	}
+	e.waitFor("every task on the node", func() bool { return len(re.attempts()) == n })
+	re.restart()
+	e.startNode("other", []string{"rs"}, map[string]behavior{"m": succeed})
+	e.waitTableKnows("other")
+	for i := range n {
+		res := e.result(fmt.Sprintf("rs%d", i))
+		if res.Status != protocol.StatusSucceeded || len(res.History) != 2 {
+			t.Fatalf("rs%d: %+v", i, res)
+		}
+		if h := res.History[0]; h.Status != protocol.OutcomeNodeLost || !strings.Contains(h.Error, "restarted") {
+			t.Fatalf("rs%d's first attempt %+v, want node_lost: its node restarted", i, h)
+		}
+		if res.History[1].Model != "m" {
+			t.Fatalf("rs%d's retry went to %s, want m again (not blamed)", i, res.History[1].Model)
+		}
+	}
+	e.waitFor("the outcomes in the statistics", func() bool {
+		for _, m := range e.stats().Models {
+			if m.Name == "m" && m.Successes >= n {
+				return true
+			}
+		}
+		return false
+	})
+	for _, m := range e.stats().Models {
+		if m.Name == "m" && (m.Timeouts != 0 || m.ModelErrors != 0) {
+			t.Fatalf("model m blamed for its node's restart: %d timeouts, %d model errors", m.Timeouts, m.ModelErrors)
+		}
+	}
+}

@@ -141,7 +141,8 @@ func (d *Dispatcher) wire(g *ground) (*wiring, error) {
 		OnStored: func(kind string) { d.metrics.dead.Get(kind).Inc() }}
 	w.sweep = &sweeper{js: g.js, dispatch: g.dispatch, results: g.results, dlq: dlq, live: w.reg.Live, nodes: g.nodes, ttl: d.cfg.NodeTTL,
 		every: d.cfg.SweepInterval, slack: d.cfg.DeadlineSlack, log: d.log,
-		created: g.dispatch.CachedInfo().Created} // a loss before the first sweep is seen too
+		created:    g.dispatch.CachedInfo().Created, // a loss before the first sweep is seen too
+		reconnects: func() uint64 { return g.nc.Stats().Reconnects }}
 	// complete is publish-then-ack, the one place a consumed message is
 	// settled.
 	w.complete = &jsplumb.Completer{NakDelay: time.Second}

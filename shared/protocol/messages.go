@@ -80,7 +80,9 @@ const (
 	// OutcomeNodeLost: the attempt's node left the registry (its
 	// heartbeat expired) with the attempt unanswered: failed over at once,
 	// not at its deadline, and not counted against the model (a node's
-	// death is not the model's fault).
+	// death is not the model's fault). Also an attempt unanswered at its
+	// deadline whose node restarted after it was sent, or sent before the
+	// sweeping replica's NATS connection was lost and made again.
 	OutcomeNodeLost OutcomeStatus = "node_lost"
 )
 

@@ -186,6 +186,9 @@ func adminPerms() Permissions {
 	// (creating a bucket reads the account's JetStream limits first)
 	p.Publish = append(p.Publish, streamAPI(kvAutoscale, "INFO", "CREATE", "get", "consume")...)
 	p.Publish = append(p.Publish, "$KV."+topology.BucketAutoscale+".>", "$JS.API.INFO")
+	// ... and reads the task consumers' counts at every step (its backlog,
+	// dispatcher/autoscaler/backlog.go; KEDA's lag with -policy keda): info only
+	p.Publish = append(p.Publish, "$JS.API.CONSUMER.LIST."+topology.StreamTasks, "$JS.API.CONSUMER.INFO."+topology.StreamTasks+".*")
 	p.Publish = append(p.Publish, subjectAdminAll) // stats, cancel
 	p.Subscribe = []string{natsconn.InboxAdmin + ".>", natsconn.InboxProducer + ".>"}
 	return p

@@ -321,6 +321,9 @@ func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates 
 		lambda := rates[t] * sh
 		backlog := float64(obs.Types[t].Backlog) * sh
 		waiting := float64(max(0, obs.Types[t].Backlog-obs.Types[t].Running)) * sh
+		// What arrives and waits is shown whether or not it can be costed.
+		d.Arrival += lambda
+		d.Backlog += int64(math.Round(waiting))
 		svc, succ, ok := serviceOf(p, t, obs.Models)
 		if !ok {
 			if lambda > 0 || backlog > 0 {
@@ -331,8 +334,6 @@ func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates 
 		attempts := min(1/max(succ, 1/float64(maxAttempts)), maxAttempts)
 		sec := svc.Seconds()
 		slots += lambda*sec*attempts/lim.Utilisation + waiting*sec*attempts/lim.DrainWithin.Seconds()
-		d.Arrival += lambda
-		d.Backlog += int64(math.Round(waiting))
 		svcWeighted += sec * (lambda + backlog)
 		svcWeight += lambda + backlog
 		work += lambda + backlog

@@ -93,6 +93,8 @@ type Autoscaler struct {
 	kv     jetstream.KeyValue
 	loaded bool
 
+	backlog *backlogReader // the unfinished tasks, read at every step
+
 	mu sync.Mutex
 	// remembered models of each pool, so that a pool at zero replicas
 	// (no heartbeat) can still be woken for its types.
@@ -118,7 +120,7 @@ func New(p Params) (*Autoscaler, error) {
 	if p.Out == nil {
 		p.Out = io.Discard
 	}
-	a := &Autoscaler{p: p, models: map[string][]autoscale.Model{}}
+	a := &Autoscaler{p: p, models: map[string][]autoscale.Model{}, backlog: &backlogReader{js: p.JS, nc: p.NC, log: p.Log}}
 	a.gCurrent = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "mlsched_autoscale_replicas",
 		Help: "Worker replicas each pool runs now, as the autoscaler's backend reports them."}, []string{"pool"})
 	a.gTarget = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "mlsched_autoscale_recommended_replicas",
@@ -262,6 +264,11 @@ func (a *Autoscaler) observe(ctx context.Context, bps []BackendPool) autoscale.O
 	if err == nil && a.p.JS != nil {
 		a.loadRemembered(ctx) // once, when the bucket is first reached
 	}
+	var fresh map[string]int64 // the backlog read now (backlog.go), before any lock is taken
+	freshOK := false
+	if err == nil {
+		fresh, freshOK = a.backlog.read(ctx, typesOf(clusterview.Merge(reports, now).Backlog, reports))
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	hbs := map[string]protocol.Heartbeat{}
@@ -319,7 +326,11 @@ func (a *Autoscaler) observe(ctx context.Context, bps []BackendPool) autoscale.O
 		l.Finished = int64(c.Succeeded + c.Failed + c.Rejected + c.Cancelled)
 		obs.Types[t] = l
 	}
-	for t, n := range v.Backlog {
+	backlog := v.Backlog
+	if freshOK {
+		backlog = fresh
+	}
+	for t, n := range backlog {
 		l := obs.Types[t]
 		l.Backlog = n
 		obs.Types[t] = l
@@ -348,6 +359,27 @@ func (a *Autoscaler) observe(ctx context.Context, bps []BackendPool) autoscale.O
 		}
 	}
 	return obs
+}
+
+// typesOf is the dispatchers' backlog sample with every type a reported
+// worker serves (at 0 where the sample has not listed it yet).
+func typesOf(sampled map[string]int64, reports []protocol.StatsReport) map[string]int64 {
+	out := make(map[string]int64, len(sampled))
+	for t, n := range sampled {
+		out[t] = n
+	}
+	for _, r := range reports {
+		for _, hb := range r.Nodes {
+			for _, m := range hb.Models {
+				for _, t := range m.Types {
+					if _, ok := out[t]; !ok {
+						out[t] = 0
+					}
+				}
+			}
+		}
+	}
+	return out
 }
 
 func toModels(m map[string]map[string]bool) []autoscale.Model {

@@ -3,6 +3,7 @@ package autoscaler_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -149,4 +150,80 @@ func mustVec(t *testing.T, reg *prometheus.Registry, name string) prometheus.Col
 	}
 	t.Fatalf("no single series of %s", name)
 	return nil
+}
+
+// The backlog a decision drains is read at every step from the task
+// consumers, not from the dispatchers' 2 s sample: tasks published just
+// before a step are in that step's decision.
+func TestBacklogIsReadEachStep(t *testing.T) {
+	srv := natstest.New(t)
+	cfg := dispatcher.DefaultConfig()
+	cfg.NATS.URL, cfg.Name, cfg.HTTPAddr = srv.URL, "d1", "off"
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	dctx, stopD := context.WithCancel(ctx)
+	go func() { done <- d.Run(dctx) }()
+	defer func() { stopD(); <-done }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !d.Ready(ctx).Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("dispatcher not ready")
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
+	}
+	// A node that announces the model and never runs anything: what is
+	// published stays unfinished.
+	kv, err := topology.EnsureNodesBucket(ctx, srv.JS, topology.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := json.Marshal(protocol.Heartbeat{Node: "w1", Capacity: 4, SentAt: time.Now(), StartedAt: time.Now(),
+		Models: []protocol.ModelInfo{{Name: "m", Types: []string{"classify"}}}})
+	if _, err := kv.Put(ctx, "w1", hb); err != nil {
+		t.Fatal(err)
+	}
+	be := &recorder{replicas: 1}
+	as, err := autoscaler.New(autoscaler.Params{NC: srv.NC, JS: srv.JS, Backend: be, Log: zerolog.Nop(), Wait: 300 * time.Millisecond,
+		Policy: autoscale.NewScaler(autoscale.ScalerParams{}), DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The type is in the dispatchers' report (its backlog sample lists
+	// the types live nodes serve) before the tasks come.
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		ds, err := as.Step(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) == 1 && !ds[0].Held && strings.Contains(ds[0].Reason, "needs") {
+			if ds[0].Backlog != 0 {
+				t.Fatalf("backlog %d before any task", ds[0].Backlog)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no decision: %s", autoscaler.Summary(ds))
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval
+	}
+	const n = 40
+	for i := range n {
+		task, _ := json.Marshal(protocol.Task{ID: "b-" + strconv.Itoa(i), Type: "classify", Payload: json.RawMessage(`{}`)})
+		if _, err := srv.JS.Publish(ctx, topology.TaskSubject("classify"), task); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds, err := as.Step(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 1 || ds[0].Backlog != n {
+		t.Fatalf("the step right after %d tasks: %s; want backlog %d", n, autoscaler.Summary(ds), n)
+	}
 }

@@ -67,7 +67,7 @@
 //     pipeline's sealed progress in a header, instead of the result.
 //
 // One successful task, from client.Submit to client.Wait, passes through
-// these files, in this order (52 files, each named once; the libraries'
+// these files, in this order (54 files, each named once; the libraries'
 // files not counted). e2e's TestDocPathIsTheTraceOfOneTask (make docpath)
 // holds the list to the code one task really runs, read from coverage
 // counters:
@@ -107,55 +107,59 @@
 //  19. dispatcher/internal/policy/load.go: the load model,
 //  20. dispatcher/internal/policy/table.go: on the decision table, which
 //     counts the dispatch;
-//  21. dispatcher/internal/admission/hold.go: the hold step: the band's
+//  21. dispatcher/internal/loadshare/loadshare.go: and tells the other
+//     replicas (Note; the outcome's count below goes the same way);
+//  22. dispatcher/internal/admission/hold.go: the hold step: the band's
 //     hold, which this task passes by;
-//  22. dispatcher/internal/registry/registry.go: the node's costs and its
+//  23. dispatcher/internal/registry/registry.go: the node's costs and its
 //     compact dispatch form;
-//  23. dispatcher/internal/quota/concurrency.go: the cap step: the
+//  24. dispatcher/internal/quota/concurrency.go: the cap step: the
 //     tenant's concurrency cap;
-//  24. dispatcher/internal/budget/budget.go: the budget step: the budgets;
-//  25. dispatcher/trust.go: the publish step seals the dispatch;
-//  26. shared/protocol/dispatch.go: the dispatch's headers,
-//  27. shared/protocol/compact.go: in their compact form;
-//  28. shared/opshttp/labels.go: the metrics' label sets;
-//  29. shared/jsplumb/publisher.go: the dispatch is published; its
+//  25. dispatcher/internal/budget/budget.go: the budget step: the budgets;
+//  26. dispatcher/trust.go: the publish step seals the dispatch;
+//  27. shared/protocol/dispatch.go: the dispatch's headers,
+//  28. shared/protocol/compact.go: in their compact form;
+//  29. shared/opshttp/labels.go: the metrics' label sets;
+//  30. shared/jsplumb/publisher.go: the dispatch is published; its
 //     acknowledgement, read in place, calls back
-//  30. dispatcher/internal/admission/drain.go: admission's callback counts the
+//  31. dispatcher/internal/admission/drain.go: admission's callback counts the
 //     stored dispatch in the drain rate (retry_after_ms), and
-//  31. shared/jsplumb/completer.go: which hands the task, unacknowledged,
-//  32. dispatcher/taskack.go: to the task keeper until its result;
-//  33. dispatcher/rollouts.go: a rollout of the model would count it;
-//  34. worker/task.go: the node's consumer hands the dispatch to onMessage,
-//     process and run (no outcome of it kept from an earlier delivery: that
-//     would be worker/unreported.go), then finish and report;
-//  35. worker/admission.go: the node's admission,
-//  36. worker/slots.go: its slots, in the node's order;
-//  37. worker/worker.go: the model's typical run, against the deadline;
-//  38. worker/executor/executor.go: the executor runs the model;
-//  39. worker/observe.go: the node's metrics;
-//  40. worker/outcomes.go: the outcome publisher sends a direct report
+//  32. shared/jsplumb/completer.go: which hands the task, unacknowledged,
+//  33. dispatcher/taskack.go: to the task keeper until its result;
+//  34. dispatcher/rollouts.go: a rollout of the model would count it;
+//  35. worker/task.go: the node's consumer hands the dispatch to onMessage,
+//  36. worker/redelivered.go: which remembers it until its deadline, so that
+//     a delivery of it again (an ack lost in a cluster fault) is not run
+//     twice; then process and run (no outcome of it kept from an earlier
+//     delivery: that would be worker/unreported.go), then finish and report;
+//  37. worker/admission.go: the node's admission,
+//  38. worker/slots.go: its slots, in the node's order;
+//  39. worker/worker.go: the model's typical run, against the deadline;
+//  40. worker/executor/executor.go: the executor runs the model;
+//  41. worker/observe.go: the node's metrics;
+//  42. worker/outcomes.go: the outcome publisher sends a direct report
 //     (publisher.go's Request);
-//  41. shared/protocol/messages.go: the outcome's status and message ids;
-//  42. dispatcher/internal/outcome/outcome.go: HandleReport (codec.go's
+//  43. shared/protocol/messages.go: the outcome's status and message ids;
+//  44. dispatcher/internal/outcome/outcome.go: HandleReport (codec.go's
 //     DecodeOutcome), then Settle checks it against the seal (trust.go
 //     again) and reads the task's ack subject from the dispatch
-//  43. dispatcher/internal/finish/taskack.go: (TaskAckFor);
-//  44. dispatcher/internal/settle/settle.go: Settle says finish;
-//  45. dispatcher/stats/batcher.go: the outcome goes into the statistics;
-//  46. dispatcher/wiring.go: its observer tells the metrics, the load model
+//  45. dispatcher/internal/finish/taskack.go: (TaskAckFor);
+//  46. dispatcher/internal/settle/settle.go: Settle says finish;
+//  47. dispatcher/stats/batcher.go: the outcome goes into the statistics;
+//  48. dispatcher/wiring.go: its observer tells the metrics, the load model
 //     and the rollouts;
-//  47. dispatcher/internal/pipeline/pipeline.go: the task's latency
+//  49. dispatcher/internal/pipeline/pipeline.go: the task's latency
 //     (MsSince), for its result;
-//  48. dispatcher/internal/finish/finish.go: the finish stage's End, the
+//  50. dispatcher/internal/finish/finish.go: the finish stage's End, the
 //     one way a task ends, releases what the attempt held and publishes
 //     the result;
-//  49. dispatcher/metrics.go: the result in the metrics (finish.Metrics),
-//  50. dispatcher/internal/finish/counts.go: and counted by type;
-//  51. shared/jsplumb/groupcommit.go: on disk, with the results published
+//  51. dispatcher/metrics.go: the result in the metrics (finish.Metrics),
+//  52. dispatcher/internal/finish/counts.go: and counted by type;
+//  53. shared/jsplumb/groupcommit.go: on disk, with the results published
 //     meanwhile (through publisher.go); its acknowledgement (completer.go again) acks
 //     the task (taskack.go) and answers the report, acking the dispatch for
 //     the worker (dispatch.go's ReportAcked, read by worker/task.go);
-//  52. dispatcher/taskprune.go: the acked task is noted for the pruner;
+//  54. dispatcher/taskprune.go: the acked task is noted for the pruner;
 //     client.Wait (client.go again) reads the result (codec.go's
 //     DecodeResult).
 //

@@ -30,6 +30,9 @@ type refresher struct {
 	degraded atomic.Pointer[string] // nil when the store answers
 	// timeouts maps model names to their announced per-task timeout (ms).
 	timeouts atomic.Pointer[map[string]int64]
+	// share, when set, is told every count a table of this replica
+	// changes (loadshare.Sharer.Note, policy.Table.ShareWith).
+	share func(model, node string, d int64)
 }
 
 // Start builds the first table, so that the first decisions have one, then
@@ -113,7 +116,10 @@ func (r *refresher) rebuild(now time.Time, snap *stats.Snapshot) {
 		}
 	}
 	r.timeouts.Store(&timeouts)
-	r.table.Store(policy.NewTable(snap, nodes, now))
+	t := policy.NewTable(snap, nodes, now)
+	t.Carry(r.table.Load(), now)
+	t.ShareWith(r.share)
+	r.table.Store(t)
 }
 
 // Table is the decision table of the last snapshot (admission.Tables).

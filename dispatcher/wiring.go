@@ -14,6 +14,7 @@ import (
 	"github.com/mlsched/mlsched/dispatcher/internal/budget"
 	"github.com/mlsched/mlsched/dispatcher/internal/finish"
 	"github.com/mlsched/mlsched/dispatcher/internal/intake"
+	"github.com/mlsched/mlsched/dispatcher/internal/loadshare"
 	"github.com/mlsched/mlsched/dispatcher/internal/outcome"
 	"github.com/mlsched/mlsched/dispatcher/internal/quota"
 	"github.com/mlsched/mlsched/dispatcher/internal/registry"
@@ -107,6 +108,7 @@ type wiring struct {
 	superseded        *supersededSet // superseded attempts and cancelled tasks
 	reg               *registry.Registry
 	snaps             *refresher
+	share             *loadshare.Sharer
 	rolls             *rollouts
 	pub, resPub       *jsplumb.Publisher
 	sweep             *sweeper
@@ -131,6 +133,10 @@ func (d *Dispatcher) wire(g *ground) (*wiring, error) {
 	w.superseded = newSupersededSet(g.superseded, d.log)
 	w.reg = registry.New(g.nodes, d.cfg.NodeTTL, d.log)
 	w.snaps = &refresher{store: g.store, engine: d.engine, reg: w.reg, interval: d.cfg.SnapshotInterval, log: d.log}
+	// every replica's tables count every replica's dispatches and settled
+	// outcomes, not only their own (internal/loadshare)
+	w.share = loadshare.New(loadshare.Params{NC: g.nc, Tables: w.snaps, Log: d.log.With().Str("component", "loadshare").Logger()})
+	w.snaps.share = w.share.Note
 	w.rolls = newRollouts(g.rolls, d.engine, w.snaps.breakerOpen, rolloutFlush, d.log.With().Str("component", "rollouts").Logger())
 	// Dispatches and results each have a publisher with room of its own: a
 	// backlog of dispatches awaiting their acknowledgements must not hold
@@ -198,6 +204,7 @@ func (d *Dispatcher) wireStages(g *ground, w *wiring, dlq *finish.DeadLetters) e
 		Parking: intake.Parking{Above: min(d.cfg.ParkAbove, d.cfg.MaxInFlight/2), JS: g.js, Pub: parked,
 			Log: d.log.With().Str("component", "parking").Logger()}})
 	w.prune.parked = w.in.Parked
+	w.share.Freed = w.adm.Wake // another replica's outcomes free slots too
 	w.out = outcome.New(outcome.Params{Rules: d.cfg.Retry(), Limits: d.cfg.Limits(), AckWait: d.cfg.AckWait, Log: d.log,
 		NC: nc, Complete: w.complete, Batch: w.batch, Sealer: g.seals, Pipelines: pipelineSeal{s: g.seals, kv: g.pipeline},
 		Superseded: w.superseded, Keeper: w.keeper, Retry: w.adm, Fin: fin, Counts: &d.counters.Counters,
@@ -247,6 +254,7 @@ func (d *Dispatcher) components(g *ground, w *wiring, batchCtx context.Context) 
 		{"superseded set", w.superseded},
 		{"node registry", registryService(w.reg)},
 		{"snapshot refresher", w.snaps},
+		{"load share", w.share.Service()},
 		// before the stages: the first decisions obey the rollouts' caps
 		{"rollouts", w.rolls},
 		// stopped after everything that dispatches or settles outcomes: their

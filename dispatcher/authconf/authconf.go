@@ -151,6 +151,7 @@ func dispatcherPerms() Permissions {
 		// The dashboard gathers every replica's report (clusterview); it
 		// may not cancel tasks, which is the admin's.
 		protocol.SubjectAdminStats,
+		topology.SubjectLoad, // the replicas' load changes, to each other (internal/loadshare)
 	)
 	// The dashboard shows the autoscaler's decisions: read only.
 	p.Publish = append(p.Publish, streamAPI(kvAutoscale, "INFO", "get", "consume")...)
@@ -158,7 +159,8 @@ func dispatcherPerms() Permissions {
 	// on subjects of their own (dispatcher/internal/intake/park.go).
 	p.Publish = append(p.Publish, topology.ParkedFilters()...)
 	p.Subscribe = []string{natsconn.InboxDispatcher + ".>", subjectAdminAll, // stats, cancel
-		topology.SubjectReportsAll} // direct reports, answered through allow_responses
+		topology.SubjectReportsAll, // direct reports, answered through allow_responses
+		topology.SubjectLoad}       // the other replicas' load changes
 	return p
 }
 

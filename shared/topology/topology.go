@@ -52,6 +52,10 @@ const (
 	// SubjectReportsAll is every node's direct reports: core NATS, no
 	// stream captures it (see ReportSubject).
 	SubjectReportsAll = "mlsched.report.*"
+	// SubjectLoad is where dispatcher replicas tell each other the load
+	// they add to and take from the nodes (protocol.LoadShare): core NATS,
+	// no stream captures it.
+	SubjectLoad = "mlsched.load"
 
 	// QueueDispatchers is the queue group in which dispatcher replicas
 	// share the direct reports: each report goes to one replica.

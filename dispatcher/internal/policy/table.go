@@ -105,12 +105,99 @@ type nodeState struct {
 	// local is dispatched minus completed by this process since the table
 	// was built (negative when more finished than it sent).
 	local atomic.Int64
+	// announced is the work the node's heartbeat said it had (running
+	// plus queued), at announcedAt (its SentAt).
+	announced   int64
+	announcedAt time.Time
 	// serviceUs is the mean time an attempt occupies a slot on the node
 	// (see serviceTimes).
 	serviceUs float64
 	// prefetch is how much work beyond capacity the node starts in
 	// priority and tenant order (Heartbeat.Prefetch).
 	prefetch int64
+}
+
+// countFull sets full from the nodes' and pairs' counts.
+func (t *Table) countFull() {
+	var full int64
+	for _, n := range t.nodes {
+		if n.inFlight >= int64(n.capacity) {
+			full++
+		}
+	}
+	for _, m := range t.models {
+		for _, p := range m.pairs {
+			if p.limit > 0 && p.sent >= int64(p.limit) {
+				full++
+			}
+		}
+	}
+	t.full.Store(full)
+}
+
+// carryWeight is the weight a table's own reading of a node's work gets
+// against the count carried from the table before (Carry).
+const carryWeight = 0.25
+
+// Carry starts each node's count from prev's, the table before, instead of
+// the snapshot's alone: a weighted mean, carryWeight of the snapshot's and
+// the rest what prev counts now (at least one step toward the snapshot's).
+// Call it before the table is used.
+//
+// Why: the snapshot's count of what was dispatched and not finished is
+// written by every replica's batcher every 50 ms, so it misses up to that
+// much of the dispatches and completions; a 10 ms model's node of 2 slots
+// at 40% load read 4 in flight, twice its capacity, for a whole table
+// (issue 38). prev's count is exact since prev was built, when every
+// replica shares its changes (Shared, internal/loadshare), and its error
+// is the snapshot's it started from, weighed down at each table: the
+// carried count follows the snapshots with a time constant of about four
+// tables (a second at the default 250 ms), so that what no replica
+// shared (a killed one's dispatches) is still counted soon. A node prev
+// did not have starts from the snapshot; the heartbeat's count still
+// bounds it from below (announcedNow).
+func (t *Table) Carry(prev *Table, now time.Time) {
+	if t == nil || prev == nil {
+		return
+	}
+	for name, n := range t.nodes {
+		pn := prev.nodes[name]
+		if pn == nil {
+			continue
+		}
+		// a step of at least one toward the snapshot's, so that a small
+		// difference is not rounded away for ever
+		carried, read := pn.outstanding(), n.inFlight
+		step := carryWeight * float64(read-carried)
+		if step > 0 {
+			step = math.Ceil(step)
+		} else {
+			step = math.Floor(step)
+		}
+		n.inFlight = max(carried+int64(step), n.announcedNow(now))
+	}
+	t.countFull()
+}
+
+// announcedNow is what is left at now of the work the node's heartbeat
+// announced: its slots finish an attempt every serviceUs/capacity while
+// work is queued, so after d at most announced - d*capacity/serviceUs of
+// it remains. A heartbeat comes every second (MLSCHED_HEARTBEAT_INTERVAL)
+// and the table is rebuilt every snapshot (250 ms): taken as it was, one
+// sent in a burst (a 10 ms model's node of 2 slots announcing 6) held every
+// table of the next second to it, and with it the node's tasks in the hold
+// with its slots idle (issue 38: a 10 ms model's p99 at 40% load 130-300
+// ms). The statistics' count of what was dispatched and not finished is
+// fresh (every replica's, at each snapshot); the heartbeat stands for work
+// they do not know (a Redis restart), which drains like any other. A
+// heartbeat dated after now (another host's clock) is taken as it is.
+func (n *nodeState) announcedNow(now time.Time) int64 {
+	d := now.Sub(n.announcedAt)
+	if n.announced == 0 || n.announcedAt.IsZero() || d <= 0 {
+		return n.announced
+	}
+	done := float64(d.Microseconds()) * float64(n.capacity) / max(n.serviceUs, 1)
+	return max(n.announced-int64(done), 0)
 }
 
 // outstanding is the node's work sent and not finished, now.
@@ -183,6 +270,30 @@ type Table struct {
 	// their model's limit, kept current by Dispatched and Completed, so that
 	// a decision knows at once when the load model has nothing to say.
 	full atomic.Int64
+	// share, when set (ShareWith), is told every change this process makes
+	// to the counts, for the other replicas (Shared).
+	share func(model, node string, d int64)
+}
+
+// ShareWith makes the table tell f of every count this process changes
+// (Dispatched, Completed), so that f can pass them to the other replicas,
+// whose tables take them through Shared. Call it before the table is used.
+func (t *Table) ShareWith(f func(model, node string, d int64)) {
+	if t != nil {
+		t.share = f
+	}
+}
+
+// Shared applies what another replica dispatched to and settled of a (model,
+// node) since it last said (d: dispatched minus settled): without it each
+// replica sees only its own dispatches and the outcomes it settles, and its
+// count drifts from the node's until the next snapshot. It is not shared
+// again.
+func (t *Table) Shared(model, node string, d int64) {
+	if t == nil || d == 0 {
+		return
+	}
+	t.count(model, node, d)
 }
 
 // nodePriorWeight is how many judged outcomes a node's own record must
@@ -212,7 +323,7 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 		}
 		running := int64(min(max(hb.InFlight, 0), protocol.MaxQueued))
 		queued := int64(min(max(hb.Queued, 0), protocol.MaxQueued))
-		t.nodes[hb.Node] = &nodeState{name: hb.Node, capacity: cp, inFlight: running + queued,
+		t.nodes[hb.Node] = &nodeState{name: hb.Node, capacity: cp, announced: running + queued, announcedAt: hb.SentAt,
 			prefetch: int64(min(max(hb.Prefetch, 0), protocol.MaxQueued))}
 		hbs = append(hbs, hb)
 	}
@@ -286,21 +397,13 @@ func NewTable(snap *stats.Snapshot, nodes []protocol.Heartbeat, now time.Time) *
 		}
 	}
 	for n, s := range sums {
-		n.inFlight = max(n.inFlight, s)
+		n.inFlight = s
 	}
 	serviceTimes(t, ms)
 	for _, n := range t.nodes {
-		if n.inFlight >= int64(n.capacity) {
-			t.full.Add(1)
-		}
+		n.inFlight = max(n.inFlight, n.announcedNow(now))
 	}
-	for _, m := range t.models {
-		for _, p := range m.pairs {
-			if p.limit > 0 && p.sent >= int64(p.limit) {
-				t.full.Add(1)
-			}
-		}
-	}
+	t.countFull()
 	for _, te := range t.types {
 		slices.SortFunc(te.cands, func(a, b *typeCand) int {
 			if a.m.Model < b.m.Model {
@@ -490,6 +593,9 @@ func (t *Table) Dispatched(model, node string) {
 		return
 	}
 	t.count(model, node, 1)
+	if t.share != nil {
+		t.share(model, node, 1)
+	}
 }
 
 // Completed counts an outcome this process received (of any replica's
@@ -500,9 +606,16 @@ func (t *Table) Completed(model, node string) {
 		return
 	}
 	t.count(model, node, -1)
+	if t.share != nil {
+		t.share(model, node, -1)
+	}
 }
 
 func (t *Table) count(model, node string, d int64) {
+	step := int64(1) // a crossing of a capacity counts once, whatever d
+	if d < 0 {
+		step = -1
+	}
 	m := t.models[model]
 	if m != nil {
 		m.local.Add(d)
@@ -512,17 +625,26 @@ func (t *Table) count(model, node string, d int64) {
 		// count the node in or out of full when it crosses its capacity
 		after := n.inFlight + n.local.Add(d)
 		if c := int64(n.capacity); (after-d < c) != (after < c) {
-			t.full.Add(d)
+			t.full.Add(step)
 		}
 	}
 	if m != nil && n != nil {
 		if p := m.pair(n); p != nil {
 			after := p.sent + p.local.Add(d)
 			if c := int64(p.limit); c > 0 && (after-d < c) != (after < c) {
-				t.full.Add(d)
+				t.full.Add(step)
 			}
 		}
 	}
+}
+
+// NodeWork is a node's work sent and not finished as the table counts it
+// now (the load model's reading), or -1 when the table has no such node.
+func (t *Table) NodeWork(node string) int64 {
+	if t == nil || t.nodes[node] == nil {
+		return -1
+	}
+	return t.nodes[node].outstanding()
 }
 
 // Types returns the task types some live node serves, sorted.

@@ -106,6 +106,7 @@ func TestSharedHoldsOnlyWhatIsShared(t *testing.T) {
 		"redistest": "test infrastructure",
 		"tlstest":   "test infrastructure",
 		"logtest":   "test infrastructure",
+		"freeport":  "test infrastructure",
 	}
 	worker := map[string]bool{}
 	for _, d := range strings.Fields(goCmd(t, "worker", "list", "-deps", "./cmd/worker")) {

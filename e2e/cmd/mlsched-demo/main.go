@@ -187,7 +187,7 @@ func demo(ctx context.Context, out io.Writer, o demoOptions) error {
 			fmt.Fprintf(out, "dashboard: %s\n", url)
 		}
 	}
-	var submitted int64
+	var submitted, seq int64 // tasks stored; ids handed out
 	tick := time.NewTicker(time.Second / time.Duration(max(o.rate, 1)))
 	defer tick.Stop()
 	show := time.NewTicker(o.every)
@@ -201,16 +201,26 @@ loop:
 		case err := <-errs:
 			return fmt.Errorf("demo component stopped: %w", err)
 		case <-tick.C:
-			submitted++
-			t := protocol.Task{ID: fmt.Sprintf("demo-%d", submitted), Type: "classify", Payload: json.RawMessage(`{"text":"hello"}`)}
-			if submitted%5 == 0 {
-				img := heldOut[int(submitted/5)%len(heldOut)]
+			seq++
+			t := protocol.Task{ID: fmt.Sprintf("demo-%d", seq), Type: "classify", Payload: json.RawMessage(`{"text":"hello"}`)}
+			if seq%5 == 0 {
+				img := heldOut[int(seq/5)%len(heldOut)]
 				t.Type, t.Payload = "digits", mustJSON(map[string]any{"pixels": img.Pixels})
 				labels.Store(t.ID, img.Label)
 			}
-			if _, err := c.Submit(ctx, t); err != nil && ctx.Err() == nil {
+			// Not cancelled by the end of the run: a submit cut off there
+			// may or may not be stored, and the summary would wait for a
+			// result that may never come (make run, once: 10 s silent
+			// for one task). Only a stored task counts as submitted.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_, err := c.Submit(sctx, t)
+			cancel()
+			if err != nil {
+				labels.Delete(t.ID)
 				fmt.Fprintln(os.Stderr, "submit:", err)
+				continue
 			}
+			submitted++
 		case <-show.C:
 			printDemoTable(out, d.Report(), submitted, finished.Load(), &counts, time.Since(started))
 			dg.print(out)

@@ -64,7 +64,9 @@ func TestMultiStepPipelinesThroughAKill(t *testing.T) {
 
 func runMultiStep(t *testing.T, n int, kill bool) {
 	c := harness.New(t)
-	c.StartNATS()
+	// MLSCHED_E2E_NATS_SYNC=2m measures the bench's fast mode (the
+	// server's default sync interval) instead of durable mode.
+	c.StartNATSSync(os.Getenv("MLSCHED_E2E_NATS_SYNC"))
 	c.StartRedis()
 	env := map[string]string{"MLSCHED_SNAPSHOT_INTERVAL": "100ms"}
 	if kill {

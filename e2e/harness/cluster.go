@@ -190,6 +190,14 @@ jetstream {
 // cluster keeps a client connection to it (see Conn).
 func (c *Cluster) StartNATS() *NATS {
 	c.t.Helper()
+	return c.StartNATSSync("")
+}
+
+// StartNATSSync is StartNATS with another sync_interval than "always"
+// ("" keeps it): "2m", the server's default, is the bench's fast mode,
+// for a test that measures that mode's latency.
+func (c *Cluster) StartNATSSync(syncInterval string) *NATS {
+	c.t.Helper()
 	bin := Binary(c.t, "nats-server")
 	var lastErr error
 	for try := 0; try < 3; try++ { // a free port may be taken before we bind it
@@ -208,6 +216,9 @@ func (c *Cluster) StartNATS() *NATS {
 			MonitorURL: fmt.Sprintf("http://127.0.0.1:%d", mport),
 			StoreDir:   filepath.Join(p.Dir, "jetstream"), ConfigPath: filepath.Join(p.Dir, "nats.conf")}
 		conf := NATSConfig(port, mport, n.StoreDir)
+		if syncInterval != "" {
+			conf = strings.Replace(conf, "sync_interval: always", "sync_interval: "+syncInterval, 1)
+		}
 		if c.auth != nil {
 			inc, err := c.auth.include(p.Dir)
 			if err != nil {

@@ -75,12 +75,20 @@ func TestDispatchBackAfterItsAckWasLostIsNotRunAgain(t *testing.T) {
 // lost, as in a cluster fault, and every dispatch comes back each ack wait.
 func ackDeniedServer(t *testing.T) (*harness, string) {
 	t.Helper()
+	return deniedServer(t, "$JS.ACK."+topology.StreamDispatch+".>")
+}
+
+// deniedServer is a harness on an embedded server with the streams, an
+// admin user and a node user n1 that may publish anything but deny, and
+// the path of n1's password file.
+func deniedServer(t *testing.T, deny string) (*harness, string) {
+	t.Helper()
 	dir := t.TempDir()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
 		StoreDir: dir, NoLog: true, NoSigs: true, Users: []*server.User{
 			{Username: "admin", Password: "admin-pw"},
 			{Username: "n1", Password: "n1-pw", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.ACK." + topology.StreamDispatch + ".>"}}}},
+				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{deny}}}},
 		}})
 	if err != nil {
 		t.Fatal(err)

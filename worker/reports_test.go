@@ -4,20 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/mlsched/mlsched/shared/logtest"
-	"github.com/mlsched/mlsched/shared/natstest"
 	"github.com/mlsched/mlsched/shared/protocol"
 	"github.com/mlsched/mlsched/shared/topology"
 )
@@ -197,45 +192,8 @@ func TestOutcomesStoredWithoutDirectReports(t *testing.T) {
 // outcome from then on instead of waiting for an answer each time.
 func TestDirectReportsRefusedByPermissions(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
-		StoreDir: dir, NoLog: true, NoSigs: true, Users: []*server.User{
-			{Username: "admin", Password: "admin-pw"},
-			{Username: "n1", Password: "n1-pw", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"mlsched.report.>"}}}},
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("admin", "admin-pw"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := topology.Ensure(ctx, js, topology.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	oc, err := js.CreateOrUpdateConsumer(ctx, topology.StreamOutcomes, jetstream.ConsumerConfig{
-		Durable: "test-dispatcher", FilterSubject: topology.OutcomeSubject("n1"), AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{t: t, srv: &natstest.Server{Server: s, URL: s.ClientURL(), NC: nc, JS: js}, node: "n1", outc: oc}
+	h, pw := deniedServer(t, "mlsched.report.>")
 	r := h.respondReports(t) // a dispatcher is there: only the permission stops the reports
-	pw := filepath.Join(dir, "pw")
-	if err := os.WriteFile(pw, []byte("n1-pw\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	cfg := h.config()
 	cfg.NATS.User, cfg.NATS.PasswordFile = "n1", pw
 	cfg.PublishTimeout = 300 * time.Millisecond

@@ -49,25 +49,7 @@ func (r *recorder) Scale(_ context.Context, _ string, n int) error {
 // to zero, none to the maximum, the held gauge at 1, and it says why.
 func TestHoldsWhenNATSIsUnreachable(t *testing.T) {
 	srv := natstest.New(t)
-	cfg := dispatcher.DefaultConfig()
-	cfg.NATS.URL, cfg.Name, cfg.HTTPAddr = srv.URL, "d1", "off"
-	d, err := dispatcher.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	dctx, stopD := context.WithCancel(ctx)
-	go func() { done <- d.Run(dctx) }()
-	defer func() { stopD(); <-done }()
-	deadline := time.Now().Add(20 * time.Second)
-	for !d.Ready(ctx).Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("dispatcher not ready")
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	ctx, stopDispatcher := runDispatcher(t, srv)
 	kv, err := topology.EnsureNodesBucket(ctx, srv.JS, topology.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +76,7 @@ func TestHoldsWhenNATSIsUnreachable(t *testing.T) {
 	}
 	// Up: the pool is seen through the heartbeat, decided on (not held),
 	// and published.
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ds, err := as.Step(ctx)
 		if err != nil {
@@ -111,9 +93,7 @@ func TestHoldsWhenNATSIsUnreachable(t *testing.T) {
 	be.mu.Lock()
 	be.replicas, be.scales = 3, nil // whatever it did, 3 again
 	be.mu.Unlock()
-	stopD()
-	<-done
-	done <- nil
+	stopDispatcher()
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	for range 5 {
@@ -157,25 +137,7 @@ func mustVec(t *testing.T, reg *prometheus.Registry, name string) prometheus.Col
 // before a step are in that step's decision.
 func TestBacklogIsReadEachStep(t *testing.T) {
 	srv := natstest.New(t)
-	cfg := dispatcher.DefaultConfig()
-	cfg.NATS.URL, cfg.Name, cfg.HTTPAddr = srv.URL, "d1", "off"
-	d, err := dispatcher.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	dctx, stopD := context.WithCancel(ctx)
-	go func() { done <- d.Run(dctx) }()
-	defer func() { stopD(); <-done }()
-	deadline := time.Now().Add(20 * time.Second)
-	for !d.Ready(ctx).Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("dispatcher not ready")
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	ctx, _ := runDispatcher(t, srv)
 	// A node that announces the model and never runs anything: what is
 	// published stays unfinished.
 	kv, err := topology.EnsureNodesBucket(ctx, srv.JS, topology.Config{})
@@ -195,7 +157,7 @@ func TestBacklogIsReadEachStep(t *testing.T) {
 	}
 	// The type is in the dispatchers' report (its backlog sample lists
 	// the types live nodes serve) before the tasks come.
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ds, err := as.Step(ctx)
 		if err != nil {
@@ -226,4 +188,31 @@ func TestBacklogIsReadEachStep(t *testing.T) {
 	if len(ds) != 1 || ds[0].Backlog != n {
 		t.Fatalf("the step right after %d tasks: %s; want backlog %d", n, autoscaler.Summary(ds), n)
 	}
+}
+
+// runDispatcher runs a dispatcher on srv until stop or the test's end and
+// waits until it is ready; the context returned ends with the test (at
+// most 60 s).
+func runDispatcher(t *testing.T, srv *natstest.Server) (ctx context.Context, stop func()) {
+	t.Helper()
+	cfg := dispatcher.DefaultConfig()
+	cfg.NATS.URL, cfg.Name, cfg.HTTPAddr = srv.URL, "d1", "off"
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	done := make(chan error, 1)
+	dctx, stopD := context.WithCancel(ctx)
+	go func() { done <- d.Run(dctx) }()
+	stop = sync.OnceFunc(func() { stopD(); <-done })
+	t.Cleanup(func() { stop(); cancel() })
+	deadline := time.Now().Add(20 * time.Second)
+	for !d.Ready(ctx).Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("dispatcher not ready")
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
+	}
+	return ctx, stop
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -385,10 +386,35 @@ func TestFirstTaskGoesToOrderingNode(t *testing.T) {
 		t.Run(fmt.Sprint("prefetch=", prefetch), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, func(c *dispatcher.Config) { c.QueueTarget = dispatcher.QueueTarget(150 * time.Millisecond) })
-			// 16 queued on 8 slots at the engine's prior 100 ms a task:
-			// a wait of 112 ms, beyond the queue target with the run.
-			e.queued, e.prefetch = 16, prefetch
+			// 24 queued on 8 slots at the engine's prior 100 ms a task:
+			// a wait of 212 ms, beyond the queue target with the run, and
+			// still beyond it while a heartbeat up to 160 ms old drains
+			// in the load model (16 was within 60 ms of the target: a
+			// loaded machine's late heartbeat made the node look free).
+			e.queued, e.prefetch = 24, prefetch
 			n := e.startNode("n", []string{"q"}, map[string]behavior{"m": succeed})
+			// The load model drains an announced queue at the node's
+			// service rate between heartbeats (16 on 8 slots in 200 ms):
+			// a node that keeps 16 queued says so again and again, as a
+			// busy worker does, not once a second (the env's ticker), or
+			// it looks free for most of each second.
+			stopBeats := make(chan struct{})
+			beats := make(chan struct{})
+			go func() {
+				defer close(beats)
+				tick := time.NewTicker(20 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stopBeats:
+						return
+					case <-tick.C:
+						n.beat()
+					}
+				}
+			}()
+			stopBeating := sync.OnceFunc(func() { close(stopBeats); <-beats })
+			t.Cleanup(stopBeating)
 			submit := func(id, tenant string, priority int) {
 				data, _ := json.Marshal(protocol.Task{ID: id, Type: "q", Tenant: tenant, Priority: priority, TimeoutMs: 60_000})
 				e.publish(topology.BandTaskSubject("q", priority), data, id)
@@ -412,6 +438,7 @@ func TestFirstTaskGoesToOrderingNode(t *testing.T) {
 					t.Fatalf("dispatched %v to a node at its queue target that orders nothing", got)
 				}
 			}
+			stopBeating()
 			n.queued.Store(0)
 			n.beat()
 			for _, id := range []string{"a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "b0", "u0"} {

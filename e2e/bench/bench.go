@@ -249,6 +249,9 @@ type Scenario struct {
 	// Trace is the trace replay (Options.TraceFile), instead of the
 	// throughput and latency phases.
 	Trace *TraceResult `json:"trace,omitempty"`
+	// ServerMsgs is nats-server's own count of messages and bytes per task
+	// over the throughput phase (one server only).
+	ServerMsgs *ServerMsgs `json:"server_msgs,omitempty"`
 }
 
 // Phase is one batch of tasks.

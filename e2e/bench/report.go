@@ -82,6 +82,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return []string{fmt.Sprintf("%.2fx (target %s %.2gx: %s)", v, cmp, target, verdict)}
 	}
 	row("JetStream publishes per task", append(cols(func(s *Scenario) string { return fmt.Sprint(s.PublishesPerTask) }), pad(ratios)...)...)
+	row("nats-server msgs in/out per task", append(cols(func(s *Scenario) string {
+		if s.ServerMsgs == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f / %.2f", s.ServerMsgs.InMsgs, s.ServerMsgs.OutMsgs)
+	}), pad(ratios)...)...)
 	row("throughput, tasks/s", append(cols(func(s *Scenario) string { return fmt.Sprintf("%.0f", s.Throughput.Throughput) }),
 		ratio(r.ThroughputRatio, targets.ThroughputRatio, ">=")...)...)
 	row(fmt.Sprintf("latency at %d/s: offered, tasks/s", o.Rate), append(cols(func(s *Scenario) string { return fmt.Sprintf("%.0f", s.Latency.OfferedRate) }), pad(ratios)...)...)

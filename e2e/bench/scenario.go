@@ -69,6 +69,7 @@ type run struct {
 	pprofAddr       string
 	workerPprofAddr string // node-1's, profiled with the dispatcher
 	natsPprofAddr   string // one server's, profiled with -profile
+	natsMonitor     string // one server's monitoring URL (its message counts)
 	httpURL         string // the dispatcher's listener (dashboard, /metrics)
 }
 
@@ -117,6 +118,7 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 			return Scenario{}, nil, err
 		}
 		r.natsURL = n.URL
+		r.natsMonitor = n.MonitorURL
 		natsCPU.Pids = []int{n.Pid()}
 	}
 	r.cpu = append(r.cpu, natsCPU, procGroup{"bench driver", []int{os.Getpid()}})
@@ -214,8 +216,24 @@ func runScenario(ctx context.Context, o Options, name, dir string) (Scenario, []
 			return res, nil, err
 		}
 	} else {
+		var before serverCounts
+		if r.natsMonitor != "" {
+			before, err = readServerCounts(ctx, r.natsMonitor)
+			if err != nil {
+				return res, nil, err
+			}
+		}
 		if res.Throughput, err = r.phase(ctx, pub, "throughput", "t-", o.Tasks, 0); err != nil {
 			return res, nil, err
+		}
+		if r.natsMonitor != "" {
+			after, err := readServerCounts(ctx, r.natsMonitor)
+			if err != nil {
+				return res, nil, err
+			}
+			m := before.perTask(after, o.Tasks)
+			res.ServerMsgs = &m
+			r.log("nats-server per task over the throughput phase: %s", m)
 		}
 		if res.Latency, err = r.phase(ctx, pub, fmt.Sprintf("latency at %d/s", o.Rate), "l-", o.LatencyTasks, o.Rate); err != nil {
 			return res, nil, err

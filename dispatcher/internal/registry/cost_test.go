@@ -43,7 +43,13 @@ func TestRegistryCostsPerNode(t *testing.T) {
 		{Name: "big", Types: []string{"t"}, CostPerTask: 1, CostPerUnit: 0.5},
 		{Name: "free", Types: []string{"t"}}}})
 	put(protocol.Heartbeat{Node: "b", Models: []protocol.ModelInfo{{Name: "big", Types: []string{"t"}, CostPerTask: 3}}})
-	waitFor(t, "two nodes", func() bool { return len(r.Live()) == 2 })
+	// The costs are read from a table the registry updates after its
+	// live set: wait for both, not only for the nodes.
+	waitFor(t, "two nodes and their costs", func() bool {
+		_, okA := r.Cost("a", "big", 10)
+		_, okB := r.Cost("b", "big", 10)
+		return len(r.Live()) == 2 && okA && okB
+	})
 	if c, ok := r.Cost("a", "big", 10); !ok || c != 6 {
 		t.Fatalf("big on a: %g %v, want 6", c, ok)
 	}

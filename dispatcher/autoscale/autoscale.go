@@ -7,28 +7,17 @@
 // A pool is a set of interchangeable workers sharing a models file: in
 // compose, one service. The formula (docs/operations.md, "Autoscaling"):
 //
-//	slots  = Σ_t share_t · (λ_t · S_t / s_t / ρ_t  +  W_t · S_t / s_t / D)
+//	slots  = Σ_t share_t · (λ_t · S_t / s_t / ρ  +  W_t · S_t / s_t / D)
 //	needed = ceil(slots / c)
 //
 // per task type t the pool serves: λ_t its arrival rate (tasks/s), S_t the
 // service time of the pool's models of t (p50, weighed by traffic share),
 // s_t their success rate (a failed attempt is retried: 1/s_t attempts per
 // task, at most 3), W_t its backlog not running yet, share_t the pool's part of t's
-// capacity when several pools serve t; D the time within which the backlog
-// should drain, c the slots (concurrency) of one replica. The first term is
-// Little's law (busy slots = arrival rate × service time), the second
-// drains what is waiting.
-//
-// ρ_t is the target utilisation ρ while nothing of t waits (W_t = 0): the
-// headroom 1/ρ keeps a steady stream from queueing. While tasks wait it is
-// 1: the drain term is then the headroom, sized to clear the queue within
-// D, and adding 1/ρ on top counted a burst twice, once in its rate and once
-// in its backlog. Likewise λ_t is the larger of the last interval's rate and
-// the moving average while tasks wait (a burst is acted on at once), and
-// the smaller once none does (a burst already drained asks for no more
-// replicas; the cooldown keeps those it started). On the Azure code trace
-// this asks for ~15 % fewer worker-seconds at the same queue wait
-// (simulate_test.go; make autoscale-replay on real processes).
+// capacity when several pools serve t; ρ the target utilisation, D the time
+// within which the backlog should drain, c the slots (concurrency) of one
+// replica. The first term is Little's law (busy slots = arrival rate ×
+// service time) with headroom 1/ρ; the second drains what is waiting.
 //
 // Why this rather than KEDA's ceil(lag/10): a lag of 100 tasks of 5 ms each
 // needs one replica, of 5 s each needs several, and a steady stream that
@@ -322,21 +311,16 @@ func share(p Pool, hosts []Pool) float64 {
 	return mine / total
 }
 
-func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates map[string]arrival, hosts map[string][]Pool) {
+func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates map[string]float64, hosts map[string][]Pool) {
 	var slots, work float64
 	var svcWeighted, svcWeight float64
 	var floorWhy string
 	var unknown []string
-	queued := false
 	for _, t := range poolTypes(p) {
 		sh := share(p, hosts[t])
+		lambda := rates[t] * sh
 		backlog := float64(obs.Types[t].Backlog) * sh
 		waiting := float64(max(0, obs.Types[t].Backlog-obs.Types[t].Running)) * sh
-		lambda, rho := rates[t].calm()*sh, lim.Utilisation
-		if waiting > 0 { // a queue: size for the burst, at full use (the package comment)
-			lambda, rho = rates[t].busy()*sh, 1
-			queued = true
-		}
 		// What arrives and waits is shown whether or not it can be costed.
 		d.Arrival += lambda
 		d.Backlog += int64(math.Round(waiting))
@@ -349,11 +333,11 @@ func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates 
 		}
 		attempts := min(1/max(succ, 1/float64(maxAttempts)), maxAttempts)
 		sec := svc.Seconds()
-		slots += lambda*sec*attempts/rho + waiting*sec*attempts/lim.DrainWithin.Seconds()
+		slots += lambda*sec*attempts/lim.Utilisation + waiting*sec*attempts/lim.DrainWithin.Seconds()
 		svcWeighted += sec * (lambda + backlog)
 		svcWeight += lambda + backlog
 		work += lambda + backlog
-		if (rates[t].busy() > 0 || obs.Types[t].Backlog > 0) && len(hosts[t]) == 1 && floorWhy == "" {
+		if (rates[t] > 0 || obs.Types[t].Backlog > 0) && len(hosts[t]) == 1 && floorWhy == "" {
 			floorWhy = "the only pool serving " + t + ", which has work"
 		}
 	}
@@ -367,12 +351,8 @@ func (s *Scaler) decide(d *Decision, p Pool, lim Limits, obs Observation, rates 
 	}
 	d.Slots = slots
 	needed := int(math.Ceil(slots/float64(d.Capacity) - 1e-9))
-	rho := fmt.Sprintf("%.2f", lim.Utilisation)
-	if queued {
-		rho = "1 while tasks wait"
-	}
-	why := fmt.Sprintf("needs %.1f slots (λ=%.2f/s, S=%.0fms, backlog %d, ρ=%s, drain %s) = %d × %d",
-		slots, d.Arrival, d.ServiceMs, d.Backlog, rho, lim.DrainWithin, needed, d.Capacity)
+	why := fmt.Sprintf("needs %.1f slots (λ=%.2f/s, S=%.0fms, backlog %d, ρ=%.2f, drain %s) = %d × %d",
+		slots, d.Arrival, d.ServiceMs, d.Backlog, lim.Utilisation, lim.DrainWithin, needed, d.Capacity)
 	if len(unknown) > 0 {
 		// Work whose service time is not known yet: at least what runs now.
 		needed = max(needed, p.Current, 1)

@@ -11,12 +11,9 @@ import (
 // and summed, so a replica's restart makes them go back: that interval is
 // skipped (the last estimate stands) and counting starts again from there.
 //
-// It gives two figures per type (arrival): the interval's own rate and a
-// moving average (half-life halfLife). Which one the formula uses depends
-// on whether tasks wait (Scaler.decide): the larger while they do, so that
-// a burst is acted on at once; the smaller once none does, so that a burst
-// already drained asks for no more replicas (the cooldown keeps those it
-// started) and a lull counts as soon as the average says it is real.
+// The estimate is the larger of the interval's rate and a moving average
+// (half-life halfLife): a burst is acted on at once, a lull only once it
+// lasts (the cooldown then keeps the replicas a while longer).
 type rateEstimator struct {
 	halfLife time.Duration
 	last     time.Time
@@ -28,19 +25,9 @@ func newRateEstimator(halfLife time.Duration) *rateEstimator {
 	return &rateEstimator{halfLife: halfLife, arrived: map[string]int64{}, avg: map[string]float64{}}
 }
 
-// arrival is one type's arrival rate, tasks/s: the last interval's and the
-// moving average.
-type arrival struct{ interval, average float64 }
-
-// busy is the rate to size for while tasks wait: the larger figure.
-func (a arrival) busy() float64 { return max(a.interval, a.average) }
-
-// calm is the rate to size for once nothing waits: the smaller figure.
-func (a arrival) calm() float64 { return min(a.interval, a.average) }
-
 // update takes an observation and returns the rate per type, or why there
 // is none yet (the first observation, or time going back).
-func (r *rateEstimator) update(obs Observation) (map[string]arrival, string) {
+func (r *rateEstimator) update(obs Observation) (map[string]float64, string) {
 	if obs.Missing != "" {
 		return nil, obs.Missing
 	}
@@ -49,7 +36,7 @@ func (r *rateEstimator) update(obs Observation) (map[string]arrival, string) {
 	if !first && dt <= 0 {
 		return nil, "observation not after the last one"
 	}
-	out := make(map[string]arrival, len(obs.Types))
+	out := make(map[string]float64, len(obs.Types))
 	alpha := 1 - math.Exp2(-dt/r.halfLife.Seconds())
 	for t, l := range obs.Types {
 		now := l.Finished + l.Backlog
@@ -60,12 +47,12 @@ func (r *rateEstimator) update(obs Observation) (map[string]arrival, string) {
 		}
 		delta := now - prev
 		if delta < 0 { // a replica restarted, its count began again: keep the estimate
-			out[t] = arrival{r.avg[t], r.avg[t]}
+			out[t] = r.avg[t]
 			continue
 		}
 		inst := float64(delta) / dt
 		r.avg[t] += alpha * (inst - r.avg[t])
-		out[t] = arrival{inst, r.avg[t]}
+		out[t] = max(inst, r.avg[t])
 	}
 	r.last = obs.At
 	if first {

@@ -10,9 +10,9 @@ package policy
 // Without a task it ranks as reliability does; the engine binds it to each
 // task (costChoice) to give it the task's bar and size.
 type cost struct {
-	// rel is reliability with its exploration: the fallback when no
-	// candidate clears the bar, and the whole policy when no candidate
-	// declares a cost.
+	// rel is reliability with its exploration: the whole policy when no
+	// candidate declares a cost, and the fallback (without the posterior
+	// draws) when none clears the bar.
 	rel        explore
 	minSamples int64
 	share      float64
@@ -128,10 +128,14 @@ func (p *costChoice) fallback(r *Rand, cands []*Candidate, q []Queue) int {
 			p.sub, p.subq, p.idx = append(p.sub, c), append(p.subq, q[i]), append(p.idx, i)
 		}
 	}
+	// Without reliability's posterior exploration: the dearer models'
+	// exploration has its own budget here (CostExploreCap).
+	rel := p.rel
+	rel.posterior = false
 	if len(p.sub) == 0 || len(p.sub) == len(cands) {
-		return p.rel.Choose(r, cands, q)
+		return rel.Choose(r, cands, q)
 	}
-	return p.idx[p.rel.Choose(r, p.sub, p.subq)]
+	return p.idx[rel.Choose(r, p.sub, p.subq)]
 }
 
 // proof is about how many judged outcomes a model must have to show that

@@ -117,11 +117,13 @@ func NewEngine(cfg Config) (*Engine, error) {
 	}
 	share := max(cfg.ExploreShare, 0)
 	rel := explore{Policy: reliability{}, minSamples: int64(cfg.MinSamples), share: share, optimistic: true}
+	relPosterior := rel
+	relPosterior.posterior = true
 	e := &Engine{
 		cfg: cfg,
 		policies: map[string]Policy{
-			Reliability: rel,
-			Cost:        cost{rel: rel, minSamples: int64(cfg.MinSamples), share: share, cap: max(cfg.CostExploreCap, 0)},
+			Reliability: relPosterior,
+			Cost:        cost{rel: relPosterior, minSamples: int64(cfg.MinSamples), share: share, cap: max(cfg.CostExploreCap, 0)},
 			Thompson:    thompson{latencyWeight: cfg.LatencyWeight},
 			Latency:     explore{Policy: latency{}, minSamples: int64(cfg.MinSamples), share: share},
 			LeastLoaded: leastLoaded{},

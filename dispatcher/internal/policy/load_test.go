@@ -93,8 +93,11 @@ func TestLoadModelMaxConcurrency(t *testing.T) {
 		tab.Dispatched(d.Model, d.Node)
 		got[d.Model]++
 	}
-	if got["best"] < 2 || got["best"] > 4 || got["next"] < 36 {
-		t.Fatalf("dispatches %v: want best up to its limit of 2 (and a short queue), the rest to next", got)
+	// 2 run; a queued attempt waits 50 ms a place and may start while it
+	// finishes within best's queue target (3 service times, 300 ms): 4
+	// more queue, 6 in all.
+	if got["best"] < 2 || got["best"] > 6 || got["next"] < 34 {
+		t.Fatalf("dispatches %v: want best up to its limit of 2 and a queue within its target, the rest to next", got)
 	}
 }
 
@@ -199,5 +202,34 @@ func TestLoadModelBatching(t *testing.T) {
 		if want := 2 * max(batch, 1); tab.models["best"].Capacity != want {
 			t.Errorf("batch %d: best's capacity %d, want %d", batch, tab.models["best"].Capacity, want)
 		}
+	}
+}
+
+// A wait within the queue target costs a more reliable model nothing: the
+// task queues for it instead of spilling to a less reliable model with
+// free slots, up to what the target lets the node queue (issue 42: the
+// spill cost the Azure code trace 0.3 points against the oracle).
+func TestLoadModelQueuesForTheMoreReliable(t *testing.T) {
+	t.Parallel()
+	e := engine(t, Config{ExploreShare: -1})
+	snap := snapshot(map[string]stats.Series{
+		"best": series(1990, 10, 100*time.Millisecond, 100*time.Millisecond),
+		"next": series(1960, 40, 100*time.Millisecond, 100*time.Millisecond),
+	})
+	tab := NewTable(snap, []protocol.Heartbeat{hb("a", "t", 4, "best"), hb("b", "t", 64, "next")}, t0)
+	got := map[string]int{}
+	for range 40 {
+		d, err := e.Decide(tab, &Request{Type: "t", Timeout: 5 * time.Second, Deadline: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tab.Dispatched(d.Model, d.Node)
+		got[d.Model]++
+	}
+	// 4 run; a queued attempt waits a quarter of a service time a place
+	// and may start while it finishes within the target (3 service
+	// times): about 12 more queue. Charging the wait kept best at 6.
+	if got["best"] < 12 || got["best"] > 20 {
+		t.Fatalf("dispatches %v: want best's 4 slots and a queue within its target (about 16), the rest to next", got)
 	}
 }

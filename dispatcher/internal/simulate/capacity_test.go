@@ -91,10 +91,15 @@ func TestModelJoinAndNoCandidate(t *testing.T) {
 // The issue's target scenario: the best model's node carries at most 60%
 // of the arrivals. reliability and thompson fill it and spill to the next
 // best, so their first-attempt success is at least round-robin's and within
-// a point of the capacity-aware oracle's, and they do not bury it: their
-// mean latency stays within 1.5x of least-loaded's. (Simulated figures of a
-// fixed seed, not timings. The whole scenario: the first seconds, while
-// the policies learn which model is second best, weigh too much in less.)
+// a point of the capacity-aware oracle's, and they do not bury it: nothing
+// expires in a queue, and their mean latency stays within the best model's
+// queue target (3 service times of its 130 ms) and within 1.2x the
+// oracle's (issue 42). Until issue 42 a wait was charged against success,
+// which kept the best node's queue shorter (mean latency 1.3x
+// least-loaded's, now 2.5x) at 0.1 point of first-attempt success.
+// (Simulated figures of a fixed seed, not timings. The whole scenario: the
+// first seconds, while the policies learn which model is second best,
+// weigh too much in less.)
 func TestOverloadTargets(t *testing.T) {
 	t.Parallel()
 	rep := run(t, "overload", Options{Tasks: 20000, Seed: 1,
@@ -106,8 +111,9 @@ func TestOverloadTargets(t *testing.T) {
 			t.Errorf("%s: first-attempt success %.4f, want >= round-robin's %.4f and within 1 point of the oracle's %.4f",
 				name, r.FirstSuccess, rr.FirstSuccess, or.FirstSuccess)
 		}
-		if r.MeanLatencyMs > 1.5*ll.MeanLatencyMs {
-			t.Errorf("%s: mean latency %.1fms, want within 1.5x of least-loaded's %.1fms", name, r.MeanLatencyMs, ll.MeanLatencyMs)
+		if r.MeanLatencyMs > 3*130 || r.MeanLatencyMs > 1.2*or.MeanLatencyMs {
+			t.Errorf("%s: mean latency %.1fms, want within 390ms (the best model's queue target) and 1.2x the oracle's %.1fms (least-loaded's: %.1fms)",
+				name, r.MeanLatencyMs, or.MeanLatencyMs, ll.MeanLatencyMs)
 		}
 		if r.QueueFailedFirst != 0 {
 			t.Errorf("%s: %d first attempts expired or missed their deadline in a queue", name, r.QueueFailedFirst)

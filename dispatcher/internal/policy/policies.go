@@ -220,6 +220,18 @@ func (p explore) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 // 0.05 (docs/simulator.md). The better-measured leader is never the
 // draw's to take: it is already the lower bound's.
 func posteriorChallenger(r *Rand, cands []*Candidate, q []Queue, best int) int {
+	less := false
+	for _, c := range cands {
+		if c.Samples() < cands[best].Samples() {
+			less = true
+			break
+		}
+	}
+	if !less {
+		// the leader is the best measured, as in a steady state: no draw
+		// can go to a less measured candidate, so none is made
+		return -1
+	}
 	win, top := -1, -1.0
 	for i, c := range cands {
 		if s := r.Beta(float64(c.Successes)+1, float64(c.Failures)+1) * q[i].Fit; s > top {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -44,11 +45,14 @@ type procBackend struct {
 	scales  []string
 	events  []scaleEvent
 	t0      time.Time
+	// requested is when each worker's scale-up was asked for (the Scale
+	// call, right after the decision), by node id.
+	requested map[string]time.Time
 }
 
 func newProcBackend(c *harness.Cluster, models string, conc int) *procBackend {
 	return &procBackend{c: c, models: models, conc: conc, started: map[*harness.Worker]time.Time{},
-		stopped: map[*harness.Worker]time.Time{}, t0: time.Now()}
+		stopped: map[*harness.Worker]time.Time{}, t0: time.Now(), requested: map[string]time.Time{}}
 }
 
 func (b *procBackend) Name() string { return "process" }
@@ -65,8 +69,10 @@ func (b *procBackend) Scale(_ context.Context, _ string, replicas int) error {
 	defer b.mu.Unlock()
 	b.scales = append(b.scales, fmt.Sprintf("t+%.1fs %d→%d", time.Since(b.t0).Seconds(), len(b.live), replicas))
 	b.events = append(b.events, scaleEvent{At: time.Now(), From: len(b.live), To: replicas})
+	asked := time.Now()
 	for len(b.live) < replicas {
 		b.n++
+		b.requested[fmt.Sprintf("pool-%d", b.n)] = asked
 		w := b.c.StartWorker(harness.WorkerOptions{NodeID: fmt.Sprintf("pool-%d", b.n), ModelsFile: b.models,
 			Concurrency: b.conc, NoWait: true})
 		b.live = append(b.live, w)
@@ -124,6 +130,7 @@ type replayOutcome struct {
 	Start                   time.Time
 	LoadEnd                 time.Duration
 	Events                  []scaleEvent
+	Life                    lifeStats
 }
 
 // scaleEvent is one scaling of the process backend.
@@ -166,6 +173,40 @@ func runReplay(t *testing.T, name string, p replayParams, policy autoscale.Polic
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Each worker's first heartbeat and first dispatch, by node id: how long
+	// a scale-up takes to serve (lifecycle, below).
+	var lcMu sync.Mutex
+	firstHB, firstTask := map[string]time.Time{}, map[string]time.Time{}
+	{
+		nc, _ := c.Conn()
+		hbSub, err := nc.Subscribe("$KV."+topology.BucketNodes+".>", func(m *nats.Msg) {
+			var hb protocol.Heartbeat
+			if json.Unmarshal(m.Data, &hb) != nil || hb.Node == "" {
+				return
+			}
+			lcMu.Lock()
+			if _, ok := firstHB[hb.Node]; !ok {
+				firstHB[hb.Node] = time.Now()
+			}
+			lcMu.Unlock()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = hbSub.Unsubscribe() }()
+		taskSub, err := nc.Subscribe(topology.DispatchSubject("*"), func(m *nats.Msg) {
+			node := strings.TrimSuffix(strings.TrimPrefix(m.Subject, "mlsched.node."), ".tasks")
+			lcMu.Lock()
+			if _, ok := firstTask[node]; !ok {
+				firstTask[node] = time.Now()
+			}
+			lcMu.Unlock()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = taskSub.Unsubscribe() }()
+	}
 	be := newProcBackend(c, models, p.conc)
 	if err := be.Scale(context.Background(), "pool", p.min); err != nil {
 		t.Fatal(err)
@@ -200,6 +241,7 @@ func runReplay(t *testing.T, name string, p replayParams, policy autoscale.Polic
 		at      time.Time
 		latency float64
 		count   int
+		node    string
 	}
 	var mu sync.Mutex
 	results := map[string]*res{}
@@ -220,11 +262,11 @@ func runReplay(t *testing.T, name string, p replayParams, policy autoscale.Polic
 		} else {
 			// The service time is the last attempt's; the result's own
 			// latency_ms runs from the task's arrival.
-			svc := 0.0
+			svc, node := 0.0, r.Node
 			if len(r.History) > 0 {
-				svc = r.History[len(r.History)-1].LatencyMs
+				svc, node = r.History[len(r.History)-1].LatencyMs, r.History[len(r.History)-1].Node
 			}
-			results[id] = &res{at: time.Now(), latency: svc, count: 1}
+			results[id] = &res{at: time.Now(), latency: svc, count: 1, node: node}
 		}
 		mu.Unlock()
 	})
@@ -309,7 +351,17 @@ func runReplay(t *testing.T, name string, p replayParams, policy autoscale.Polic
 		}
 		waits = append(waits, max(0, float64(e2e.Microseconds())/1000-r.latency))
 	}
+	busy := map[string][][2]time.Time{}
+	for _, r := range results {
+		if r.node != "" {
+			busy[r.node] = append(busy[r.node], [2]time.Time{r.at.Add(-time.Duration(r.latency * float64(time.Millisecond))), r.at})
+		}
+	}
 	mu.Unlock()
+	lcMu.Lock()
+	out.Life = lifecycle(be, firstHB, firstTask, busy, start, end, p.conc)
+	out.Life.Held, out.Life.HeldWork = held(out.Events, busy, start, end, p.conc)
+	lcMu.Unlock()
 	slices.Sort(waits)
 	q := func(f float64) float64 {
 		if len(waits) == 0 {
@@ -319,7 +371,153 @@ func runReplay(t *testing.T, name string, p replayParams, policy autoscale.Polic
 	}
 	out.WaitP50, out.WaitP99 = q(0.5), q(0.99)
 	t.Logf("%s: scalings %v", name, scales)
+	t.Logf("%s: %s", name, out.Life)
 	return out
+}
+
+// lifeStats is where a replay's worker-seconds went, and how long a
+// scale-up took to serve.
+type lifeStats struct {
+	// From the Scale call to the new worker's first heartbeat and first
+	// dispatch, for the workers started after the replay began.
+	ToHeartbeat, ToTask []time.Duration
+	// Worker-seconds within the window: starting (the Scale call to the
+	// first heartbeat), waiting for a first task, occupied (at least one
+	// task running), idle between tasks, and the tail (after its last
+	// task until stopped or the window's end: what a cooldown holds).
+	Boot, PreFirst, Occupied, Gaps, Tail float64
+	// Work is the slot-seconds of service over the slots per worker: the
+	// worker-seconds at full use.
+	Work float64
+	// Tail of the workers that were stopped (a scale-in) and of those that
+	// ran to the window's end.
+	TailStopped, TailLive float64
+	// Held is the worker-seconds from each scale-up that the next change
+	// undid (a scale-in) to that scale-in: the hold after a burst, the
+	// burst's own end included; HeldWork the work at full use within.
+	Held, HeldWork float64
+}
+
+func (l lifeStats) String() string {
+	q := func(ds []time.Duration, f float64) time.Duration {
+		if len(ds) == 0 {
+			return 0
+		}
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(f*float64(len(s))))].Round(time.Millisecond)
+	}
+	return fmt.Sprintf("scale-up to first heartbeat p50 %v p90 %v, to first task p50 %v p90 %v (%d workers started); worker-seconds: starting %.0f, before a first task %.0f, occupied %.0f, idle between tasks %.0f, after the last task %.0f (stopped %.0f, to the end %.0f); work at full use %.0f; from a scale-up to the scale-in that followed it %.0f worker-seconds, %.0f of them work at full use",
+		q(l.ToHeartbeat, 0.5), q(l.ToHeartbeat, 0.9), q(l.ToTask, 0.5), q(l.ToTask, 0.9), len(l.ToTask),
+		l.Boot, l.PreFirst, l.Occupied, l.Gaps, l.Tail, l.TailStopped, l.TailLive, l.Work, l.Held, l.HeldWork)
+}
+
+// held integrates the replicas over each span from a scale-up to a
+// scale-in that directly follows it, and the work (slot-seconds over the
+// slots per worker) within those spans.
+func held(es []scaleEvent, busy map[string][][2]time.Time, from, to time.Time, conc int) (ws, work float64) {
+	var spans [][2]time.Time
+	for i := 0; i+1 < len(es); i++ {
+		if es[i].To > es[i].From && es[i+1].To < es[i+1].From {
+			a, z := maxTime(es[i].At, from), minTime(es[i+1].At, to)
+			if z.After(a) {
+				ws += z.Sub(a).Seconds() * float64(es[i].To)
+				spans = append(spans, [2]time.Time{a, z})
+			}
+		}
+	}
+	for _, ivs := range busy {
+		for _, iv := range ivs {
+			for _, sp := range spans {
+				a, z := maxTime(iv[0], sp[0]), minTime(iv[1], sp[1])
+				if z.After(a) {
+					work += z.Sub(a).Seconds() / float64(conc)
+				}
+			}
+		}
+	}
+	return ws, work
+}
+
+func lifecycle(b *procBackend, firstHB, firstTask map[string]time.Time, busy map[string][][2]time.Time, from, to time.Time, conc int) lifeStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	clip := func(a, z time.Time) float64 {
+		a, z = maxTime(a, from), minTime(z, to)
+		return max(0, z.Sub(a).Seconds())
+	}
+	var l lifeStats
+	for w, st := range b.started {
+		node := w.NodeID
+		asked := b.requested[node]
+		if asked.IsZero() {
+			asked = st
+		}
+		hb, task := firstHB[node], firstTask[node]
+		if asked.After(from) {
+			if !hb.IsZero() {
+				l.ToHeartbeat = append(l.ToHeartbeat, hb.Sub(asked))
+			}
+			if !task.IsZero() {
+				l.ToTask = append(l.ToTask, task.Sub(asked))
+			}
+		}
+		end, stopped := b.stopped[w]
+		if !stopped || end.After(to) {
+			end, stopped = to, false
+		}
+		if hb.IsZero() || hb.After(end) {
+			hb = end
+		}
+		l.Boot += clip(st, hb)
+		ivs := slices.Clone(busy[node])
+		slices.SortFunc(ivs, func(x, y [2]time.Time) int { return x[0].Compare(y[0]) })
+		if len(ivs) == 0 {
+			l.PreFirst += clip(hb, end)
+			continue
+		}
+		l.PreFirst += clip(hb, maxTime(hb, ivs[0][0]))
+		// The union of the tasks' intervals, and the gaps between them.
+		cs, ce := ivs[0][0], ivs[0][1]
+		var occ, gaps float64
+		for _, iv := range ivs[1:] {
+			if iv[0].After(ce) {
+				occ += clip(cs, ce)
+				gaps += clip(ce, iv[0])
+				cs, ce = iv[0], iv[1]
+			} else {
+				ce = maxTime(ce, iv[1])
+			}
+		}
+		occ += clip(cs, ce)
+		for _, iv := range ivs {
+			l.Work += clip(iv[0], iv[1]) / float64(conc)
+		}
+		l.Occupied += occ
+		l.Gaps += gaps
+		tail := clip(ce, end)
+		l.Tail += tail
+		if stopped {
+			l.TailStopped += tail
+		} else {
+			l.TailLive += tail
+		}
+	}
+	return l
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // TestAutoscaleReplay replays the Azure code trace (its first

@@ -272,3 +272,34 @@ func TestReliabilityMeasuresALessMeasuredChallenger(t *testing.T) {
 		t.Fatalf("exploration off: %v, want mid every time", got)
 	}
 }
+
+// An under-sampled model whose few outcomes already say it is worse than
+// the leader is not measured back to MinSamples (issue 42: a short window
+// forgets an avoided model, and under light traffic re-measuring it every
+// window cost first attempts); one whose record still lets it be the best
+// is, and so is one with no outcome at all.
+func TestReliabilitySkipsAnUnderSampledModelMeasuredWorse(t *testing.T) {
+	t.Parallel()
+	world := func(ok, failed int64) *Table {
+		snap := snapshot(map[string]stats.Series{
+			"lead":  series(4975, 25, 10*time.Millisecond, time.Millisecond), // 99.5%
+			"other": series(ok, failed, 10*time.Millisecond, time.Millisecond),
+		})
+		return NewTable(snap, []protocol.Heartbeat{hb("n1", "t", 8, "lead", "other")}, t0)
+	}
+	const n = 4000
+	cases := []struct {
+		ok, failed int64
+		min, max   int
+	}{
+		{3, 2, 0, n / 200},          // 3/5: a draw passes 99% almost never
+		{10, 0, n / 100, n * 2 / 5}, // 10/10: may be the best
+		{0, 0, n / 50, n / 10},      // no outcome: explored at the share
+	}
+	for _, c := range cases {
+		got := counts(t, engine(t, Config{}), world(c.ok, c.failed), &Request{Type: "t"}, n)
+		if got["other"] < c.min || got["other"] > c.max {
+			t.Errorf("%d/%d against 4975/5000: %v, want other in [%d, %d]", c.ok, c.ok+c.failed, got, c.min, c.max)
+		}
+	}
+}

@@ -105,6 +105,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	if _, err := cl.Submit(ctx, protocol.Task{ID: "doomed-1", Type: "embed", Models: []string{"m-broken"}, MaxAttempts: 1}); err != nil {
 		t.Fatal(err)
 	}
+	// Enough failures in a row on the broken model to open its breaker
+	// (5 by default), whatever the policy sends it: reliability stops
+	// exploring a model once its first failures rule it out (issue 42), so
+	// the free traffic alone may not get it there.
+	for i := range 5 {
+		if _, err := cl.Submit(ctx, protocol.Task{ID: fmt.Sprintf("broken-%d", i), Type: "classify", Models: []string{"m-broken"}, MaxAttempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A sheddable task whose deadline passes before any node can serve its
 	// type: flow control ends it expired, in the flow-control panel.
 	if _, err := cl.Submit(ctx, protocol.Task{ID: "late-1", Type: "late", Priority: -2, DeadlineMs: 1}); err != nil {

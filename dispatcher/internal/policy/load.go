@@ -211,8 +211,8 @@ func (p *pairState) queue(b budget) Queue {
 	// deadline decides whether it succeeds. A wait within the target costs
 	// a well-measured model nothing: charging it (a factor exp(-wait/timeout)
 	// until issue 42) spilled bursts to a less reliable model whenever its
-	// slots were free, which on the Azure code trace cost 0.3 points of
-	// first-attempt success against the oracle (docs/simulator.md).
+	// slots were free, which on the Azure code trace cost thompson 0.16
+	// points of first-attempt success against the oracle (docs/simulator.md).
 	in := 0.5 * math.Erfc(-(b.deadline-p.serviceUs-w)/math.Sqrt(2*v))
 	return Queue{Fit: in, InTime: in, WaitUs: w, Saturated: b.limit(p)-p.serviceUs-w <= 0}
 }

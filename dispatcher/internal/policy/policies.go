@@ -182,14 +182,17 @@ func (p explore) Choose(r *Rand, cands []*Candidate, q []Queue) int {
 	}
 	// The leader and the bar are weighed by the load model's fit: when
 	// the best model is full, the contest is for the spill, and a model
-	// that may be the best of the rest keeps being measured.
-	lead := 0
-	for i, c := range cands {
-		if c.Lower*q[i].Fit > cands[lead].Lower*q[lead].Fit {
-			lead = i
+	// that may be the best of the rest keeps being measured. Only
+	// reliability's rules use them.
+	lead, bar := 0, 0.0
+	if p.optimistic || p.posterior {
+		for i, c := range cands {
+			if c.Lower*q[i].Fit > cands[lead].Lower*q[lead].Fit {
+				lead = i
+			}
 		}
+		bar = cands[lead].Lower * q[lead].Fit
 	}
-	bar := cands[lead].Lower * q[lead].Fit
 	if i := leastMeasured(r, cands, func(i int) bool { return p.underSampled(r, cands[i], q[i], bar) }); i >= 0 {
 		return i
 	}
@@ -244,8 +247,8 @@ func (p explore) underSampled(r *Rand, c *Candidate, q Queue, bar float64) bool 
 // large, rarely once the record settles it. Following every such draw is
 // Thompson sampling toward the less measured (issue 42: heavy-tail and
 // stationary lost 0.1 point to it); following half of them kept every
-// built-in scenario at or above its figures but heavy-tail's, which lost
-// 0.05 (docs/simulator.md). The better-measured leader is never the
+// built-in scenario at or above its figures, heavy-tail within the
+// seeds' spread (docs/simulator.md). The better-measured leader is never the
 // draw's to take: it is already the lower bound's.
 func posteriorChallenger(r *Rand, cands []*Candidate, q []Queue, best int) int {
 	less := false
